@@ -1,0 +1,61 @@
+# gpuwarden — the two set-up commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+STAMP := $(VENV)/.installed
+
+.PHONY: help deps prometheus testbed lint unit integration rules-test e2e test bench demo clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@echo "==> installing Python dependencies into $(VENV)"
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,dev,demo]'
+	touch $(STAMP)
+
+deps: $(STAMP) ## Python virtualenv with pinned dependencies
+
+prometheus: ## install the Debian prometheus package (server + promtool) when missing
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "==> installing prometheus (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  systemctl stop prometheus 2>/dev/null || true; pkill -x prometheus 2>/dev/null || true; }
+	@prometheus --version 2>&1 | head -1
+
+testbed: ## build kube-apiserver, KCM, scheduler, kubectl, etcd, kwok(ctl) into .cache/testbed
+	bash tests/testbed/build.sh
+
+lint: deps ## ruff, mypy (strict), import-linter contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: deps ## pure cores, wire formats, respx error paths
+	$(PYTEST) -q tests/unit
+
+integration: deps prometheus ## against a real Prometheus server
+	$(PYTEST) -q tests/integration
+
+rules-test: prometheus ## promtool check + test of rules/
+	bash rules/test.sh
+
+e2e: deps prometheus testbed ## against the real control plane (tests/testbed)
+	$(PYTEST) -q tests/e2e
+
+test: lint unit integration rules-test e2e ## every tier (what CI runs)
+	@echo "make test: all tiers passed"
+
+bench: deps prometheus ## benchmarks, printed numbers
+	$(PY) -m tests.bench
+
+demo: deps prometheus testbed ## the main job on a local kwok GPU fleet, with a report
+	$(VENV)/bin/gpuwarden demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

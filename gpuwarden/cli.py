@@ -1,0 +1,154 @@
+"""The `gpuwarden` command line: one entry point, one sub-command per deployable or tool.
+
+Kept thin on purpose: each sub-command parses flags, loads config, sets up logging and hands over to the
+module that does the work. Heavy imports happen inside the sub-command so `gpuwarden --help` stays fast.
+A sub-command that is not built yet says so and exits 2; it never pretends to work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuwarden import __version__
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prometheus.
+
+  adapter       serve custom.metrics.k8s.io and external.metrics.k8s.io from Prometheus (for HPAs)
+  controller    GPU-health quarantine, nomination cleanup, preemption throttle, scheduler extender
+  plan          one-shot: print what the controller would do now (JSON or table), change nothing
+  check-config  validate a config file and report every error at once, each naming its field
+  simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
+  demo          the main job on a local kwok GPU fleet, end to end, with an HTML report
+
+Config: one YAML file (--config); env overrides GPUWARDEN_<SECTION>__<KEY>; flags override both.
+"""
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        required=config_required,
+        help="YAML config file (see docs/configuration.md). Unknown keys are errors.",
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides logging.level")
+    p.add_argument(
+        "--log-format", choices=["json", "text", "auto"], help="overrides logging.format (auto: text on a TTY)"
+    )
+
+
+def _not_built(name: str, issue: int) -> Handler:
+    def run(_args: argparse.Namespace) -> int:
+        print(
+            f"gpuwarden {name}: not built yet (tracked in issue {issue}); nothing was done.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    return run
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from gpuwarden.config.loader import check_config
+
+    code, text = check_config(args.file, os.environ)
+    stream = sys.stdout if code == EXIT_OK else sys.stderr
+    print(text, file=stream, end="" if text.endswith("\n") else "\n")
+    return code
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from gpuwarden import logs
+    from gpuwarden.errors import ConfigError
+    from gpuwarden.simulator import load_scenario, serve
+
+    logs.setup(args.log_level or "info", args.log_format or "auto")
+    try:
+        scenario = load_scenario(args.scenario)
+    except ConfigError as exc:
+        for field, msg in exc.problems:
+            print(f"{args.scenario}: {field}: {msg}", file=sys.stderr)
+        return EXIT_FAILED
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"--listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        asyncio.run(serve(scenario, host.strip("[]"), int(port)))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuwarden", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("adapter", help="serve the custom and external metrics APIs from Prometheus")
+    _add_common(p)
+    p.add_argument("--prometheus-url", help="overrides prometheus.url")
+    p.add_argument("--secure-port", type=int, help="overrides adapter.secure_port")
+    p.set_defaults(func=_not_built("adapter", 4))
+
+    p = sub.add_parser("controller", help="GPU-health quarantine, nominations, preemption, extender")
+    _add_common(p)
+    p.add_argument("--prometheus-url", help="overrides prometheus.url")
+    p.add_argument("--dry-run", action="store_true", help="compute and log/event plans; patch nothing")
+    p.set_defaults(func=_not_built("controller", 5))
+
+    p = sub.add_parser("plan", help="one-shot: print what the controller would do now; changes nothing")
+    _add_common(p)
+    p.add_argument("--output", "-o", choices=["json", "table"], default="table")
+    p.set_defaults(func=_not_built("plan", 5))
+
+    p = sub.add_parser("check-config", help="validate a config file; every error at once, naming its field")
+    p.add_argument("file", type=Path, help="the YAML config file to check")
+    p.set_defaults(func=_cmd_check_config)
+
+    p = sub.add_parser(
+        "simulate",
+        help="fleet simulator: dcgm-exporter-compatible metrics for a simulated GPU fleet",
+        description="Serve dcgm-exporter metrics (and http_requests_total per pod) for a simulated fleet, "
+        "driven by a scenario file and an HTTP control API under /control (see gpuwarden/simulator).",
+    )
+    p.add_argument("--scenario", type=Path, required=True, help="scenario YAML (see examples/scenarios/)")
+    p.add_argument("--listen", default="127.0.0.1:9400", help="HOST:PORT to serve on (default %(default)s)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["json", "text", "auto"])
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("demo", help="run the main job on a local kwok GPU fleet and write a report")
+    p.add_argument("--scenario", type=Path, help="scripted demo scenario (default: the one in the repo)")
+    p.add_argument("--keep", action="store_true", help="keep the cluster running after the demo")
+    p.set_defaults(func=_not_built("demo", 9))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args: Any = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
