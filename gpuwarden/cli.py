@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -44,9 +45,13 @@ def _add_common(p: argparse.ArgumentParser, *, config_required: bool = False) ->
         required=config_required,
         help="YAML config file (see docs/configuration.md). Unknown keys are errors.",
     )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides logging.level")
     p.add_argument(
-        "--log-format", choices=["json", "text", "auto"], help="overrides logging.format (auto: text on a TTY)"
+        "--log-level", choices=["debug", "info", "warning", "error"], help="overrides logging.level"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["json", "text", "auto"],
+        help="overrides logging.format (auto: text on a TTY)",
     )
 
 
@@ -86,10 +91,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not host or not port.isdigit():
         print(f"--listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
         return EXIT_USAGE
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(scenario, host.strip("[]"), int(port)))
-    except KeyboardInterrupt:
-        pass
     return EXIT_OK
 
 

@@ -1,0 +1,120 @@
+"""The `extender:` section — the kube-scheduler extender webhook (filter / prioritize / preempt / bind).
+
+Why: the listener, the default topology policy and the scoring weights are deployment choices that must
+match the KubeSchedulerConfiguration in deploy/ (URL prefix, TLS, timeouts). The wire protocol and the
+placement logic are fixed and live in `controller/`; only what an operator may legitimately tune is here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpuwarden.config.base import Section
+from gpuwarden.config.fieldtypes import FieldError, Port, PositiveCount, Seconds
+
+TopologyPolicy = Literal["single-numa", "prefer-numa", "single-pcie", "none"]
+
+
+class ExtenderTLS(Section):
+    """HTTPS for the webhook. Without a certificate it serves plain HTTP (kube-scheduler's default)."""
+
+    cert_file: Path | None = Field(
+        default=None,
+        description="PEM serving certificate. null: plain HTTP, for a scheduler on the same pod network "
+        "(set enableHTTPS: false in the scheduler's extender config).",
+    )
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> ExtenderTLS:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise FieldError(missing, "cert_file and key_file must be set together (or both left null)")
+        return self
+
+
+class Scoring(Section):
+    """How `prioritize` turns a node's best GPU set into kube-scheduler's 0-10 score."""
+
+    fit_weight: float = Field(
+        default=2.0,
+        ge=0,
+        description="Weight of tightest fit (fewest free GPUs left stranded on the node). Twice locality "
+        "by default: fragmentation is what makes the next 8-GPU job unschedulable.",
+    )
+    locality_weight: float = Field(
+        default=1.0, ge=0, description="Weight of NVLink / PCIe-switch locality of the chosen GPU set."
+    )
+    error_trend_penalty: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description="Points subtracted (of 10) for a node whose correctable errors are rising, so work "
+        "drifts away before a hard failure without ruling the node out.",
+    )
+    error_trend_sbe_per_hour: float = Field(
+        default=10.0,
+        gt=0,
+        description="Single-bit ECC errors per hour (summed over the node's GPUs) that count as rising. "
+        "10 is DCGM's (placeholder) SBE-rate limit.",
+    )
+    error_trend_refresh_seconds: Seconds = Field(
+        default=60.0,
+        description="Seconds between Prometheus reads of error trends; scoring never waits on Prometheus.",
+    )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> Scoring:
+        if self.fit_weight == 0 and self.locality_weight == 0:
+            raise FieldError("fit_weight", "fit_weight and locality_weight cannot both be 0")
+        return self
+
+
+class ExtenderConfig(Section):
+    """The scheduler-extender webhook served by every controller replica."""
+
+    enabled: bool = Field(default=True, description="Serve the extender webhook in the controller.")
+    bind_address: str = Field(default="0.0.0.0", description="Address the webhook listener binds.")
+    port: Port = Field(
+        default=8888,
+        description="Webhook port; /metrics and the probes are served here too. 8888 as in the "
+        "gpushare and HAMi scheduler configs.",
+    )
+    path_prefix: str = Field(
+        default="/gpuwarden",
+        description="URL path before /filter, /prioritize, /preempt, /bind; must match the scheduler's "
+        "urlPrefix.",
+    )
+    tls: ExtenderTLS = Field(default_factory=ExtenderTLS, description="Serving certificate.")
+    default_policy: TopologyPolicy = Field(
+        default="single-numa",
+        description="Policy for multi-GPU pods without a gpuwarden.io/topology-policy annotation. "
+        "single-numa: a GPU set split across NUMA nodes loses 15-50 % of its speed. Single-GPU pods "
+        "always use none.",
+    )
+    topology_source: Literal["auto", "nrt", "annotation"] = Field(
+        default="auto",
+        description="Where GPU topology comes from: the NodeResourceTopology CRD (nrt), the "
+        "gpuwarden.io/gpu-topology node annotation, or auto (NRT when the CRD is installed).",
+    )
+    count_nominated_pods: bool = Field(
+        default=True,
+        description="Treat GPUs wanted by pending pods nominated to a node (priority >= the incoming pod's) "
+        "as taken, as the scheduler's own filters do; the scheduler tells extenders nothing about them.",
+    )
+    max_request_bytes: PositiveCount = Field(
+        default=64 * 1024 * 1024,
+        description="Largest request body accepted, in bytes. 64 MiB: with nodeCacheCapable false the "
+        "scheduler sends whole Node objects for up to 500 candidates.",
+    )
+    scoring: Scoring = Field(default_factory=Scoring, description="Prioritize scoring.")
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefix_shape(cls, value: str) -> str:
+        if value and (not value.startswith("/") or value.endswith("/")):
+            raise ValueError(f"{value!r}: start with '/' and do not end with '/', e.g. /gpuwarden (or empty)")
+        return value

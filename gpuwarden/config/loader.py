@@ -1,0 +1,246 @@
+"""Load the config: YAML file, then environment overrides, then command-line overrides, validated once.
+
+Why one loader: precedence (file < env < CLI), error collection (every problem at once, each naming its
+field and where its value came from) and prometheus-adapter's `rules_file` must behave the same for every
+command. Nothing here knows what a field means; the models do.
+
+Environment: `GPUWARDEN_<SECTION>__<KEY>[__<KEY>...]=value`, e.g. `GPUWARDEN_HEALTH__BREAKER__MAX_PERCENT=5`.
+Path segments are case-insensitive. A value starting with `[` or `{` is parsed as YAML/JSON (lists and
+mappings, e.g. `GPUWARDEN_ADAPTER__RULES='[...]'`); `null` or `~` is null; anything else is passed as a string
+and converted by the field's type (`true`, `20`, `2.5` work). Variables without `__` (such as a future
+`GPUWARDEN_CONFIG`) are not overrides and are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gpuwarden.config.metric_rules import PrometheusAdapterRules
+from gpuwarden.config.modelpath import fill_empty_sections
+from gpuwarden.config.report import Problem, format_problems, problems_from_validation
+from gpuwarden.config.root import SECTIONS, Config
+from gpuwarden.config.yamlsource import Path as DataPath
+from gpuwarden.config.yamlsource import dotted, parse_yaml
+from gpuwarden.errors import ConfigError
+
+ENV_PREFIX = "GPUWARDEN_"
+CLI_ORIGIN = "from the command line"
+
+
+def parse_env_value(raw: str) -> Any:
+    """An environment value: YAML/JSON for lists and mappings, None for null, otherwise the string itself."""
+    text = raw.strip()
+    if text in ("null", "~", "Null", "NULL"):
+        return None
+    if text.startswith(("[", "{")):
+        return yaml.safe_load(text)
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return json.loads(text)
+    return raw
+
+
+def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[DataPath, Any, str]], list[Problem]]:
+    """(path, value, origin) for every `GPUWARDEN_<SECTION>__<KEY>` variable, sorted by name; and problems."""
+    overrides: list[tuple[DataPath, Any, str]] = []
+    problems: list[Problem] = []
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        if "__" not in rest:
+            section = next((s for s in SECTIONS if rest.lower().startswith(s + "_")), None)
+            if section is not None:
+                fixed = f"{ENV_PREFIX}{section.upper()}__{rest[len(section) + 1 :]}"
+                problems.append((f"env {name}", f"not applied: separate the section with '__', i.e. {fixed}"))
+            continue
+        parts = rest.lower().split("__")
+        if any(not p for p in parts):
+            problems.append((f"env {name}", "empty path segment: use exactly two '_' between keys"))
+            continue
+        try:
+            value = parse_env_value(env[name])
+        except (yaml.YAMLError, json.JSONDecodeError) as exc:
+            problems.append((".".join(parts), f"cannot parse the value of {name} as YAML/JSON: {exc}"))
+            continue
+        overrides.append((tuple(parts), value, f"from {name}"))
+    return overrides, problems
+
+
+def cli_overrides(values: Mapping[str, object]) -> tuple[list[tuple[DataPath, Any, str]], list[Problem]]:
+    """(path, value, origin) for dotted-path overrides; None values (flags not given) are skipped."""
+    overrides: list[tuple[DataPath, Any, str]] = []
+    problems: list[Problem] = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        parts = tuple(key.split("."))
+        if any(not p for p in parts):
+            problems.append(("(command line)", f"{key!r} is not a dotted field path such as prometheus.url"))
+            continue
+        overrides.append((parts, value, CLI_ORIGIN))
+    return overrides, problems
+
+
+def _match_key(mapping: dict[Any, Any], seg: Hashable) -> Hashable:
+    """The existing key `seg` refers to (exact, else case-insensitive, so `79` finds the int key 79)."""
+    if seg in mapping:
+        return seg
+    lowered = str(seg).lower()
+    return next((k for k in mapping if str(k).lower() == lowered), seg)
+
+
+def apply_override(
+    raw: dict[Any, Any], path: DataPath, value: Any, origin: str, origins: dict[DataPath, str]
+) -> Problem | None:
+    """Set `path` in `raw` (creating mappings as needed) and record where the value came from."""
+    node = raw
+    actual: list[Hashable] = []
+    for seg in path[:-1]:
+        key = _match_key(node, seg)
+        actual.append(key)
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            return (
+                dotted(tuple(actual)),
+                f"cannot apply override ({origin}): the value here is not a mapping",
+            )
+        node = child
+    key = _match_key(node, path[-1])
+    node[key] = value
+    full = (*actual, key)
+    for known in [p for p in origins if p[: len(full)] == full]:
+        del origins[known]
+    origins[full] = origin
+    return None
+
+
+def _read(path: Path) -> tuple[str | None, Problem | None]:
+    try:
+        return path.read_text(encoding="utf-8"), None
+    except OSError as exc:
+        return None, ("(file)", f"cannot read {str(path)!r}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        return None, ("(file)", f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+
+
+def _merge_rules_file(raw: dict[Any, Any], base_dir: Path) -> list[Problem]:
+    """Append the rules of `adapter.rules_file` (a prometheus-adapter config) to the inline rules."""
+    adapter = raw.get("adapter")
+    location = adapter.get("rules_file") if isinstance(adapter, dict) else None
+    if not isinstance(location, str | Path):
+        return []  # absent, or a wrong type the model reports
+    assert isinstance(adapter, dict)
+    path = Path(location) if Path(location).is_absolute() else base_dir / location
+    text, problem = _read(path)
+    if text is None:
+        assert problem is not None
+        return [("adapter.rules_file", problem[1])]
+    doc = parse_yaml(text)
+    problems = [("adapter.rules_file", f"{path}: {field}: {msg}") for field, msg in doc.problems]
+    data = {} if doc.data is None else doc.data
+    if problems:
+        return problems
+    try:
+        PrometheusAdapterRules.model_validate(data)
+    except ValidationError as exc:
+        origins = {p: f"line {line}" for p, line in doc.lines.items()}
+        found = problems_from_validation(exc, origins, PrometheusAdapterRules)
+        return [("adapter.rules_file", f"{path}: {field}: {msg}") for field, msg in found]
+    for alias, name in (("rules", "rules"), ("externalRules", "external_rules")):
+        extra = data.get(alias) or []
+        if extra:
+            key = name if name in adapter and alias not in adapter else alias
+            adapter[key] = list(adapter.get(key) or []) + list(extra)
+    return []
+
+
+def load_config(
+    path: Path | None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Read, override and validate the configuration; raise `ConfigError` listing every problem at once.
+
+    `path`: the YAML file, or None for defaults only. `env`: the environment (None: `os.environ`).
+    `overrides`: dotted field paths → values from command-line flags (None values are ignored).
+    """
+    environ = os.environ if env is None else env
+    problems: list[Problem] = []
+    raw: dict[Any, Any] = {}
+    origins: dict[DataPath, str] = {}
+    if path is not None:
+        text, problem = _read(path)
+        if problem is not None:
+            raise ConfigError([problem])
+        assert text is not None
+        doc = parse_yaml(text)
+        if doc.data is None and doc.problems:
+            raise ConfigError(doc.problems)  # a syntax error: nothing further can be checked
+        problems.extend(doc.problems)
+        if doc.data is not None and not isinstance(doc.data, dict):
+            raise ConfigError(
+                [("(root)", "the file must be a mapping of sections (prometheus:, health:, ...)")]
+            )
+        raw = doc.data or {}
+        origins = {p: f"line {line}" for p, line in doc.lines.items() if p}
+    from_env, env_problems = env_overrides(environ)
+    from_cli, cli_problems = cli_overrides(overrides or {})
+    problems.extend(env_problems + cli_problems)
+    for data_path, value, origin in from_env + from_cli:
+        failed = apply_override(raw, data_path, value, origin, origins)
+        if failed is not None:
+            problems.append(failed)
+    fill_empty_sections(raw, Config)  # `health:` with every child commented out means the defaults
+    base_dir = path.parent if path is not None else Path.cwd()
+    problems.extend(_merge_rules_file(raw, base_dir))
+    config: Config | None = None
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(problems_from_validation(exc, origins))
+    if problems or config is None:
+        raise ConfigError(problems)
+    return config
+
+
+def check_config(
+    path: Path, env: Mapping[str, str], overrides: Mapping[str, object] | None = None
+) -> tuple[int, str]:
+    """`gpuwarden check-config FILE`: (0, 'FILE: OK ...') or (1, one line per problem)."""
+    try:
+        config = load_config(path, env, overrides)
+    except ConfigError as exc:
+        return 1, format_problems(exc.problems, str(path))
+    return 0, f"{path}: OK ({summary(config)})\n"
+
+
+def summary(config: Config) -> str:
+    """One line saying what this config turns on, so a wrong-but-valid file is noticed."""
+    adapter = config.adapter
+    presets = [
+        p.name
+        for p in (
+            adapter.presets.gpu_utilization,
+            adapter.presets.gpu_memory_used_ratio,
+            adapter.presets.requests_per_second,
+        )
+        if p.enabled
+    ]
+    loops = []
+    for name in ("health", "nominations", "preemption", "extender"):
+        section = getattr(config, name)
+        if section.enabled:
+            loops.append(f"{name} (dry-run)" if getattr(section, "dry_run", False) else name)
+    return (
+        f"adapter: {len(adapter.rules)} rules, {len(adapter.external_rules)} external rules, "
+        f"presets {', '.join(presets) or 'none'}; controller: {', '.join(loops) or 'nothing enabled'}"
+    )

@@ -1,0 +1,216 @@
+"""prometheus-adapter's metric discovery rules (`rules`, `externalRules`, `resourceRules`), byte-compatible.
+
+Why: a drop-in replacement must load a prometheus-adapter config file unchanged, so the key names are
+prometheus-adapter's own camelCase ones (`seriesQuery`, `seriesFilters`, `isNot`, `metricsQuery`, ...) and
+unknown keys are rejected exactly as its `yaml.UnmarshalStrict` does. The checks prometheus-adapter only makes
+at start-up or per request (filter shape, `as` with several capture groups, templates that cannot render) are
+made here, at load time, with the field named. Rendering and series matching live in `adapter/`, not here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from gpuwarden.config.base import Section
+from gpuwarden.config.fieldtypes import FieldError, LabelName, Regex
+
+QUERY_TEMPLATE_FIELDS = ("Series", "LabelMatchers", "LabelValuesByName", "GroupBy", "GroupBySlice")
+RESOURCE_TEMPLATE_FIELDS = ("Group", "Resource")
+
+_ACTION = re.compile(r"<<(.*?)>>", re.DOTALL)
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`')
+_FIELD_REF = re.compile(r"(?<![\w$)\]])\.([A-Za-z_]\w*)")
+_EXPAND_REF = re.compile(r"\$(?:\{(\w+)\}|(\w+)|\$)")
+
+
+def check_template(template: str, known: tuple[str, ...]) -> list[str]:
+    """Problems with a `<< >>`-delimited Go template: unbalanced delimiters or unknown `.Field` references."""
+    problems: list[str] = []
+    stripped = _ACTION.sub("", template)
+    if "<<" in stripped or ">>" in stripped:
+        problems.append("unbalanced '<<' / '>>' template delimiters")
+    for action in _ACTION.findall(template):
+        for name in _FIELD_REF.findall(_QUOTED.sub('""', action)):
+            if name not in known:
+                fields = ", ".join(f"<<.{k}>>" for k in known)
+                problems.append(f"unknown template field .{name}; available: {fields}")
+    return problems
+
+
+class RegexFilter(Section):
+    """One series filter: exactly one of `is` (keep matching series) or `isNot` (drop them)."""
+
+    is_: Regex | None = Field(default=None, alias="is", description="Keep only series whose name matches.")
+    is_not: Regex | None = Field(default=None, alias="isNot", description="Drop series whose name matches.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RegexFilter:
+        if self.is_ is not None and self.is_not is not None:
+            raise ValueError(
+                f"cannot have both an `is` ({self.is_!r}) and `isNot` ({self.is_not!r}) expression in a "
+                "single filter; split it into two filters"
+            )
+        if self.is_ is None and self.is_not is None:
+            raise ValueError("must have either an `is` or `isNot` expression in a filter")
+        return self
+
+
+class GroupResource(Section):
+    """A Kubernetes group-resource a series label maps to, e.g. {group: apps, resource: deployment}."""
+
+    group: str = Field(
+        default="", description="API group; empty for the core group (pods, nodes, namespaces)."
+    )
+    resource: str = Field(
+        min_length=1, description="Resource, singular or plural (`pod` and `pods` both work), lower case."
+    )
+
+
+class ResourceMapping(Section):
+    """How series labels map to Kubernetes objects."""
+
+    template: str | None = Field(
+        default=None,
+        description="Go template (delimiters << >>) turning a group-resource into a label name, e.g. "
+        "`kube_<<.Group>>_<<.Resource>>`; must use <<.Resource>>.",
+    )
+    overrides: dict[LabelName, GroupResource] = Field(
+        default_factory=dict,
+        description="Explicit label → group-resource mappings, e.g. {namespace: {resource: namespace}, "
+        "pod: {resource: pod}}.",
+    )
+    namespaced: bool | None = Field(
+        default=None,
+        description="externalRules only: false stops the adapter from adding a namespace matcher. "
+        "null: true, as in prometheus-adapter.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_renders(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problems = check_template(value, RESOURCE_TEMPLATE_FIELDS)
+        if not re.search(r"<<-?\s*\.Resource\s*-?>>", value):
+            problems.append("must include at least `<<.Resource>>` in the label template")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
+class NameMapping(Section):
+    """How a series name becomes the metric name served to HPAs."""
+
+    matches: Regex = Field(
+        default=".*",
+        description="Regex applied to the series name; it also acts as an implicit `is` filter. An empty "
+        "string means `.*`, as in prometheus-adapter.",
+    )
+    as_: str = Field(
+        default="",
+        alias="as",
+        description="Replacement (Go `regexp.Expand` syntax: `$1`, `${1}_per_second`, `${name}`). Empty: "
+        "`$0` when `matches` has no capture group, `$1` when it has one; required with more.",
+    )
+
+    @model_validator(mode="after")
+    def _as_is_expandable(self) -> NameMapping:
+        pattern = re.compile(self.matches or ".*")
+        if not self.as_:
+            if pattern.groups > 1:
+                raise FieldError(
+                    "as",
+                    f"must specify an 'as' value for name matcher {self.matches!r}: it has "
+                    f"{pattern.groups} capture groups; e.g. as: '${{1}}'",
+                )
+            return self
+        for braced, bare in _EXPAND_REF.findall(self.as_):
+            ref = braced or bare
+            if not ref:
+                continue  # `$$`, a literal dollar
+            if ref.isdigit():
+                if int(ref) > pattern.groups:
+                    raise FieldError(
+                        "as",
+                        f"refers to ${ref} but {self.matches!r} has only {pattern.groups} capture groups",
+                    )
+            elif ref not in pattern.groupindex:
+                hint = f"; write ${{{ref[0]}}}{ref[1:]}" if bare and ref[0].isdigit() else ""
+                raise FieldError(
+                    "as", f"refers to group {ref!r}, which {self.matches!r} does not define{hint}"
+                )
+        return self
+
+
+class DiscoveryRule(Section):
+    """One prometheus-adapter discovery rule: find series, name them, map them to objects, query them."""
+
+    series_query: str = Field(
+        alias="seriesQuery",
+        min_length=1,
+        description="Series selector sent as `match[]` to /api/v1/series on every relist, e.g. "
+        '`DCGM_FI_DEV_GPU_UTIL{pod!=""}`.',
+    )
+    series_filters: list[RegexFilter] = Field(
+        default_factory=list,
+        alias="seriesFilters",
+        description="Further filters on the discovered series names; all must match.",
+    )
+    resources: ResourceMapping = Field(
+        default_factory=ResourceMapping, description="Label → Kubernetes resource mapping."
+    )
+    name: NameMapping = Field(default_factory=NameMapping, description="Series name → metric name.")
+    metrics_query: str = Field(
+        alias="metricsQuery",
+        min_length=1,
+        description="Go template (delimiters << >>) of the PromQL that computes the values, e.g. "
+        "`sum(rate(<<.Series>>{<<.LabelMatchers>>}[2m])) by (<<.GroupBy>>)`.",
+    )
+
+    @field_validator("metrics_query")
+    @classmethod
+    def _query_renders(cls, value: str) -> str:
+        problems = check_template(value, QUERY_TEMPLATE_FIELDS)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
+class ResourceRule(Section):
+    """prometheus-adapter's metrics.k8s.io rule for cpu or memory (accepted for compatibility, not served)."""
+
+    container_query: str = Field(alias="containerQuery", description="Per-container query template.")
+    node_query: str = Field(alias="nodeQuery", description="Per-node query template.")
+    resources: ResourceMapping = Field(default_factory=ResourceMapping, description="Label mapping.")
+    container_label: str = Field(default="", alias="containerLabel", description="Label naming containers.")
+
+
+class ResourceRules(Section):
+    """prometheus-adapter's `resourceRules` (metrics.k8s.io)."""
+
+    cpu: ResourceRule | None = Field(default=None, description="CPU usage rule.")
+    memory: ResourceRule | None = Field(default=None, description="Memory usage rule.")
+    window: str = Field(default="", description="Window of the rate() in the queries, e.g. `1m`.")
+
+
+class PrometheusAdapterRules(Section):
+    """Exactly the shape of a prometheus-adapter `--config` file; also the rule part of `adapter:`."""
+
+    rules: list[DiscoveryRule] = Field(
+        default_factory=list,
+        description="prometheus-adapter `rules`: metrics served under custom.metrics.k8s.io (pods, "
+        "namespaces, nodes, any namespaced object), discovered from series on every relist.",
+    )
+    external_rules: list[DiscoveryRule] = Field(
+        default_factory=list,
+        alias="externalRules",
+        description="prometheus-adapter `externalRules`: metrics served under external.metrics.k8s.io.",
+    )
+    resource_rules: ResourceRules | None = Field(
+        default=None,
+        alias="resourceRules",
+        description="prometheus-adapter `resourceRules`, accepted so its config files load unchanged and "
+        "ignored: gpuwarden does not serve metrics.k8s.io (metrics-server does).",
+    )

@@ -1,0 +1,89 @@
+"""The `preemption:` section — bounds on scheduler preemption, enforced in the extender's `preempt` verb.
+
+Why: preemption can cascade (A preempts B, B's replacement preempts C) and ping-pong between two workloads
+(kubernetes#130429; Kueue KEP-1337, KEP-14468). kube-scheduler honours an extender's answer to `preempt`, so
+the budgets, chain limit and back-off here are what stop a storm. Budgets count victims (one `Preempted`
+event each), in sliding windows; they are sized so that one high-priority job taking two 8-GPU nodes is never
+throttled while a fleet-wide cascade is.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from gpuwarden.config.base import Section
+from gpuwarden.config.fieldtypes import FieldError, Integer, PositiveCount, Seconds
+
+
+class Budget(Section):
+    """At most `max_victims` pods preempted per `window_seconds` (sliding) in one scope."""
+
+    max_victims: PositiveCount = Field(description="Victims allowed per window.")
+    window_seconds: Seconds = Field(description="Sliding window in seconds.")
+
+
+class Backoff(Section):
+    """Exponential back-off per (preemptor workload, node), after Kueue's reclaim back-off (KEP-14468)."""
+
+    base_seconds: Seconds = Field(
+        default=60.0, description="First back-off after a preemption, in seconds. Kueue's default."
+    )
+    max_seconds: Seconds = Field(default=3600.0, description="Back-off cap in seconds. Kueue's default.")
+    reset_seconds: Seconds = Field(
+        default=600.0,
+        description="Seconds without a preemption after which the back-off starts again from base. "
+        "Kueue's default.",
+    )
+
+    @model_validator(mode="after")
+    def _base_below_max(self) -> Backoff:
+        if self.base_seconds > self.max_seconds:
+            raise FieldError("base_seconds", f"must not exceed max_seconds ({self.max_seconds:g})")
+        return self
+
+
+class PreemptionConfig(Section):
+    """The preemption throttle: budgets, chain and ping-pong detection, back-off."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Throttle in the extender's preempt verb. false: pass the scheduler's candidates "
+        "through unchanged.",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Compute and log/event throttling decisions but pass candidates through unchanged.",
+    )
+    global_budget: Budget | None = Field(
+        default_factory=lambda: Budget(max_victims=50, window_seconds=300),
+        description="Cluster-wide victims per window. Default 50 per 5 min. null: no global budget.",
+    )
+    namespace_budget: Budget | None = Field(
+        default_factory=lambda: Budget(max_victims=20, window_seconds=300),
+        description="Victims per preemptor namespace per window. Default 20 per 5 min. null: none.",
+    )
+    workload_budget: Budget | None = Field(
+        default_factory=lambda: Budget(max_victims=16, window_seconds=600),
+        description="Victims per preemptor workload (owning ReplicaSet, Job, ...) per window. Default 16 "
+        "per 10 min: two 8-GPU nodes of single-GPU pods. null: none.",
+    )
+    max_chain_depth: PositiveCount = Field(
+        default=2,
+        description="Longest allowed preemption chain: 1 allows no preemption by a recent victim, 2 allows "
+        "one follow-on (a legitimate priority ladder) but not a cascade.",
+    )
+    chain_window_seconds: Seconds = Field(
+        default=900.0,
+        description="A victim stays 'recent' for chain and ping-pong detection this many seconds: long "
+        "enough for its controller to recreate it and for the replacement to be scheduled.",
+    )
+    prevent_ping_pong: bool = Field(
+        default=True,
+        description="Never let a preemptor evict a pod of a workload that recently preempted it (A↔B).",
+    )
+    backoff: Backoff = Field(default_factory=Backoff, description="Per (workload, node) back-off.")
+    exempt_min_priority: Integer | None = Field(
+        default=2_000_000_000,
+        description="Preemptors with at least this priority are never throttled. 2e9 is "
+        "system-cluster-critical: node agents must always fit. null: throttle everyone.",
+    )

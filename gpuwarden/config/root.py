@@ -1,0 +1,53 @@
+"""The root `Config` model: one YAML file, one key per section, every section optional.
+
+Why a root model of its own: it is the single contract between the config file and the code. Each
+deployable reads only its sections (the adapter: prometheus, kubernetes, adapter, logging; the controller:
+the rest), but the whole file is validated at once so `gpuwarden check-config` reports every problem in one
+pass and a typo in a section one process ignores still fails loudly.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpuwarden.config.adapter import AdapterConfig
+from gpuwarden.config.base import Section
+from gpuwarden.config.extender import ExtenderConfig
+from gpuwarden.config.health import HealthConfig
+from gpuwarden.config.kubernetes import KubernetesConfig
+from gpuwarden.config.logging import LoggingConfig
+from gpuwarden.config.nominations import NominationsConfig
+from gpuwarden.config.preemption import PreemptionConfig
+from gpuwarden.config.prometheus import PrometheusConfig
+
+SECTIONS = (
+    "prometheus",
+    "kubernetes",
+    "adapter",
+    "health",
+    "nominations",
+    "preemption",
+    "extender",
+    "logging",
+)
+
+
+class Config(Section):
+    """The whole gpuwarden configuration. Every section has working defaults; an empty file is valid."""
+
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig, description="How to reach Prometheus (or a compatible server)."
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig, description="API-server access and leader election."
+    )
+    adapter: AdapterConfig = Field(default_factory=AdapterConfig, description="The metrics API server.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="GPU-health quarantine.")
+    nominations: NominationsConfig = Field(
+        default_factory=NominationsConfig, description="Stale nominatedNodeName cleanup."
+    )
+    preemption: PreemptionConfig = Field(
+        default_factory=PreemptionConfig, description="Cascading-preemption throttle."
+    )
+    extender: ExtenderConfig = Field(default_factory=ExtenderConfig, description="Scheduler extender.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Log level and format.")
