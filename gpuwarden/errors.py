@@ -64,8 +64,9 @@ class PrometheusServerError(PrometheusError):
 class KubeError(GpuwardenError):
     """Base for every failure talking to the Kubernetes API."""
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "",
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, reason: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(message, retry_after=retry_after)
         self.status = status
         self.reason = reason
