@@ -6,17 +6,23 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps prometheus testbed lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps prometheus testbed lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# requirements.lock pins every transitive dependency (regenerate: `make lock`).
+$(STAMP): pyproject.toml requirements.lock
 	@echo "==> installing Python dependencies into $(VENV)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev,demo]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[test,dev,demo]'
 	touch $(STAMP)
+
+lock: ## regenerate requirements.lock from a fresh resolve of pyproject.toml
+	rm -rf .venv-lock && python3 -m venv .venv-lock
+	.venv-lock/bin/pip install -q '.[test,dev,demo]'
+	.venv-lock/bin/pip freeze --exclude-editable | grep -v '^gpuwarden' > requirements.lock
+	rm -rf .venv-lock
 
 deps: $(STAMP) ## Python virtualenv with pinned dependencies
 
