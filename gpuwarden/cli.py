@@ -75,6 +75,48 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return code
 
 
+def _load(args: argparse.Namespace, overrides: dict[str, object]) -> Any:
+    """Load config (file < env < flags) and set up logging; on error print every problem and return None."""
+    from gpuwarden import logs
+    from gpuwarden.config import load_config
+    from gpuwarden.config.report import format_problems
+    from gpuwarden.errors import ConfigError
+
+    overrides = {**overrides, "logging.level": args.log_level, "logging.format": args.log_format}
+    try:
+        config = load_config(args.config, os.environ, overrides)
+    except ConfigError as exc:
+        print(format_problems(exc.problems, str(args.config or "(defaults)")), file=sys.stderr, end="")
+        return None
+    logs.setup(config.logging.level, config.logging.format)
+    return config
+
+
+def _run_until_signal(coro_factory: Callable[[], Any]) -> int:
+    """Run a server coroutine until SIGINT/SIGTERM, then cancel it so it cleans up."""
+    import signal
+
+    async def runner() -> None:
+        task = asyncio.ensure_future(coro_factory())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(runner())
+    return EXIT_OK
+
+
+def _cmd_adapter(args: argparse.Namespace) -> int:
+    config = _load(args, {"prometheus.url": args.prometheus_url, "adapter.secure_port": args.secure_port})
+    if config is None:
+        return EXIT_FAILED
+    from adapter.app import run_adapter
+
+    return _run_until_signal(lambda: run_adapter(config))
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpuwarden import logs
     from gpuwarden.errors import ConfigError
@@ -107,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--secure-port", type=int, help="overrides adapter.secure_port")
-    p.set_defaults(func=_not_built("adapter", 4))
+    p.set_defaults(func=_cmd_adapter)
 
     p = sub.add_parser("controller", help="GPU-health quarantine, nominations, preemption, extender")
     _add_common(p)

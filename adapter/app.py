@@ -1,0 +1,232 @@
+"""Wiring: from a validated `Config` to a running adapter (`run_adapter`, what `gpuwarden adapter` calls).
+
+Why separate from `server`: building the pieces — compiled rules and presets, the Prometheus client, the
+Kubernetes client with the pod/node label index, the value cache, authentication — and running their
+background loops (discovery, cache refresh, watches) is start-up policy, not request handling. `Adapter`
+exposes `start()`/`stop()` so integration tests drive the same assembly the CLI runs, with their own
+Prometheus and without Kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from adapter import auth, naming, presets, tls
+from adapter.cache import ValueCache
+from adapter.objects import WATCHED, LabelIndex, watch_objects
+from adapter.provider import Cached, Provider
+from adapter.registry import Discovery
+from adapter.selfmetrics import new_metrics, register_snapshots
+from adapter.server import AdapterState, Security, build_app
+from gpuwarden.config.root import Config
+from gpuwarden.errors import ConfigError
+from gpuwarden.kube import KubeClient
+from gpuwarden.promclient import PrometheusClient
+from gpuwarden.selfmetrics import new_registry
+
+log = logging.getLogger(__name__)
+
+
+def kube_client_for(config: Config, registry: CollectorRegistry | None) -> KubeClient | None:
+    """A client from `kubernetes.kubeconfig`, else in-cluster, else $KUBECONFIG / ~/.kube/config; or None."""
+    cfg = config.kubernetes
+    kwargs: dict[str, Any] = {"request_timeout": cfg.request_timeout_seconds, "registry": registry}
+    if cfg.kubeconfig is not None:
+        return KubeClient.from_config(kubeconfig=cfg.kubeconfig, context=cfg.context, **kwargs)
+    try:
+        return KubeClient.from_config(in_cluster=True, **kwargs)
+    except ConfigError:
+        pass
+    fallback = Path(os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
+    if fallback.is_file():
+        return KubeClient.from_config(kubeconfig=fallback, context=cfg.context, **kwargs)
+    return None
+
+
+class Adapter:
+    """All adapter pieces for one config; `start()` runs the loops, `app` serves requests."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        prometheus: PrometheusClient | None = None,
+        kube: KubeClient | None = None,
+        registry: CollectorRegistry | None = None,
+        index: LabelIndex | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """`clock` pins wall time and query evaluation time (tests with backfilled data); None: real time."""
+        acfg = config.adapter
+        now = clock or time.time
+        self.config = config
+        self.collector_registry = registry if registry is not None else new_registry("adapter")
+        self.metrics = new_metrics(self.collector_registry)
+        self.prometheus = prometheus or PrometheusClient(config.prometheus, registry=self.collector_registry)
+        self._owns_prometheus = prometheus is None
+        self.kube = kube
+        try:
+            rules = naming.compile_rules(
+                [*acfg.rules, *presets.preset_rules(acfg.presets, acfg.max_sample_age_seconds)],
+                external=False,
+            )
+            external = naming.compile_rules(acfg.external_rules, external=True)
+        except naming.RuleError as exc:
+            raise ConfigError([("adapter.rules", str(exc))]) from None
+        self.discovery = Discovery(
+            self.prometheus,
+            rules,
+            external,
+            max_age=acfg.metrics_max_age_seconds or acfg.relist_interval_seconds,
+            metrics=self.metrics,
+            timeout=config.prometheus.timeout_seconds,
+            clock=now,
+        )
+        self.index = index if index is not None else (LabelIndex(WATCHED) if kube is not None else None)
+        self.cache: ValueCache[Cached] | None = None
+        if acfg.cache.mode == "cache":
+            self.cache = ValueCache(
+                refresh_interval=acfg.cache.refresh_interval_seconds,
+                max_age=acfg.cache.max_age_seconds,
+                idle_expiry=acfg.cache.idle_expiry_seconds,
+                clock=now,
+            )
+        self.provider = Provider(
+            self.prometheus,
+            lambda: self.discovery.registry,
+            metrics=self.metrics,
+            index=self.index,
+            cache=self.cache,
+            query_timeout=config.prometheus.timeout_seconds,
+            clock=now,
+            eval_time=clock,
+        )
+        self._register_snapshots()
+        self.security: Security | None = None
+        self.app: web.Application | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _register_snapshots(self) -> None:
+        def cache_counts() -> dict[tuple[str, ...], float]:
+            return self.cache.snapshot()[0] if self.cache is not None else {}
+
+        def cache_ages() -> dict[tuple[str, ...], float]:
+            return self.cache.snapshot()[1] if self.cache is not None else {}
+
+        def discovered() -> dict[tuple[str, ...], float]:
+            reg = self.discovery.registry
+            return {("custom",): float(len(reg.custom)), ("external",): float(len(reg.external))}
+
+        register_snapshots(
+            self.collector_registry,
+            cache=cache_counts,
+            cache_age=cache_ages,
+            discovered=discovered,
+            ready=lambda: {(): 1.0 if self.discovery.ready else 0.0},
+        )
+
+    async def _security(self) -> Security | None:
+        acfg = self.config.adapter.authentication
+        if not acfg.enabled:
+            log.warning("authentication is disabled: anyone who reaches the port can read every metric")
+            return None
+        if self.kube is None:
+            raise ConfigError(
+                [
+                    (
+                        "adapter.authentication.enabled",
+                        "needs Kubernetes access for "
+                        "SubjectAccessReviews; set kubernetes.kubeconfig or disable it",
+                    )
+                ]
+            )
+        requestheader, client_cas = await auth.load_trust(acfg, self.kube)
+        if requestheader is None:
+            log.warning("no front-proxy CA: aggregated requests cannot be authenticated")
+        reviews = auth.KubeReviews(self.kube, acfg.cache_ttl_seconds)
+        authenticator = auth.Authenticator(
+            requestheader, client_cas, reviews.user_for_token if acfg.token_review else None
+        )
+        return Security(authenticator, reviews.allowed, frozenset(acfg.always_allow_paths))
+
+    async def start(self) -> web.Application:
+        """Build the app and start discovery, cache refresh and watches in the background."""
+        self.security = await self._security()
+        self.app = build_app(
+            AdapterState(
+                provider=self.provider,
+                registry=lambda: self.discovery.registry,
+                ready=lambda: self.discovery.ready,
+                metrics=self.metrics,
+                collector_registry=self.collector_registry,
+                security=self.security,
+            )
+        )
+        self._spawn(self.discovery.run(self.config.adapter.relist_interval_seconds), "discovery")
+        if self.cache is not None:
+            self._spawn(self.cache.run(), "cache refresh")
+        if self.kube is not None and self.index is not None:
+            for gr in WATCHED:
+                self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
+        return self.app
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"adapter {name}"))
+
+    async def stop(self) -> None:
+        """Cancel the loops and close the clients this adapter created."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._owns_prometheus:
+            await self.prometheus.aclose()
+
+
+async def run_adapter(config: Config, *, registry: CollectorRegistry | None = None) -> None:
+    """Serve the metrics APIs until cancelled (SIGINT/SIGTERM are the caller's business)."""
+    acfg = config.adapter
+    kube = kube_client_for(config, registry)
+    if kube is None:
+        log.warning("no Kubernetes access: labelSelector cannot be resolved and authentication cannot work")
+    adapter = Adapter(config, kube=kube, registry=registry)
+    runner: web.AppRunner | None = None
+    try:
+        app = await adapter.start()
+        cas = adapter.security.authenticator.trusted_cas() if adapter.security else []
+        ssl_ctx, _ = tls.server_context(
+            acfg.tls.cert_file,
+            acfg.tls.key_file,
+            min_version=acfg.tls.min_version,
+            client_cas=cas,
+            names=["localhost", socket.gethostname()],
+        )
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, acfg.bind_address, acfg.secure_port, ssl_context=ssl_ctx).start()
+        log.info("adapter serving", extra={"address": acfg.bind_address, "port": acfg.secure_port})
+        if acfg.insecure_port is not None:
+            await web.TCPSite(runner, "127.0.0.1", acfg.insecure_port).start()
+            log.warning(
+                "plain-HTTP listener on 127.0.0.1 (local use only)", extra={"port": acfg.insecure_port}
+            )
+        await asyncio.Event().wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await adapter.stop()
+        if kube is not None:
+            await kube.aclose()

@@ -1,0 +1,294 @@
+"""Who is calling, and may they: front-proxy client certificates, bearer tokens, SubjectAccessReview.
+
+Why: behind an APIService, kube-apiserver has already authenticated the HPA controller and forwards its
+identity in `X-Remote-*` headers over a connection authenticated with its front-proxy client certificate.
+We accept those headers only on such a connection (certificate issued by the requestheader CA, CN in the
+allowed names), as k8s.io/apiserver does; other callers may use an ordinary client certificate (CN = user,
+O = groups) or a bearer token checked with a TokenReview. Authorization is delegated with a
+SubjectAccessReview carrying the same attributes kube-apiserver's RequestInfo would produce, so RBAC rules
+written for prometheus-adapter keep working. `system:masters` and the aggregator's discovery calls
+(`system:kube-aggregator`) are allowed without a review; answers are cached for `cache_ttl` seconds.
+
+The pure parts (`requestheader_user`, `cert_user`, `review_attributes`, `allowed_without_review`) are
+table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.kube`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import NameOID
+
+from adapter.routing import CustomRoute, ExternalRoute, Route
+from adapter.tls import load_certificates
+from gpuwarden.config.adapter import Authentication
+from gpuwarden.errors import KubeError
+from gpuwarden.kube import CONFIG_MAPS, KubeClient
+
+log = logging.getLogger(__name__)
+
+Headers = Mapping[str, Sequence[str]]  # lower-cased header name -> every value
+AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
+MASTERS = "system:masters"
+AGGREGATOR = "system:kube-aggregator"
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """An authenticated caller."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    uid: str = ""
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestHeaderConfig:
+    """The front-proxy trust settings (from files or the extension-apiserver-authentication ConfigMap)."""
+
+    ca: tuple[x509.Certificate, ...]
+    allowed_names: tuple[str, ...] = ()
+    username_headers: tuple[str, ...] = ("X-Remote-User",)
+    group_headers: tuple[str, ...] = ("X-Remote-Group",)
+    extra_prefixes: tuple[str, ...] = ("X-Remote-Extra-",)
+    uid_headers: tuple[str, ...] = ()
+
+
+def issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
+    """Whether one of `cas` directly signed `cert` (the TLS layer already checked validity)."""
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            return True
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    return False
+
+
+def _common_name(cert: x509.Certificate) -> str:
+    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(attrs[0].value) if attrs else ""
+
+
+def requestheader_user(cfg: RequestHeaderConfig, cert: x509.Certificate, headers: Headers) -> UserInfo | None:
+    """The user asserted in headers by a trusted front proxy, or None if `cert` is not one / no user."""
+    if not issued_by(cert, cfg.ca):
+        return None
+    if cfg.allowed_names and _common_name(cert) not in cfg.allowed_names:
+        return None
+    name = next((v for h in cfg.username_headers for v in headers.get(h.lower(), ()) if v), "")
+    if not name:
+        return None
+    groups = tuple(v for h in cfg.group_headers for v in headers.get(h.lower(), ()) if v)
+    uid = next((v for h in cfg.uid_headers for v in headers.get(h.lower(), ()) if v), "")
+    extra: dict[str, tuple[str, ...]] = {}
+    for header, values in headers.items():
+        for prefix in cfg.extra_prefixes:
+            if header.startswith(prefix.lower()):
+                key = unquote(header[len(prefix) :].lower())
+                extra[key] = extra.get(key, ()) + tuple(values)
+    return UserInfo(name, groups, uid, extra)
+
+
+def cert_user(cert: x509.Certificate) -> UserInfo | None:
+    """An ordinary client certificate: CN is the user, O entries are the groups."""
+    name = _common_name(cert)
+    groups = tuple(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
+    return UserInfo(name, groups) if name else None
+
+
+def review_attributes(method: str, path: str, route: Route | None) -> dict[str, Any]:
+    """SubjectAccessReview attributes for a request, as kube-apiserver's RequestInfo would derive them."""
+    verb = method.lower()
+    if isinstance(route, CustomRoute):
+        parts = path.split("?", 1)[0].strip("/").split("/")[3:]
+        namespace = ""
+        if parts[0] == "namespaces" and len(parts) > 2:
+            namespace, parts = parts[1], parts[2:]
+        attrs = {
+            "verb": verb,
+            "group": "custom.metrics.k8s.io",
+            "version": route.version,
+            "resource": unquote(parts[0]),
+            "name": unquote(parts[1]),
+        }
+        if len(parts) > 2:
+            attrs["subresource"] = unquote(parts[2])
+        if namespace:
+            attrs["namespace"] = namespace
+        return {"resourceAttributes": attrs}
+    if isinstance(route, ExternalRoute):
+        return {
+            "resourceAttributes": {
+                "verb": "list" if verb == "get" else verb,
+                "namespace": route.namespace,
+                "group": "external.metrics.k8s.io",
+                "version": "v1beta1",
+                "resource": route.metric,
+            }
+        }
+    return {"nonResourceAttributes": {"path": path.split("?", 1)[0], "verb": verb}}
+
+
+def allowed_without_review(user: UserInfo, attributes: Mapping[str, Any]) -> bool:
+    """system:masters always; the aggregator for non-resource (discovery, openapi) GETs."""
+    if MASTERS in user.groups:
+        return True
+    return user.name == AGGREGATOR and "nonResourceAttributes" in attributes
+
+
+class TtlCache:
+    """A tiny TTL memo for review answers."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic, limit: int = 4096) -> None:
+        self._ttl, self._clock, self._limit = ttl, clock, limit
+        self._data: dict[str, tuple[float, Any]] = {}
+
+    def get(self, key: str) -> Any:
+        hit = self._data.get(key)
+        if hit is None or self._clock() - hit[0] > self._ttl:
+            return None
+        return hit[1]
+
+    def put(self, key: str, value: Any) -> None:
+        if len(self._data) >= self._limit:
+            self._data.clear()
+        self._data[key] = (self._clock(), value)
+
+
+class KubeReviews:
+    """TokenReview and SubjectAccessReview through the API server, cached."""
+
+    def __init__(self, kube: KubeClient, ttl: float) -> None:
+        self._kube = kube
+        self._tokens = TtlCache(ttl)
+        self._access = TtlCache(ttl)
+
+    async def user_for_token(self, token: str) -> UserInfo | None:
+        cached = self._tokens.get(token)
+        if cached is not None:
+            return cached if isinstance(cached, UserInfo) else None
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        answer = await self._kube.request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            verb="create",
+            resource="tokenreviews",
+            body=body,
+            content_type="application/json",
+        )
+        status = answer.get("status") or {}
+        user: UserInfo | bool = False
+        if status.get("authenticated"):
+            info = status.get("user") or {}
+            extra = {k: tuple(v) for k, v in (info.get("extra") or {}).items()}
+            user = UserInfo(
+                info.get("username", ""), tuple(info.get("groups") or ()), info.get("uid", ""), extra
+            )
+        self._tokens.put(token, user)
+        return user if isinstance(user, UserInfo) else None
+
+    async def allowed(self, user: UserInfo, attributes: Mapping[str, Any]) -> bool:
+        spec: dict[str, Any] = {"user": user.name, "groups": list(user.groups), **attributes}
+        if user.uid:
+            spec["uid"] = user.uid
+        if user.extra:
+            spec["extra"] = {k: list(v) for k, v in user.extra.items()}
+        key = json.dumps(spec, sort_keys=True)
+        cached = self._access.get(key)
+        if cached is not None:
+            return bool(cached)
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        answer = await self._kube.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            verb="create",
+            resource="subjectaccessreviews",
+            body=body,
+            content_type="application/json",
+        )
+        allowed = bool((answer.get("status") or {}).get("allowed"))
+        self._access.put(key, allowed)
+        return allowed
+
+
+@dataclass(frozen=True)
+class Authenticator:
+    """Everything needed to authenticate a request; built once at start."""
+
+    requestheader: RequestHeaderConfig | None
+    client_cas: tuple[x509.Certificate, ...]
+    token_review: Callable[[str], Awaitable[UserInfo | None]] | None
+
+    async def authenticate(self, cert_der: bytes | None, headers: Headers) -> UserInfo | None:
+        if cert_der:
+            cert = x509.load_der_x509_certificate(cert_der)
+            if self.requestheader is not None:
+                user = requestheader_user(self.requestheader, cert, headers)
+                if user is not None:
+                    return user
+            if issued_by(cert, self.client_cas):
+                return cert_user(cert)
+        auth = next(iter(headers.get("authorization", ())), "")
+        if auth.lower().startswith("bearer ") and self.token_review is not None:
+            try:
+                return await self.token_review(auth[7:].strip())
+            except KubeError as exc:
+                log.warning("token review failed", extra={"error": str(exc)})
+        return None
+
+    def trusted_cas(self) -> list[x509.Certificate]:
+        return [*(self.requestheader.ca if self.requestheader else ()), *self.client_cas]
+
+
+def _json_list(data: Mapping[str, str], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = data.get(key)
+    if not raw:
+        return default
+    value = json.loads(raw)
+    return tuple(str(v) for v in value) if isinstance(value, list) else default
+
+
+async def load_trust(
+    cfg: Authentication, kube: KubeClient | None
+) -> tuple[RequestHeaderConfig | None, tuple[x509.Certificate, ...]]:
+    """Front-proxy settings and client CAs: from files, else from the authentication ConfigMap."""
+    data: Mapping[str, str] = {}
+    if kube is not None and (cfg.requestheader_client_ca_file is None or cfg.client_ca_file is None):
+        try:
+            cm = await kube.get(CONFIG_MAPS, AUTH_CONFIGMAP[1], namespace=AUTH_CONFIGMAP[0])
+            data = cm.get("data") or {}
+        except KubeError as exc:
+            log.warning("cannot read the authentication ConfigMap", extra={"error": str(exc)})
+    rh_pem = (
+        cfg.requestheader_client_ca_file.read_bytes()
+        if cfg.requestheader_client_ca_file
+        else data.get("requestheader-client-ca-file", "").encode()
+    )
+    client_pem = (
+        cfg.client_ca_file.read_bytes() if cfg.client_ca_file else data.get("client-ca-file", "").encode()
+    )
+    rh_cas = tuple(load_certificates(rh_pem))
+    requestheader = None
+    if rh_cas:
+        names = cfg.requestheader_allowed_names
+        requestheader = RequestHeaderConfig(
+            ca=rh_cas,
+            allowed_names=tuple(names)
+            if names is not None
+            else _json_list(data, "requestheader-allowed-names", ()),
+            username_headers=_json_list(data, "requestheader-username-headers", ("X-Remote-User",)),
+            group_headers=_json_list(data, "requestheader-group-headers", ("X-Remote-Group",)),
+            extra_prefixes=_json_list(data, "requestheader-extra-headers-prefix", ("X-Remote-Extra-",)),
+            uid_headers=_json_list(data, "requestheader-uid-headers", ()),
+        )
+    return requestheader, tuple(load_certificates(client_pem))

@@ -1,0 +1,201 @@
+"""The demand-driven value cache: Prometheus load follows what HPAs ask for, not how many HPAs there are.
+
+Why: prometheus-adapter sends one query per HPA metric per sync; 1,000 HPAs x 2 metrics mean 8,000 queries
+a minute. Here each distinct (metric, resource, namespace, metric selector) that someone asked for is one
+entry, answered by one grouped query for the whole namespace; the refresher re-runs those queries once per
+refresh interval (default 15 s, the HPA's sync period) — entries sharing a batch key (the same metric in
+several namespaces) with a single query per `batch_limit` namespaces — and every request in between is
+answered from memory. Entries nobody asked for in `idle_expiry` seconds are dropped.
+
+Rules that keep HPAs safe:
+- an answer older than `max_age` is never served; the request then queries Prometheus itself and fails
+  with the Prometheus error (503 upstream) if that fails too — never a stale or made-up value;
+- a failed refresh keeps the last good answer (until `max_age`) and is retried at the next interval;
+- concurrent misses for one key share a single query (no thundering herd after a restart).
+
+The cache is generic over the stored value; it does not know PromQL, wire formats or Kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Fetch = Callable[[], Awaitable[T]]
+FetchMany = Callable[[list[Hashable]], Awaitable[dict[Hashable, T]]]
+"""Answers for several keys with one query; must return a value for every key it is given."""
+
+
+@dataclass
+class _Entry(Generic[T]):
+    fetch: Fetch[T]
+    last_used: float
+    value: T | None = None
+    fetched_at: float | None = None
+    inflight: asyncio.Task[T] | None = None
+    failing: bool = False
+    labels: tuple[str, ...] = field(default=())
+    batch: tuple[Hashable, FetchMany[T]] | None = None
+
+
+class ValueCache(Generic[T]):
+    """Answers keyed by a hashable key, refreshed in the background while in use."""
+
+    def __init__(
+        self,
+        *,
+        refresh_interval: float,
+        max_age: float,
+        idle_expiry: float,
+        concurrency: int = 8,
+        batch_limit: int = 100,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`batch_limit` caps the keys one batched query serves, bounding the size of each answer."""
+        self.refresh_interval = refresh_interval
+        self.max_age = max_age
+        self.idle_expiry = idle_expiry
+        self._clock = clock
+        self._batch_limit = batch_limit
+        self._entries: dict[Hashable, _Entry[T]] = {}
+        self._limit = asyncio.Semaphore(concurrency)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get(
+        self,
+        key: Hashable,
+        fetch: Fetch[T],
+        *,
+        group: str = "",
+        batch: tuple[Hashable, FetchMany[T]] | None = None,
+    ) -> tuple[T, float]:
+        """(value, fetched_at) for `key`; fetches (once, shared) when missing or older than `max_age`.
+
+        Keys with the same `batch[0]` are refreshed together by one `batch[1]` call in the background.
+        """
+        now = self._clock()
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(fetch=fetch, last_used=now, labels=(group,), batch=batch)
+        entry.last_used = now
+        if (
+            entry.value is not None
+            and entry.fetched_at is not None
+            and now - entry.fetched_at <= self.max_age
+        ):
+            return entry.value, entry.fetched_at
+        value = await self._refresh(key, entry)
+        assert entry.fetched_at is not None
+        return value, entry.fetched_at
+
+    async def _refresh(self, key: Hashable, entry: _Entry[T]) -> T:
+        if entry.inflight is None:
+            entry.inflight = asyncio.ensure_future(self._run(key, entry, self._limited(entry.fetch)))
+        return await asyncio.shield(entry.inflight)
+
+    def _limited(self, fetch: Fetch[T]) -> Fetch[T]:
+        async def run() -> T:
+            async with self._limit:
+                return await fetch()
+
+        return run
+
+    async def _fetch_many(self, keys: list[Hashable], fetch_many: FetchMany[T]) -> dict[Hashable, T]:
+        async with self._limit:
+            return await fetch_many(keys)
+
+    async def _refresh_batch(self, keys: list[Hashable], fetch_many: FetchMany[T]) -> None:
+        """One `fetch_many` for all `keys`; each entry takes its own answer from the shared result."""
+        shared: asyncio.Future[dict[Hashable, T]] = asyncio.ensure_future(self._fetch_many(keys, fetch_many))
+
+        def take(key: Hashable) -> Fetch[T]:
+            async def pick() -> T:
+                return (await asyncio.shield(shared))[key]
+
+            return pick
+
+        tasks = []
+        for key in keys:
+            entry = self._entries[key]
+            entry.inflight = asyncio.ensure_future(self._run(key, entry, take(key)))
+            tasks.append(entry.inflight)
+        await asyncio.gather(shared, *tasks, return_exceptions=True)
+
+    async def _run(self, key: Hashable, entry: _Entry[T], fetch: Fetch[T]) -> T:
+        try:
+            started = self._clock()
+            value = await fetch()
+            entry.value, entry.fetched_at = value, started
+            if entry.failing:
+                log.info("cache refresh recovered", extra={"key": str(key)})
+            entry.failing = False
+            return value
+        except Exception as exc:
+            if not entry.failing:
+                log.warning("cache refresh failed", extra={"key": str(key), "error": str(exc)})
+            entry.failing = True
+            raise
+        finally:
+            entry.inflight = None
+
+    def due(self, *, everything: bool = False) -> list[Hashable]:
+        """Keys whose answer is at least one refresh interval old (all with `everything`); drops idle ones."""
+        now = self._clock()
+        keys: list[Hashable] = []
+        for key, entry in list(self._entries.items()):
+            if now - entry.last_used > self.idle_expiry:
+                del self._entries[key]
+            elif entry.inflight is None and (
+                everything or entry.fetched_at is None or now - entry.fetched_at >= self.refresh_interval
+            ):
+                keys.append(key)
+        return keys
+
+    async def refresh_due(self, *, everything: bool = False) -> int:
+        """Refresh every due entry (batched where possible, bounded concurrency); returns how many."""
+        keys = self.due(everything=everything)
+        batches: dict[Hashable, list[Hashable]] = {}
+        tasks: list[Awaitable[object]] = []
+        for key in keys:
+            entry = self._entries[key]
+            if entry.batch is None:
+                tasks.append(self._refresh(key, entry))
+            else:
+                batches.setdefault(entry.batch[0], []).append(key)
+        for members in batches.values():
+            batch = self._entries[members[0]].batch
+            assert batch is not None
+            for start in range(0, len(members), self._batch_limit):
+                tasks.append(self._refresh_batch(members[start : start + self._batch_limit], batch[1]))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(keys)
+
+    async def run(self, tick: float | None = None) -> None:
+        """Refresh due entries forever; `tick` (default a quarter interval) bounds the added lag."""
+        step = tick if tick is not None else max(0.25, self.refresh_interval / 4)
+        while True:
+            try:
+                await self.refresh_due()
+            except Exception:
+                log.exception("cache refresher crashed; continuing")
+            await asyncio.sleep(step)
+
+    def snapshot(self) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
+        """({(group,): entries}, {(group,): oldest age in seconds}) for the self-metrics."""
+        now = self._clock()
+        counts: dict[tuple[str, ...], float] = {}
+        ages: dict[tuple[str, ...], float] = {}
+        for entry in self._entries.values():
+            counts[entry.labels] = counts.get(entry.labels, 0) + 1
+            if entry.fetched_at is not None:
+                ages[entry.labels] = max(ages.get(entry.labels, 0.0), now - entry.fetched_at)
+        return counts, ages

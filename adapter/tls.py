@@ -1,0 +1,87 @@
+"""Serving TLS: the given certificate or a self-signed one made at start, and client-certificate CAs.
+
+Why: kube-aggregator only speaks HTTPS to aggregated API servers, and the front-proxy identity arrives as a
+client certificate on that same connection. Like k8s.io/apiserver's `MaybeDefaultWithSelfSignedCerts`, a
+missing certificate is generated in memory (ECDSA P-256, valid for localhost, 127.0.0.1 and the given names)
+so an APIService with `insecureSkipTLSVerify` works out of the box. Client certificates are optional at the
+TLS layer (probes and token callers have none); which CA signed one is checked in `adapter.auth`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def self_signed(names: Sequence[str] = ("localhost",), days: int = 365) -> tuple[bytes, bytes]:
+    """(certificate PEM, private key PEM) for `names` plus 127.0.0.1 and ::1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"gpuwarden-adapter@{int(now.timestamp())}")]
+    )
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(names)]
+    alt += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def load_certificates(pem: bytes) -> list[x509.Certificate]:
+    """Every certificate in a PEM bundle."""
+    return x509.load_pem_x509_certificates(pem) if pem.strip() else []
+
+
+def server_context(
+    cert_file: Path | None,
+    key_file: Path | None,
+    *,
+    min_version: str = "TLSv1.2",
+    client_cas: Sequence[x509.Certificate] = (),
+    names: Sequence[str] = ("localhost",),
+) -> tuple[ssl.SSLContext, bytes]:
+    """(server SSLContext, serving certificate PEM); self-signed when no files are given.
+
+    `client_cas` are offered for optional client-certificate verification.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
+    if cert_file is not None and key_file is not None:
+        ctx.load_cert_chain(cert_file, key_file)
+        cert_pem = cert_file.read_bytes()
+    else:
+        cert_pem, key_pem = self_signed(names)
+        with tempfile.TemporaryDirectory(prefix="gpuwarden-tls-") as tmp:
+            cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+            cert_path.write_bytes(cert_pem)
+            key_path.touch(mode=0o600)
+            key_path.write_bytes(key_pem)
+            ctx.load_cert_chain(cert_path, key_path)
+    if client_cas:
+        bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in client_cas)
+        ctx.load_verify_locations(cadata=bundle)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx, cert_pem

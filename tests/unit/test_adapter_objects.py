@@ -1,0 +1,95 @@
+"""The pod/node label index: selector answers, updates, memo invalidation, feeding it from watch events."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapter.objects import LabelIndex, apply, slim
+from adapter.resources import NODES, PODS
+from adapter.selectors import parse
+from gpuwarden.kube import ADDED, DELETED, MODIFIED, SYNCED, WatchEvent
+
+PODS_ML = {
+    "llm-0": {"app": "llm", "tier": "gpu"},
+    "llm-1": {"app": "llm", "tier": "gpu", "canary": "true"},
+    "web-0": {"app": "web"},
+    "bare": {},
+}
+
+
+@pytest.fixture
+def index() -> LabelIndex:
+    idx = LabelIndex([PODS, NODES])
+    for name, labels in PODS_ML.items():
+        idx.upsert(PODS, "ml", name, labels)
+    idx.upsert(PODS, "other", "llm-9", {"app": "llm"})
+    return idx
+
+
+@pytest.mark.parametrize(
+    ("selector", "names"),
+    [
+        pytest.param("", ["bare", "llm-0", "llm-1", "web-0"], id="everything"),
+        pytest.param("app=llm", ["llm-0", "llm-1"], id="equality-uses-postings"),
+        pytest.param("app in (llm,web)", ["llm-0", "llm-1", "web-0"], id="in"),
+        pytest.param("app=llm,!canary", ["llm-0"], id="and-not-exists"),
+        pytest.param("app!=llm", ["bare", "web-0"], id="not-equals-includes-unlabelled"),
+        pytest.param("app notin (web)", ["bare", "llm-0", "llm-1"], id="notin"),
+        pytest.param("canary", ["llm-1"], id="exists"),
+        pytest.param("app=none", [], id="no-match"),
+    ],
+)
+def test_names_match_selector_within_the_namespace(
+    index: LabelIndex, selector: str, names: list[str]
+) -> None:
+    assert index.names(PODS, "ml", parse(selector)) == names
+
+
+def test_updates_invalidate_memoized_answers(index: LabelIndex) -> None:
+    sel = parse("app=llm")
+    assert index.names(PODS, "ml", sel) == ["llm-0", "llm-1"]
+    index.upsert(PODS, "ml", "web-0", {"app": "llm"})
+    assert index.names(PODS, "ml", sel) == ["llm-0", "llm-1", "web-0"]
+    index.delete(PODS, "ml", "llm-0")
+    assert index.names(PODS, "ml", sel) == ["llm-1", "web-0"]
+    index.upsert(PODS, "ml", "llm-1", {"app": "other"})
+    assert index.names(PODS, "ml", sel) == ["web-0"]
+    assert index.names(PODS, "other", sel) == ["llm-9"]
+    assert index.names(PODS, "missing-namespace", sel) == []
+
+
+def test_sync_state_per_resource() -> None:
+    idx = LabelIndex([PODS])
+    assert idx.supports(PODS) and not idx.supports(NODES)
+    assert not idx.synced(PODS)
+    apply(idx, PODS, WatchEvent(SYNCED, {}))
+    assert idx.synced(PODS)
+
+
+def test_watch_events_feed_the_index() -> None:
+    idx = LabelIndex([NODES])
+    node = {"metadata": {"name": "n1", "labels": {"pool": "a100"}, "resourceVersion": "1"}}
+    apply(idx, NODES, WatchEvent(ADDED, node))
+    assert idx.names(NODES, "", parse("pool=a100")) == ["n1"]
+    apply(idx, NODES, WatchEvent(MODIFIED, {"metadata": {"name": "n1", "labels": {"pool": "h100"}}}))
+    assert idx.names(NODES, "", parse("pool=a100")) == []
+    apply(idx, NODES, WatchEvent(DELETED, node))
+    assert idx.count() == 0
+
+
+def test_slim_keeps_only_metadata_the_index_needs() -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ml",
+            "labels": {"a": "b"},
+            "resourceVersion": "7",
+            "annotations": {"big": "x" * 1000},
+            "managedFields": [{}],
+        },
+        "spec": {"containers": [{}]},
+        "status": {"phase": "Running"},
+    }
+    assert slim(pod) == {
+        "metadata": {"name": "p", "namespace": "ml", "labels": {"a": "b"}, "resourceVersion": "7"}
+    }
