@@ -1,0 +1,238 @@
+"""The bind verb's I/O: claim the exact GPU set on the pod, verify nobody else holds it, then bind.
+
+Why it exists: kube-scheduler hands binding to us (`bindVerb`), so we must record `gpuwarden.io/gpu-ids` and
+`gpuwarden.io/numa-node` *before* the pods/binding call, never assign a GPU twice under concurrent binding
+cycles or between replicas, and stay correct after a restart. The protocol is in claims.py; this module runs
+it: a live GET (UID check, idempotency), choose from the model plus this replica's own in-flight claims
+(serialised per node), a resourceVersion-conditioned patch, a consistent LIST to catch another replica's
+overlapping claim, then the Binding. A failed bind withdraws its claim (only if the pod is still as we
+left it) so GPUs are not pinned.
+
+It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
+scheduler; `KubeError`s never escape. In dry-run it binds without writing the claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from controller.extender.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
+from controller.extender.decide import Choice, Settings, choose_gpus
+from controller.extender.model import Claim, ClusterModel
+from controller.extender.objects import JsonObject, PodInfo, pod_info
+from controller.extender.placement import alignment
+from controller.extender.wire import ExtenderBindingArgs
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
+from gpuwarden.kube import PODS, KubeClient, PatchType
+
+log = logging.getLogger(__name__)
+
+
+class PodApi(Protocol):
+    """The four API calls bind needs; `KubePodApi` makes them, tests use an in-memory fake."""
+
+    async def get_pod(self, namespace: str, name: str) -> JsonObject: ...
+    async def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> JsonObject: ...
+    async def list_pods(self, label_selector: str) -> list[JsonObject]: ...
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class KubePodApi:
+    """`PodApi` over `gpuwarden.kube.KubeClient` (merge patches; LIST is a consistent read)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    async def get_pod(self, namespace: str, name: str) -> JsonObject:
+        return await self._client.get(PODS, name, namespace=namespace)
+
+    async def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> JsonObject:
+        return await self._client.patch(PODS, name, patch, patch_type=PatchType.MERGE, namespace=namespace)
+
+    async def list_pods(self, label_selector: str) -> list[JsonObject]:
+        return (await self._client.list_objects(PODS, label_selector=label_selector)).items
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self._client.request(
+            "POST", PODS.path(namespace, name, "binding"), verb="create", resource="pods/binding",
+            body=body, content_type="application/json",
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BindOutcome:
+    """`error` is "" on success; `kind` (for logs): bound, already_bound, rejected, conflict, error."""
+
+    kind: str
+    error: str = ""
+    choice: Choice | None = None
+
+
+class Binder:
+    """Runs the claim-verify-bind protocol; one per process, shared by all bind requests."""
+
+    def __init__(
+        self,
+        api: PodApi,
+        model: ClusterModel,
+        settings: Callable[[], Settings],
+        *,
+        clock: Callable[[], float] = time.time,
+        attempts: int = 3,
+        dry_run: bool = False,
+        on_conflict: Callable[[str], None] = lambda kind: None,
+    ) -> None:
+        self._api = api
+        self._model = model
+        self._settings = settings
+        self._clock = clock
+        self._attempts = attempts
+        self._dry_run = dry_run
+        self._on_conflict = on_conflict
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._inflight: dict[str, dict[str, Claim]] = {}
+
+    def overlay(self, node: str) -> list[Claim]:
+        """This replica's claims on `node` that the watch has not delivered yet (expired ones dropped)."""
+        claims = self._inflight.get(node)
+        if not claims:
+            return []
+        ttl, now = self._settings().claim_ttl_seconds, self._clock()
+        for key, claim in list(claims.items()):
+            seen = self._model.pod(key)
+            observed = (
+                seen is not None and seen.gpu_ids == claim.ids and node in (seen.node_name, seen.claim_node)
+            )
+            if observed or claim.claimed_at is None or now - claim.claimed_at >= ttl:
+                del claims[key]
+        return list(claims.values())
+
+    def _forget(self, node: str, key: str) -> None:
+        self._inflight.get(node, {}).pop(key, None)
+
+    async def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
+        ns, name, node = args.pod_namespace, args.pod_name, args.node
+        try:
+            for _ in range(self._attempts):
+                outcome = await self._attempt(args)
+                if outcome is not None:
+                    return outcome
+                self._on_conflict("pod_changed")
+            return BindOutcome("conflict", f"pod {ns}/{name} kept changing while binding it to {node}; retry")
+        except KubeError as exc:
+            log.warning("bind failed", extra={"pod": f"{ns}/{name}", "node": node, "error": str(exc)})
+            return BindOutcome("error", f"binding {ns}/{name} to {node} failed: {exc.message}")
+
+    async def _attempt(self, args: ExtenderBindingArgs) -> BindOutcome | None:
+        """One try; None means the pod changed under us (409) and the caller should start over."""
+        ns, name, node = args.pod_namespace, args.pod_name, args.node
+        try:
+            pod = pod_info(await self._api.get_pod(ns, name), self._model.resource)
+        except KubeNotFound:
+            return BindOutcome("error", f"pod {ns}/{name} not found")
+        if pod.uid != args.pod_uid:
+            return BindOutcome("error", f"pod {ns}/{name} has UID {pod.uid}, not {args.pod_uid}")
+        if pod.node_name:
+            if pod.node_name == node:
+                return BindOutcome("already_bound")
+            return BindOutcome("error", f"pod {ns}/{name} is already bound to {pod.node_name}")
+        if pod.gpus <= 0 or self._dry_run:
+            choice = None
+            if self._dry_run and pod.gpus > 0:
+                choice = self._choose(pod, node).choice
+                log.info("dry-run: would claim GPUs", extra={"pod": pod.key, "node": node, "choice": choice})
+            await self._api.bind_pod(ns, name, pod.uid, node)
+            return BindOutcome("bound", choice=choice)
+        async with self._locks.setdefault(node, asyncio.Lock()):
+            claimed = await self._claim(pod, node)
+            if not isinstance(claimed, tuple):
+                return claimed
+            choice, rv = claimed
+        return await self._finish(pod, node, choice, rv)
+
+    def _choose(self, pod: PodInfo, node: str) -> BindOutcome:
+        view = self._model.view(node)
+        if view is not None:
+            view = view.with_claims(c for c in self.overlay(node) if c.pod != pod.key)
+        verdict = choose_gpus(pod, view, self._settings(), self._clock(), node=node)
+        if verdict.choice is None:
+            return BindOutcome("rejected", f"no GPU set for {pod.key} on {node}: {verdict.reason}")
+        return BindOutcome("bound", choice=verdict.choice)
+
+    def _describe(self, node: str, ids: tuple[str, ...]) -> Choice:
+        """A `Choice` for a set claimed earlier (a retried bind reusing its own claim)."""
+        view = self._model.view(node)
+        gpus = [g for g in view.topology.gpus if g.id in ids] if view is not None else []
+        numa = tuple(sorted({g.numa for g in gpus if g.numa is not None}))
+        return Choice(ids, numa, alignment(gpus) if len(gpus) == len(ids) else "unknown", 0)
+
+    async def _claim(self, pod: PodInfo, node: str) -> tuple[Choice, str] | BindOutcome | None:
+        """Write (or reuse) the claim and verify it; the claimed choice and the pod's new resourceVersion."""
+        settings, now = self._settings(), self._clock()
+        ids = reusable_claim(pod, node, now, settings.claim_ttl_seconds)
+        rv = pod.resource_version
+        if ids is not None:
+            choice = self._describe(node, ids)
+        else:
+            chosen = self._choose(pod, node)
+            if chosen.choice is None:
+                return chosen
+            choice = chosen.choice
+            try:
+                ns, name = pod.key.split("/", 1)
+                patched = await self._api.patch_pod(ns, name, claim_patch(node, choice, now, rv))
+            except KubeConflict:
+                return None
+            rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
+            self._inflight.setdefault(node, {})[pod.key] = Claim(pod.key, choice.ids, now)
+        try:
+            listed = await self._api.list_pods(claim_selector(node))
+        except KubeError:
+            await self._release(pod, node, rv)  # unverified: never bind on it
+            raise
+        others = [pod_info(o, self._model.resource) for o in listed]
+        clash = conflicts(pod.key, node, choice.ids, others, self._clock(), settings.claim_ttl_seconds)
+        if clash:
+            self._on_conflict("gpu_claimed")
+            await self._release(pod, node, rv)
+            held = "; ".join(f"GPU {','.join(gpu_ids)} by {key}" for key, gpu_ids in clash)
+            log.info("bind lost a GPU race", extra={"pod": pod.key, "node": node, "held": held})
+            return BindOutcome("conflict", f"GPUs on {node} were claimed concurrently ({held}); retry")
+        return choice, rv
+
+    async def _finish(self, pod: PodInfo, node: str, choice: Choice, rv: str) -> BindOutcome:
+        ns, name = pod.key.split("/", 1)
+        try:
+            await self._api.bind_pod(ns, name, pod.uid, node)
+        except KubeConflict:
+            current = pod_info(await self._api.get_pod(ns, name), self._model.resource)
+            if current.node_name == node:
+                return BindOutcome("already_bound", choice=choice)
+            await self._release(pod, node, rv)
+            return BindOutcome("error", f"pod {pod.key} could not be bound to {node}: it changed meanwhile")
+        except KubeError:
+            await self._release(pod, node, rv)
+            raise
+        return BindOutcome("bound", choice=choice)
+
+    async def _release(self, pod: PodInfo, node: str, rv: str) -> None:
+        """Withdraw our claim, only if nobody touched the pod since we wrote it (else it is not ours)."""
+        self._forget(node, pod.key)
+        patch = release_patch()
+        patch["metadata"]["resourceVersion"] = rv
+        try:
+            ns, name = pod.key.split("/", 1)
+            await self._api.patch_pod(ns, name, patch)
+        except KubeError as exc:  # the claim then expires after its TTL
+            log.info("claim not withdrawn", extra={"pod": pod.key, "node": node, "error": str(exc)})

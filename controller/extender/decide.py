@@ -1,0 +1,348 @@
+"""Pure placement decisions: which nodes can host the pod's GPUs, how well, and on exactly which GPUs.
+
+Why it exists: filter, prioritize and bind must agree, and every rule here (NUMA alignment, quarantine,
+nominated pods, pods whose GPUs we cannot see) needs a table test with a reason a user can read in
+`kubectl describe pod`. So the three verbs share one evaluation of (pod, NodeView, settings, now):
+
+* a rejection is *unresolvable* when no preemption could help (the topology cannot fit the request even on
+  an empty node, GPUs quarantined, node unknown, bad annotation) and *resolvable* when freeing GPUs would;
+* pods whose GPU set we cannot see (count-only) are placed adversarially: a node passes a single-NUMA
+  request only if a fitting NUMA node exists wherever those GPUs actually are;
+* `single-numa` asks for one NUMA node. A pod asking for more GPUs than *any* NUMA node in the fleet holds
+  (`Settings.fleet_max_numa_gpus`) gets the fewest whole NUMA nodes instead: nothing better exists.
+
+It must not do I/O, log, read the clock (`now` is a parameter) or import anything that does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+
+from controller.extender.model import NodeView
+from controller.extender.objects import POLICY_ANNOTATION, PodInfo
+from controller.extender.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
+from controller.extender.topology import TOPOLOGY_ANNOTATION, Gpu
+from controller.extender.wire import MAX_EXTENDER_PRIORITY
+
+
+class Policy(StrEnum):
+    """Values of the pod annotation `gpuwarden.io/topology-policy`."""
+
+    SINGLE_NUMA = "single-numa"
+    PREFER_NUMA = "prefer-numa"
+    SINGLE_PCIE = "single-pcie"
+    NONE = "none"
+
+
+_CONSTRAINT = {Policy.SINGLE_NUMA: "numa", Policy.SINGLE_PCIE: "pcie"}
+_LEVEL_NAME = {"numa": "NUMA node", "pcie": "PCIe switch"}
+LOCALITY = {
+    "single": 1.0, "nvlink": 1.0, "pcie": 0.9, "numa": 0.8,
+    "whole-numa": 0.7, "unknown": 0.4, "cross-numa": 0.3,
+}  # fmt: skip
+"""Locality credit of a placement by `placement.alignment` (the locality part of the score)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Decision knobs, mapped from the config's extender section; `fleet_max_numa_gpus` from the model."""
+
+    default_policy: Policy = Policy.SINGLE_NUMA
+    claim_ttl_seconds: float = 60.0
+    error_trend_threshold: float = 10.0
+    """Correctable (SBE) errors per hour on the node that earn the full penalty; less earns a share."""
+    error_trend_penalty: int = 3
+    fit_weight: float = 2.0
+    locality_weight: float = 1.0
+    count_nominated: bool = True
+    resource: str = "nvidia.com/gpu"
+    fleet_max_numa_gpus: int = 0
+    """Most healthy GPUs on one NUMA node anywhere; 0 = unknown (single-numa then never spreads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A concrete GPU set on a node, its alignment and its 0-10 score."""
+
+    ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...]
+    alignment: str
+    score: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome for one node: a `choice`, or a rejection `reason` that is `resolvable` or not."""
+
+    node: str
+    choice: Choice | None = None
+    reason: str = ""
+    resolvable: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.choice is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """`passed` in input order; every other input node in exactly one of the two maps."""
+
+    passed: tuple[str, ...]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+def policy_of(pod: PodInfo, settings: Settings) -> Policy | str:
+    """The pod's effective policy, or an error message for an unknown annotation value."""
+    if pod.policy is None or not pod.policy.strip():
+        return settings.default_policy if pod.gpus > 1 else Policy.NONE
+    try:
+        return Policy(pod.policy.strip().lower())
+    except ValueError:
+        return (
+            f"invalid {POLICY_ANNOTATION} {pod.policy!r}: use single-numa, prefer-numa, single-pcie or none"
+        )
+
+
+def _healthy(view: NodeView) -> list[Gpu]:
+    """The node's non-quarantined GPUs (cached on the view; callers must not modify the list)."""
+    healthy: list[Gpu] | None = view.memo.get("healthy")
+    if healthy is None:
+        healthy = [g for g in view.topology.gpus if g.id not in view.quarantined]
+        view.memo["healthy"] = healthy
+    return healthy
+
+
+def _memo_key(kind: str, pod: PodInfo, view: NodeView) -> tuple[str, int, str | None] | None:
+    """Answers depend only on (request size, policy, settings) unless claims or nominations are present
+    (then the pod's identity, priority and the clock matter too, and nothing is cached)."""
+    return None if view.claims or view.nominated else (kind, pod.gpus, pod.policy)
+
+
+def _need(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Need:
+    """What a set for k GPUs under `policy` must satisfy on a node with these healthy GPUs."""
+    level = _CONSTRAINT.get(policy) if k > 1 else None
+    if level == "numa" and 0 < settings.fleet_max_numa_gpus < k and all(g.numa is not None for g in healthy):
+        return Need(k, "numa", max(1, min_span(group_sizes(healthy, "numa"), k)))
+    return Need(k, level)
+
+
+def _unresolvable(
+    pod: PodInfo, view: NodeView, need: Need, policy: Policy, healthy: list[Gpu], s: Settings
+) -> str:
+    """Why the node could never host the pod, even with no other pod on it; "" when it could."""
+    k = pod.gpus
+    if view.quarantine_reason is not None and not healthy:
+        return f"GPUs quarantined by gpuwarden ({view.quarantine_reason})"
+    if k > view.allocatable:
+        return f"node has {view.allocatable} {s.resource} allocatable; {k} requested"
+    if k > len(healthy):
+        bad = len(view.topology.gpus) - len(healthy)
+        return (
+            f"only {len(healthy)} healthy GPUs ({bad} quarantined: {view.quarantine_reason}); {k} requested"
+        )
+    if need.level is None or fits(healthy, 0, need):
+        return ""
+    level = need.level
+    if all(getattr(g, level) is None for g in healthy):
+        if view.topology_error:
+            return f"GPU topology unreadable ({view.topology_error}); policy {policy} needs it"
+        if not view.topology.known:
+            return (
+                f"GPU topology unknown (no NodeResourceTopology, no {TOPOLOGY_ANNOTATION} annotation); "
+                f"policy {policy} for {k} GPUs needs it"
+            )
+        return (
+            f"GPU topology does not say which {_LEVEL_NAME[level]} each GPU is on; policy {policy} needs it"
+        )
+    sized = known_groups(healthy, level)
+    per = ", ".join(f"{getattr(g[0], level)}: {len(g)}" for g in sized)
+    largest = max(len(g) for g in sized)
+    return (
+        f"at most {largest} healthy GPUs per {_LEVEL_NAME[level]} ({per}); {k} requested with policy {policy}"
+    )
+
+
+def _free(
+    pod: PodInfo, view: NodeView, healthy: list[Gpu], s: Settings, now: float
+) -> tuple[list[Gpu], int, str]:
+    """Healthy GPUs not taken, the count held where we cannot see, and a note on what else holds GPUs."""
+    taken = set(view.used)
+    for claim in view.claims:
+        fresh = claim.claimed_at is None or now - claim.claimed_at < s.claim_ttl_seconds
+        if claim.pod != pod.key and fresh:
+            taken.update(claim.ids)
+    free = [g for g in healthy if g.id not in taken] if taken else healthy
+    unknown = view.used_unknown
+    notes = [f"{unknown} held by pods without a recorded GPU set"] if unknown else []
+    # Never promise more than the node's allocatable count (a device plugin may report fewer GPUs).
+    missing = len(free) - unknown - max(0, view.allocatable - len(taken) - unknown)
+    if missing > 0:
+        unknown += missing
+        notes.append(f"{missing} in the topology but not allocatable")
+    promised = 0
+    for nominee in sorted(view.nominated, key=lambda n: (-n.priority, n.pod)):
+        if not s.count_nominated or nominee.pod == pod.key or nominee.priority < pod.priority:
+            continue
+        their = policy_of(PodInfo(nominee.pod, "", nominee.gpus, policy=nominee.policy), s)
+        their = their if isinstance(their, Policy) else Policy.NONE
+        picked = place(free, unknown, _need(nominee.gpus, their, healthy, s))
+        if picked is None:
+            unknown += nominee.gpus
+        else:
+            free = [g for g in free if g not in picked]
+        promised += nominee.gpus
+    if promised:
+        notes.append(f"{promised} promised to nominated pods of priority >= {pod.priority}")
+    return free, unknown, ("; " + ", ".join(notes)) if notes else ""
+
+
+def _summary(gpus: list[Gpu], level: str) -> str:
+    found = sorted(known_groups(gpus, level), key=lambda g: str(getattr(g[0], level)))
+    prefix = "NUMA" if level == "numa" else ""
+    return ", ".join(f"{prefix}{getattr(g[0], level)}: {len(g)} free" for g in found) or "none free"
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    need: Need
+    healthy: list[Gpu]
+    free: list[Gpu]
+    unknown: int
+
+
+def _assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: str) -> Verdict | _Fit:
+    """A rejection, or the free GPUs among which a set satisfying the policy is guaranteed to exist."""
+    if view is None:
+        return Verdict(name, reason="node not (yet) known to the gpuwarden extender's cache")
+    key = _memo_key("assess", pod, view)
+    if key is not None:
+        hit = view.memo.get(key)
+        if hit is not None and hit[0] is s:
+            return hit[1]  # type: ignore[no-any-return]
+    result = _assess_view(pod, view, s, now, name)
+    if key is not None:
+        view.memo[key] = (s, result)
+    return result
+
+
+def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: str) -> Verdict | _Fit:
+    policy = policy_of(pod, s)
+    if not isinstance(policy, Policy):
+        return Verdict(name, reason=policy)
+    healthy = _healthy(view)
+    need = _need(pod.gpus, policy, healthy, s)
+    why = _unresolvable(pod, view, need, policy, healthy, s)
+    if why:
+        return Verdict(name, reason=why)
+    free, unknown, note = _free(pod, view, healthy, s, now)
+    if fits(free, unknown, need):
+        return _Fit(need, healthy, free, unknown)
+    if need.level is None:
+        why = f"{max(0, len(free) - unknown)} healthy GPUs free; {pod.gpus} requested{note}"
+    elif need.span > 1:
+        why = f"no {pod.gpus} free GPUs on {need.span} NUMA nodes ({_summary(free, 'numa')}){note}"
+    else:
+        lvl = _LEVEL_NAME[need.level]
+        why = f"no {lvl} with {pod.gpus} free GPUs ({_summary(free, need.level)}){note}"
+    return Verdict(name, reason=why, resolvable=True)
+
+
+def _score(chosen: list[Gpu], fit: _Fit, view: NodeView, s: Settings) -> int:
+    """0-10: weighted mean of the set's locality and how tightly it packs its NUMA node and the node
+    (fit: the mean fill of both after placement, so partly used nodes fill up before empty ones are opened),
+    minus the correctable-error penalty."""
+    healthy, k = len(fit.healthy), len(chosen)
+    node_fill = (healthy - (len(fit.free) - k)) / healthy if healthy else 0.0
+    numa = {g.numa for g in chosen}
+    group_fill = node_fill
+    if len(numa) == 1 and None not in numa:
+        size = sum(1 for g in fit.healthy if g.numa in numa)
+        left = sum(1 for g in fit.free if g.numa in numa) - k
+        group_fill = 1.0 - left / size if size else 0.0
+    span = fit.need.span if fit.need.level == "numa" else 1
+    packing = (group_fill + node_fill) / 2
+    weights = s.fit_weight + s.locality_weight
+    locality = LOCALITY[alignment(chosen, span)]
+    raw = 10.0 * (s.locality_weight * locality + s.fit_weight * packing) / weights if weights > 0 else 0.0
+    penalty = 0
+    trend = view.error_trend
+    if trend is not None and trend > 0 and s.error_trend_threshold > 0:
+        penalty = round(s.error_trend_penalty * min(1.0, trend / s.error_trend_threshold))
+    return max(0, min(MAX_EXTENDER_PRIORITY, round(raw) - penalty))
+
+
+def choose_gpus(
+    pod: PodInfo, view: NodeView | None, settings: Settings, now: float, node: str = ""
+) -> Verdict:
+    """The exact GPU set for `pod` on this node, with its score; or why there is none."""
+    name = view.name if view is not None else node
+    if pod.gpus <= 0:
+        return Verdict(name, Choice((), (), "none", 0))
+    fit = _assess(pod, view, settings, now, name)
+    if isinstance(fit, Verdict):
+        return fit
+    assert view is not None
+    key = _memo_key("choose", pod, view)
+    if key is not None:
+        hit = view.memo.get(key)
+        if hit is not None and hit[0] is settings:
+            return hit[1]  # type: ignore[no-any-return]
+    verdict = _choose(pod, view, fit, settings)
+    if key is not None:
+        view.memo[key] = (settings, verdict)
+    return verdict
+
+
+def _choose(pod: PodInfo, view: NodeView, fit: _Fit, settings: Settings) -> Verdict:
+    name = view.name
+    picked = place(fit.free, fit.unknown, fit.need)
+    if picked is None:  # not expected: _assess checked `fits` for the same need
+        return Verdict(name, reason=f"no GPU set of {pod.gpus} found", resolvable=True)
+    numa = tuple(sorted({g.numa for g in picked if g.numa is not None}))
+    span = fit.need.span if fit.need.level == "numa" else 1
+    choice = Choice(
+        tuple(g.id for g in picked), numa, alignment(picked, span), _score(picked, fit, view, settings)
+    )
+    return Verdict(name, choice)
+
+
+def filter_nodes(
+    pod: PodInfo, nodes: Sequence[tuple[str, NodeView | None]], settings: Settings, now: float
+) -> FilterResult:
+    """Split the candidates into passed, failed (preemption may help) and unresolvable, with reasons."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for name, view in nodes:
+        verdict = _assess(pod, view, settings, now, name) if pod.gpus > 0 else None
+        if not isinstance(verdict, Verdict):
+            passed.append(name)
+        elif verdict.resolvable:
+            failed[name] = verdict.reason
+        else:
+            unresolvable[name] = verdict.reason
+    return FilterResult(tuple(passed), failed, unresolvable)
+
+
+class NodeScore(NamedTuple):
+    """One node's prioritize answer; `wire.encode_host_priorities` turns a list into `HostPriorityList`
+    JSON (a plain tuple: building 500 pydantic objects per request would cost a visible share of it)."""
+
+    host: str
+    score: int
+
+
+def score_nodes(
+    pod: PodInfo, nodes: Sequence[tuple[str, NodeView | None]], settings: Settings, now: float
+) -> list[NodeScore]:
+    """An integer 0-10 per candidate (0 where the pod does not fit), in input order."""
+    out: list[NodeScore] = []
+    for name, view in nodes:
+        choice = choose_gpus(pod, view, settings, now, node=name).choice
+        out.append(NodeScore(name, choice.score if choice is not None else 0))
+    return out

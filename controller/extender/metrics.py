@@ -1,0 +1,93 @@
+"""Self-metrics of the scheduler extender: requests, latency, filter outcomes, placements, bind conflicts.
+
+Why a module of its own: the HTTP edge and the binder count into the same series, and a registry must get
+each series exactly once (tests create a fresh `CollectorRegistry` each). The model's size and sync state are
+collect-on-scrape gauges so they always describe the current cache. Names follow DESIGN.md: prefix
+`gpuwarden_`, counters end `_total`, durations `_seconds`. No label carries a node or pod name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from controller.extender.model import ClusterModel
+from gpuwarden.selfmetrics import SnapshotCollector
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Up to the scheduler's default 5 s extender timeout; the interesting range is 1-15 ms."""
+
+
+@dataclass(frozen=True)
+class ExtenderMetrics:
+    requests: Counter
+    """`gpuwarden_extender_requests_total{verb, outcome}`; outcome: ok, error, bad_request."""
+    latency: Histogram
+    """`gpuwarden_extender_request_duration_seconds{verb}`."""
+    filter_nodes: Counter
+    """`gpuwarden_extender_filter_nodes_total{result}`; result: passed, failed, unresolvable."""
+    placements: Counter
+    """`gpuwarden_extender_placements_total{alignment}`: bound pods by how local their GPU set is."""
+    bind_conflicts: Counter
+    """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed."""
+
+
+def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
+    """Create (and register on `registry`, when given) the extender's series."""
+    return ExtenderMetrics(
+        requests=Counter(
+            "gpuwarden_extender_requests_total",
+            "Scheduler-extender requests by verb and outcome (ok, error = Error field or HTTP 5xx, "
+            "bad_request = HTTP 400).",
+            ["verb", "outcome"],
+            registry=registry,
+        ),
+        latency=Histogram(
+            "gpuwarden_extender_request_duration_seconds",
+            "Time to answer one scheduler-extender request, by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        filter_nodes=Counter(
+            "gpuwarden_extender_filter_nodes_total",
+            "Candidate nodes judged by filter: passed, failed (preemption may help), unresolvable.",
+            ["result"],
+            registry=registry,
+        ),
+        placements=Counter(
+            "gpuwarden_extender_placements_total",
+            "Pods bound with a recorded GPU set, by alignment (single, nvlink, pcie, numa, whole-numa, "
+            "cross-numa, unknown).",
+            ["alignment"],
+            registry=registry,
+        ),
+        bind_conflicts=Counter(
+            "gpuwarden_extender_bind_conflicts_total",
+            "Binds that lost a race: pod_changed (resourceVersion conflict, retried) or gpu_claimed "
+            "(another bind claimed an overlapping GPU; the scheduler retries the pod).",
+            ["kind"],
+            registry=registry,
+        ),
+    )
+
+
+def register_model_collectors(registry: CollectorRegistry, model: ClusterModel) -> None:
+    """`gpuwarden_extender_model_synced` and `gpuwarden_extender_model_nodes`, read at scrape time."""
+    registry.register(
+        SnapshotCollector(
+            "gpuwarden_extender_model_synced",
+            "1 once the extender's node and pod caches completed their first list, else 0.",
+            [],
+            lambda: {(): 1.0 if model.synced else 0.0},
+        )
+    )
+    registry.register(
+        SnapshotCollector(
+            "gpuwarden_extender_model_nodes",
+            "Nodes in the extender's cluster model.",
+            [],
+            lambda: {(): float(model.node_count())},
+        )
+    )

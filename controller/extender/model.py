@@ -1,0 +1,265 @@
+"""The extender's cluster model: per node, which GPUs exist, which are taken, quarantined or promised.
+
+Why it exists: filter, prioritize and bind must all answer from the same picture, rebuilt purely from the API
+(safety rule 5) so any replica, or a restarted one, sees identical state. `ClusterModel` is fed objects by
+the watch caches (nodes, pods, NodeResourceTopology) and keeps, per node, an immutable `NodeView` that the
+pure decisions in `decide.py` read. A view is rebuilt only when something on that node changed, so a
+filter over 500 candidates costs a dict lookup per node.
+
+GPU occupancy comes from, in this order of certainty:
+* non-terminated pods bound to the node with `gpuwarden.io/gpu-ids` - those exact GPUs;
+* non-terminated pods bound to the node without a (valid) set, e.g. bound by another scheduler - a count
+  of GPUs held *somewhere* on the node ("count-only"; decide.py accounts for them adversarially);
+* unbound pods carrying our in-flight claim (see claims.py) - those GPUs, until the claim's TTL passes;
+* pending pods with `status.nominatedNodeName` - a request that decide.py reserves when its priority is at
+  least the incoming pod's (what kube-scheduler's `addGENominatedPods` does for in-tree plugins).
+
+Quarantine comes from the health controller's taint and its `gpuwarden.io/quarantine` record (GPU UUIDs).
+This module does no I/O, reads no clock, and must not decide anything: it only describes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from controller.extender.objects import NodeInfo, PodInfo, node_info, pod_info
+from controller.extender.topology import NodeTopology, TopologyError, count_only, parse_nrt
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An unbound pod's in-flight claim on exact GPUs (written by bind, before the Binding)."""
+
+    pod: str
+    ids: tuple[str, ...]
+    claimed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Nominated:
+    """A pending pod nominated to this node by preemption; its GPUs are promised, not yet placed."""
+
+    pod: str
+    gpus: int
+    priority: int
+    policy: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """Everything decide.py needs about one node, immutable. GPU ids are strings, as in the annotation."""
+
+    name: str
+    allocatable: int
+    topology: NodeTopology
+    topology_error: str = ""
+    quarantined: frozenset[str] = frozenset()
+    quarantine_reason: str | None = None
+    used: frozenset[str] = frozenset()
+    used_unknown: int = 0
+    claims: tuple[Claim, ...] = ()
+    nominated: tuple[Nominated, ...] = ()
+    error_trend: float | None = None
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """decide.py's cache of answers derived from this (immutable) view; dropped with the view."""
+
+    def with_claims(self, extra: Iterable[Claim]) -> NodeView:
+        """This view plus claims not yet seen by the watch (a replica's own in-flight binds)."""
+        seen = {c.pod for c in self.claims}
+        added = tuple(c for c in extra if c.pod not in seen)
+        return replace(self, claims=self.claims + added, memo={}) if added else self
+
+
+def build_view(
+    info: NodeInfo,
+    nrt: NodeTopology | str | None,
+    pods: Iterable[PodInfo],
+    error_trend: float | None = None,
+) -> NodeView:
+    """Join a node, its NRT (topology or parse error) and the pods related to it into a `NodeView`."""
+    topology: NodeTopology | None = info.topology
+    error = info.topology_error
+    if isinstance(nrt, NodeTopology):
+        topology, error = nrt, ""
+    elif isinstance(nrt, str):
+        topology, error = None, nrt
+    if topology is None:
+        topology = count_only(info.allocatable)
+    ids = {g.id for g in topology.gpus}
+    quarantined: frozenset[str] = frozenset()
+    if info.quarantine_reason is not None:
+        by_uuid = {g.uuid: g.id for g in topology.gpus if g.uuid}
+        uuids = info.quarantined_uuids
+        if uuids is None or not uuids <= by_uuid.keys():
+            quarantined = frozenset(ids)
+        else:
+            quarantined = frozenset(by_uuid[u] for u in uuids)
+    used: set[str] = set()
+    unknown = 0
+    claims: list[Claim] = []
+    nominated: list[Nominated] = []
+    for pod in sorted(pods, key=lambda p: p.key):
+        if pod.node_name == info.name:
+            known = [i for i in pod.gpu_ids or () if i in ids and i not in used]
+            used.update(known)
+            unknown += max(pod.gpus, len(pod.gpu_ids or ())) - len(known)
+        elif not pod.node_name and pod.claim_node == info.name and pod.gpu_ids:
+            claims.append(Claim(pod.key, tuple(i for i in pod.gpu_ids if i in ids), pod.claimed_at))
+        elif not pod.node_name and pod.nominated == info.name and pod.gpus > 0:
+            nominated.append(Nominated(pod.key, pod.gpus, pod.priority, pod.policy))
+    return NodeView(
+        name=info.name,
+        allocatable=info.allocatable,
+        topology=topology,
+        topology_error=error,
+        quarantined=quarantined,
+        quarantine_reason=info.quarantine_reason,
+        used=frozenset(used),
+        used_unknown=unknown,
+        claims=tuple(claims),
+        nominated=tuple(nominated),
+        error_trend=error_trend,
+    )
+
+
+class ClusterModel:
+    """Incrementally maintained index from watch events to per-node `NodeView`s.
+
+    Single-threaded by design (one asyncio loop feeds and reads it). `synced` turns true once the node and
+    pod caches have completed their first list; until then the extender answers with an `Error`.
+    `topology_source` (config `extender.topology_source`): auto = NRT when an object describes the node's
+    GPUs, else the annotation; nrt or annotation = only that source.
+    """
+
+    def __init__(self, resource: str = "nvidia.com/gpu", topology_source: str = "auto") -> None:
+        if topology_source not in ("auto", "nrt", "annotation"):
+            raise ValueError(f"topology_source must be auto, nrt or annotation, not {topology_source!r}")
+        self.resource = resource
+        self.topology_source = topology_source
+        self._nodes: dict[str, NodeInfo] = {}
+        self._nrt: dict[str, NodeTopology | str] = {}
+        self._pods: dict[str, PodInfo] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._trends: dict[str, float] = {}
+        self._views: dict[str, NodeView] = {}
+        self._numa_max: dict[str, int] = {}
+        self._numa_max_count: Counter[int] = Counter()
+        self.nodes_synced = False
+        self.pods_synced = False
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    def _dirty(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._views.pop(name, None)
+
+    def _topology_changed(self, name: str) -> None:
+        """Keep `max_numa_gpus()` O(1): a count of nodes per largest-NUMA-node size."""
+        old = self._numa_max.pop(name, None)
+        if old is not None:
+            self._numa_max_count[old] -= 1
+        info, nrt = self._nodes.get(name), self._nrt.get(name)
+        topology = nrt if isinstance(nrt, NodeTopology) else info.topology if info is not None else None
+        if info is None or topology is None:
+            return
+        sizes = Counter(g.numa for g in topology.gpus if g.numa is not None)
+        if sizes:
+            self._numa_max[name] = max(sizes.values())
+            self._numa_max_count[self._numa_max[name]] += 1
+        self._dirty([name])
+
+    def max_numa_gpus(self) -> int:
+        """The most GPUs one NUMA node holds anywhere in the fleet (0 when no node publishes NUMA data)."""
+        return max((size for size, nodes in self._numa_max_count.items() if nodes > 0), default=0)
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        info = node_info(obj, self.resource)
+        if self.topology_source == "nrt":
+            info = replace(info, topology=None, topology_error="")
+        old = self._nodes.get(info.name)
+        if old != info:
+            self._nodes[info.name] = info
+            self._dirty([info.name])
+            if old is None or old.topology != info.topology:
+                self._topology_changed(info.name)
+
+    def delete_node(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self._topology_changed(name)
+        self._dirty([name])
+
+    def upsert_nrt(self, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if self.topology_source == "annotation":
+            return
+        try:
+            parsed: NodeTopology | str | None = parse_nrt(obj, self.resource)
+        except TopologyError as exc:
+            parsed = f"NodeResourceTopology unreadable: {exc}"
+        if parsed is None:
+            self.delete_nrt(name)
+        elif self._nrt.get(name) != parsed:
+            self._nrt[name] = parsed
+            self._topology_changed(name)
+
+    def delete_nrt(self, name: str) -> None:
+        if self._nrt.pop(name, None) is not None:
+            self._topology_changed(name)
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        info = pod_info(obj, self.resource)
+        old = self._pods.get(info.key)
+        if not info.holds_gpus:
+            self.delete_pod(info.key)
+            return
+        if old == info:
+            return
+        old_nodes = old.nodes() if old is not None else set()
+        new_nodes = info.nodes()
+        self._pods[info.key] = info
+        for name in old_nodes - new_nodes:
+            self._by_node.get(name, set()).discard(info.key)
+        for name in new_nodes:
+            self._by_node.setdefault(name, set()).add(info.key)
+        self._dirty(old_nodes | new_nodes)
+
+    def delete_pod(self, key: str) -> None:
+        old = self._pods.pop(key, None)
+        if old is None:
+            return
+        for name in old.nodes():
+            self._by_node.get(name, set()).discard(key)
+        self._dirty(old.nodes())
+
+    def set_error_trends(self, trends: Mapping[str, float]) -> None:
+        """Replace the per-node correctable-error trends (from Prometheus); absent = unknown."""
+        changed = {n for n in set(trends) | set(self._trends) if trends.get(n) != self._trends.get(n)}
+        self._trends = dict(trends)
+        self._dirty(changed)
+
+    def pod(self, key: str) -> PodInfo | None:
+        return self._pods.get(key)
+
+    def node_names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def node_count(self) -> int:
+        return len(self._nodes)
+
+    def view(self, name: str) -> NodeView | None:
+        """The node's current view, or None when the node is unknown."""
+        cached = self._views.get(name)
+        if cached is not None:
+            return cached
+        info = self._nodes.get(name)
+        if info is None:
+            return None
+        pods = (self._pods[k] for k in self._by_node.get(name, ()))
+        view = build_view(info, self._nrt.get(name), pods, self._trends.get(name))
+        self._views[name] = view
+        return view

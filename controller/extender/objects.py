@@ -1,0 +1,153 @@
+"""Reading Kubernetes objects into what the extender needs: a pod's GPU request, policy and GPU assignment; a
+node's GPU count, published topology and quarantine.
+
+Why a module of its own: these annotation and field conventions (DESIGN.md "Names that other pieces rely
+on") are shared by the model, the bind protocol and the tests, and must be read one way only. Parsing is
+lenient about absent fields (a pod without GPUs is simply not interesting) and strict about meaning (an
+unreadable topology is an error string, never a guess). No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.extender.topology import TOPOLOGY_ANNOTATION, NodeTopology, TopologyError, parse_annotation
+from controller.health.record import decode as decode_quarantine
+from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
+
+GPU_IDS_ANNOTATION = "gpuwarden.io/gpu-ids"
+NUMA_ANNOTATION = "gpuwarden.io/numa-node"
+POLICY_ANNOTATION = "gpuwarden.io/topology-policy"
+CLAIM_LABEL = "gpuwarden.io/gpu-node"
+CLAIM_NODE_ANNOTATION = "gpuwarden.io/gpu-node"
+CLAIMED_AT_ANNOTATION = "gpuwarden.io/gpu-claimed-at"
+JsonObject = dict[str, Any]
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
+
+
+def _amount(container: Mapping[str, Any], resource: str) -> int:
+    res = container.get("resources") or {}
+    limits, requests = res.get("limits") or {}, res.get("requests") or {}
+    return _int(limits.get(resource, requests.get(resource, 0)))
+
+
+def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
+    """Effective GPU request of a pod: app containers + sidecars, or the largest init step if larger."""
+    app = sum(_amount(c, resource) for c in spec.get("containers") or [])
+    sidecars = init_peak = 0
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars += _amount(c, resource)
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + _amount(c, resource))
+    return max(app + sidecars, init_peak)
+
+
+def parse_gpu_ids(text: str | None) -> tuple[str, ...] | None:
+    """`"0,1,2,3"` -> ("0", "1", "2", "3"); None when absent or empty."""
+    if not text:
+        return None
+    ids = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    return ids or None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the extender needs to know about one pod, read from its JSON."""
+
+    key: str
+    uid: str
+    gpus: int
+    priority: int = 0
+    policy: str | None = None
+    node_name: str = ""
+    nominated: str = ""
+    terminated: bool = False
+    gpu_ids: tuple[str, ...] | None = None
+    claim_node: str = ""
+    claimed_at: float | None = None
+    resource_version: str = ""
+
+    @property
+    def holds_gpus(self) -> bool:
+        return not self.terminated and (self.gpus > 0 or self.gpu_ids is not None)
+
+    def nodes(self) -> set[str]:
+        """Every node this pod occupies or may occupy (bound, claimed or nominated)."""
+        if not self.holds_gpus:
+            return set()
+        if self.node_name:
+            return {self.node_name}
+        return {n for n in (self.claim_node, self.nominated) if n}
+
+
+def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
+    """Parse a v1.Pod (JSON) into a `PodInfo`."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    claimed_at: float | None
+    try:
+        claimed_at = float(annotations[CLAIMED_AT_ANNOTATION])
+    except (KeyError, TypeError, ValueError):
+        claimed_at = None
+    policy = annotations.get(POLICY_ANNOTATION)
+    priority = spec.get("priority")
+    return PodInfo(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        uid=str(meta.get("uid", "")),
+        gpus=gpu_request(spec, resource),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        policy=None if policy is None else str(policy),
+        node_name=str(spec.get("nodeName") or ""),
+        nominated=str(status.get("nominatedNodeName") or ""),
+        terminated=status.get("phase") in ("Succeeded", "Failed"),
+        gpu_ids=parse_gpu_ids(annotations.get(GPU_IDS_ANNOTATION)),
+        claim_node=str(annotations.get(CLAIM_NODE_ANNOTATION) or ""),
+        claimed_at=claimed_at,
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The node object, parsed: GPU count, annotation topology and quarantine."""
+
+    name: str
+    allocatable: int
+    topology: NodeTopology | None = None
+    topology_error: str = ""
+    quarantine_reason: str | None = None
+    quarantined_uuids: frozenset[str] | None = None
+    """UUIDs named by the quarantine record; None = the whole node (no usable per-GPU evidence)."""
+
+
+def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
+    """Parse a v1.Node (JSON)."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    allocatable = _int((status.get("allocatable") or {}).get(resource, 0))
+    topology, error = None, ""
+    if TOPOLOGY_ANNOTATION in annotations:
+        try:
+            topology = parse_annotation(str(annotations[TOPOLOGY_ANNOTATION]))
+        except TopologyError as exc:
+            error = str(exc)
+    taint = next((t for t in spec.get("taints") or [] if t.get("key") == TAINT_KEY), None)
+    reason, uuids = None, None
+    if taint is not None:
+        reason = str(taint.get("value") or "quarantined")
+        record, _ = decode_quarantine(annotations.get(RECORD_ANNOTATION))
+        if record is not None and record.state == "quarantined" and record.evidence:
+            gpus = [e.gpu for e in record.evidence]
+            uuids = None if "" in gpus else frozenset(gpus)
+    return NodeInfo(str(meta.get("name", "")), allocatable, topology, error, reason, uuids)

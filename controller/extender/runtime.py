@@ -1,0 +1,124 @@
+"""Wiring the extender into the controller process: config -> model, feed, binder, service, routes.
+
+Why it exists: the controller's entry point should need three lines - `build_extender(...)`, `mount(app)`,
+`run()` - and every replica must be built the same way (each answers filter/prioritize/bind from its own
+watch-backed model; no leader is needed because bind's claim protocol is safe between replicas).
+
+It reads the `extender`, `kubernetes` and `health` (node labels of DCGM series) config sections and must
+not run a listener itself: the controller owns the HTTP server, /metrics and the probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from controller.extender.bind import Binder, KubePodApi
+from controller.extender.decide import Policy, Settings
+from controller.extender.feed import ErrorTrends, ModelFeed
+from controller.extender.metrics import extender_metrics, register_model_collectors
+from controller.extender.model import ClusterModel
+from controller.extender.server import (
+    ExtenderService,
+    PreemptHook,
+    add_extender_routes,
+    passthrough_preemption,
+)
+from gpuwarden.config.extender import ExtenderConfig
+from gpuwarden.config.root import Config
+from gpuwarden.kube import KubeClient
+from gpuwarden.promclient import PrometheusClient
+
+CLAIM_TTL_SECONDS = 60.0
+"""How long an unbound pod's GPU claim holds (not in the config yet): a bind takes milliseconds, a crashed
+binder's claim must not pin GPUs for long, and a pod whose bind failed is retried within seconds."""
+
+
+def settings_from_config(cfg: ExtenderConfig, resource: str) -> Settings:
+    """The decision knobs from the `extender` section."""
+    return Settings(
+        default_policy=Policy(cfg.default_policy),
+        claim_ttl_seconds=CLAIM_TTL_SECONDS,
+        error_trend_threshold=cfg.scoring.error_trend_sbe_per_hour,
+        error_trend_penalty=cfg.scoring.error_trend_penalty,
+        fit_weight=cfg.scoring.fit_weight,
+        locality_weight=cfg.scoring.locality_weight,
+        count_nominated=cfg.count_nominated_pods,
+        resource=resource,
+    )
+
+
+@dataclass
+class Extender:
+    """One replica's extender: mount its routes on the controller's app, then `await run()`."""
+
+    model: ClusterModel
+    service: ExtenderService
+    feed: ModelFeed
+    trends: ErrorTrends | None
+    prefix: str
+
+    def mount(self, app: web.Application) -> None:
+        add_extender_routes(app, self.service, self.prefix)
+
+    def ready(self) -> bool:
+        """For the readiness probe: answer the scheduler only once the caches are synced."""
+        return self.model.synced
+
+    async def run(self) -> None:
+        """Feed the model (and the error trends) until cancelled."""
+        jobs = [self.feed.run()]
+        if self.trends is not None:
+            jobs.append(self.trends.run())
+        await asyncio.gather(*jobs)
+
+
+def build_extender(
+    config: Config,
+    kube: KubeClient,
+    *,
+    prometheus: PrometheusClient | None = None,
+    registry: CollectorRegistry | None = None,
+    dry_run: bool = False,
+    preempt_hook: PreemptHook = passthrough_preemption,
+    clock: Callable[[], float] = time.time,
+) -> Extender:
+    """Build the extender from config; `prometheus` None disables the error-trend penalty."""
+    cfg = config.extender
+    resource = config.kubernetes.gpu_resource_name
+    model = ClusterModel(resource, topology_source=cfg.topology_source)
+    metrics = extender_metrics(registry)
+    if registry is not None:
+        register_model_collectors(registry, model)
+    settings = settings_from_config(cfg, resource)
+    service = ExtenderService(model, settings, metrics, preempt_hook=preempt_hook, clock=clock)
+    service.binder = Binder(
+        KubePodApi(kube),
+        model,
+        service.current_settings,
+        clock=clock,
+        dry_run=dry_run,
+        on_conflict=lambda kind: metrics.bind_conflicts.labels(kind).inc(),
+    )
+    service.max_body_bytes = cfg.max_request_bytes
+    feed = ModelFeed(
+        kube,
+        model,
+        page_size=config.kubernetes.list_page_size,
+        watch_timeout=int(config.kubernetes.watch_timeout_seconds),
+    )
+    trends = None
+    if prometheus is not None:
+        trends = ErrorTrends(
+            prometheus,
+            model,
+            node_labels=config.health.node_labels,
+            label_matchers=config.health.label_matchers,
+            interval=cfg.scoring.error_trend_refresh_seconds,
+        )
+    return Extender(model, service, feed, trends, cfg.path_prefix)

@@ -1,0 +1,265 @@
+"""The extender's HTTP edge: `POST <prefix>/filter`, `/prioritize`, `/preempt`, `/bind` for kube-scheduler.
+
+Why it exists: to turn the wire format into calls of the pure core and back, and to own the error contract
+kube-scheduler expects (reference/scheduler-extender.md section 1.10):
+
+* a request we cannot parse -> HTTP 400 with a message naming the problem (the scheduler treats any non-200
+  as an error of that verb);
+* an internal failure or an unsynced cache -> HTTP 200 with `Error` set for filter and bind (the scheduling
+  or binding cycle fails unless the extender is `ignorable`), HTTP 500 for prioritize (ignored: the
+  extender adds no score) and preempt (PostFilter error); details go to the log, the answer stays generic;
+* nodes are answered in the mode they were asked in: `NodeNames` for nodeCacheCapable, the untouched `Nodes`
+  objects otherwise.
+
+Mount it with `add_extender_routes(app, service, prefix)`; the controller process builds the service from
+its model, binder and registry. It must not decide placements (decide.py) or talk to the API (bind.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from controller.extender.bind import Binder
+from controller.extender.decide import Settings, filter_nodes, score_nodes
+from controller.extender.metrics import ExtenderMetrics
+from controller.extender.model import ClusterModel, NodeView
+from controller.extender.objects import pod_info
+from controller.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    NodeList,
+    encode_host_priorities,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/gpu-extender"
+MAX_BODY_BYTES = 64 << 20
+"""A Nodes-mode request carries every candidate Node object (~5-20 KiB each): allow 500+ nodes."""
+NOT_SYNCED = "gpuwarden extender: GPU topology cache not synced yet"
+INTERNAL = "gpuwarden extender: internal error (details in the controller log)"
+
+PreemptHook = Callable[[ExtenderPreemptionArgs], Awaitable[ExtenderPreemptionResult]]
+Args = TypeVar("Args", bound=BaseModel)
+
+
+class Encodable(Protocol):
+    """Every wire result: JSON bytes exactly as the scheduler expects them."""
+
+    def to_json(self) -> bytes: ...
+
+
+async def passthrough_preemption(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+    """The preempt verb until the preemption issue adds throttling: the scheduler's candidates, as UIDs."""
+    return ExtenderPreemptionResult(node_name_to_meta_victims=args.meta_victims())
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A response body already encoded (prioritize's fast path)."""
+
+    body: bytes
+
+    def to_json(self) -> bytes:
+        return self.body
+
+
+class NotSynced(Exception):
+    """The model has not completed its first list; answering now could double-book GPUs."""
+
+
+class ExtenderService:
+    """The four verbs over one `ClusterModel`; `binder` None means bind answers with an error."""
+
+    def __init__(
+        self,
+        model: ClusterModel,
+        settings: Settings,
+        metrics: ExtenderMetrics,
+        *,
+        binder: Binder | None = None,
+        preempt_hook: PreemptHook = passthrough_preemption,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.metrics = metrics
+        self.binder = binder
+        self.preempt_hook = preempt_hook
+        self.clock = clock
+        self._settings = dataclasses.replace(settings, fleet_max_numa_gpus=model.max_numa_gpus())
+        self._settings_base = settings
+        self.max_body_bytes = MAX_BODY_BYTES
+
+    def current_settings(self) -> Settings:
+        """Settings with the fleet-derived NUMA size filled in. The same object is returned while that size
+        is unchanged, so decide.py's per-view answers (cached by settings identity) stay valid."""
+        numa = self.model.max_numa_gpus()
+        if self._settings.fleet_max_numa_gpus != numa or self._settings_base is not self.settings:
+            self._settings = dataclasses.replace(self.settings, fleet_max_numa_gpus=numa)
+            self._settings_base = self.settings
+        return self._settings
+
+    def _views(self, names: list[str]) -> list[tuple[str, NodeView | None]]:
+        if not self.model.synced:
+            raise NotSynced
+        out: list[tuple[str, NodeView | None]] = []
+        for name in names:
+            view = self.model.view(name)
+            if view is not None and self.binder is not None:
+                view = view.with_claims(self.binder.overlay(name))
+            out.append((name, view))
+        return out
+
+    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        try:
+            nodes = self._views(args.candidate_names())
+        except NotSynced:
+            return ExtenderFilterResult(error=NOT_SYNCED)
+        pod = pod_info(args.pod, self.model.resource)
+        result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
+        for label, count in (
+            ("passed", len(result.passed)),
+            ("failed", len(result.failed)),
+            ("unresolvable", len(result.unresolvable)),
+        ):
+            if count:
+                self.metrics.filter_nodes.labels(label).inc(count)
+        if result.failed or result.unresolvable:
+            log.debug(
+                "filter", extra={"pod": pod.key, "failed": result.failed, "unresolvable": result.unresolvable}
+            )
+        node_objects = None
+        if not args.node_cache_capable and args.nodes is not None:
+            passed = set(result.passed)
+            items = [n for n in args.nodes.items if (n.get("metadata") or {}).get("name") in passed]
+            node_objects = NodeList(metadata={}, items=items)
+        return ExtenderFilterResult(
+            nodes=node_objects,
+            node_names=list(result.passed),
+            failed_nodes=result.failed,
+            failed_and_unresolvable_nodes=result.unresolvable,
+        )
+
+    async def prioritize(self, args: ExtenderArgs) -> Encoded:
+        nodes = self._views(args.candidate_names())
+        pod = pod_info(args.pod, self.model.resource)
+        return Encoded(encode_host_priorities(score_nodes(pod, nodes, self.current_settings(), self.clock())))
+
+    async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        return await self.preempt_hook(args)
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        if self.binder is None:
+            return ExtenderBindingResult(error="gpuwarden extender: bind is not enabled on this replica")
+        if not self.model.synced:
+            return ExtenderBindingResult(error=NOT_SYNCED)
+        outcome = await self.binder.bind(args)
+        if outcome.choice is not None and not outcome.error and outcome.kind == "bound":
+            self.metrics.placements.labels(outcome.choice.alignment).inc()
+        log.info(
+            "bind",
+            extra={
+                "pod": f"{args.pod_namespace}/{args.pod_name}",
+                "node": args.node,
+                "outcome": outcome.kind,
+                "gpus": ",".join(outcome.choice.ids) if outcome.choice else "",
+                "error": outcome.error,
+            },
+        )
+        return ExtenderBindingResult(error=outcome.error)
+
+
+def _problem(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, up to `limit` bytes (aiohttp's own 1 MiB default is too small for Nodes-mode requests)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _handler(
+    verb: str,
+    parse: type[Args],
+    call: Callable[[Args], Awaitable[Encodable]],
+    on_error: Callable[[], Encodable] | None,
+    service: ExtenderService,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    metrics = service.metrics
+
+    async def handle(request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            try:
+                args = parse.model_validate_json(await _read_body(request, service.max_body_bytes))
+            except ValidationError as exc:
+                outcome = "bad_request"
+                return web.Response(status=400, text=f"malformed {parse.__name__}: {_problem(exc)}")
+            except web.HTTPException:
+                outcome = "bad_request"
+                raise
+            try:
+                result = await call(args)
+            except NotSynced:
+                outcome = "error"
+                return web.Response(status=503, text=NOT_SYNCED)
+            except Exception:
+                log.exception("extender verb failed", extra={"verb": verb})
+                outcome = "error"
+                if on_error is None:
+                    return web.Response(status=500, text=INTERNAL)
+                result = on_error()
+            if getattr(result, "error", ""):
+                outcome = "error"
+            return web.Response(body=result.to_json(), content_type="application/json")
+        finally:
+            metrics.requests.labels(verb, outcome).inc()
+            metrics.latency.labels(verb).observe(time.perf_counter() - start)
+
+    return handle
+
+
+def extender_routes(service: ExtenderService, prefix: str = DEFAULT_PREFIX) -> web.RouteTableDef:
+    """The four routes under `prefix` (e.g. "/gpu-extender" -> POST /gpu-extender/filter ...)."""
+    base = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    m = service
+    routes = web.RouteTableDef()
+    routes.post(f"{base}/filter")(
+        _handler("filter", ExtenderArgs, service.filter, lambda: ExtenderFilterResult(error=INTERNAL), m)
+    )
+    routes.post(f"{base}/prioritize")(_handler("prioritize", ExtenderArgs, service.prioritize, None, m))
+    routes.post(f"{base}/preempt")(_handler("preempt", ExtenderPreemptionArgs, service.preempt, None, m))
+    routes.post(f"{base}/bind")(
+        _handler("bind", ExtenderBindingArgs, service.bind, lambda: ExtenderBindingResult(error=INTERNAL), m)
+    )
+    return routes
+
+
+def add_extender_routes(app: web.Application, service: ExtenderService, prefix: str = DEFAULT_PREFIX) -> None:
+    """Mount the extender on an existing aiohttp application (the controller's HTTP server)."""
+    app.add_routes(extender_routes(service, prefix))

@@ -1,0 +1,276 @@
+"""The real kube-scheduler calling gpuwarden's extender (filter, prioritize, preempt, bind) on kwok GPU nodes.
+
+For this module the session scheduler is restarted with our extender as the binder for `nvidia.com/gpu`
+pods (nodeCacheCapable, weight 12, not ignorable) and restored afterwards. The extender runs in this
+process as the controller would run it (`build_extender` + watches through `KubeClient`), on a thread with
+its own event loop. A private pool of nodes (label + taint, so no other test's pod lands there):
+
+* three nodes of 2 NUMA x 4 GPUs (NVLink pairs): the fleet a stream of 1-, 2-, 4- and 8-GPU pods fills;
+* one node of 4 NUMA x 2 GPUs: no NUMA node holds 4 GPUs, so a 4-GPU pod is unresolvable there;
+* one 2 x 4 node quarantined by the health controller's taint with effect PreferNoSchedule (which the
+  scheduler itself would allow): only the extender keeps pods off it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from controller.extender.runtime import Extender, build_extender
+from gpuwarden.config.root import Config
+from gpuwarden.kube import KubeClient
+from gpuwarden.testbed import (
+    Cluster,
+    ExtenderSpec,
+    GpuNodeSpec,
+    SchedulerSettings,
+    add_gpu_nodes,
+    delete_nodes,
+    poll,
+    scheduler_configuration,
+)
+from tests.e2e.conftest import free_port, pod_manifest
+
+pytestmark = pytest.mark.e2e
+
+SUFFIX = uuid.uuid4().hex[:5]
+POOL = f"ext-{SUFFIX}"
+GOOD = [f"ext-{SUFFIX}-{i}" for i in range(3)]
+SMALL = f"ext-{SUFFIX}-small"
+QUARANTINED = f"ext-{SUFFIX}-quarantined"
+PREFIX = "/gpuwarden"
+
+
+def topology(numa: int, per_numa: int) -> dict[str, Any]:
+    return {
+        str(i): {
+            "numa": i // per_numa,
+            "pcie": f"pci{i // 2}",
+            "nvlink": f"nvl{i // 2}",
+            "uuid": f"GPU-{POOL}-{i}",
+        }
+        for i in range(numa * per_numa)
+    }
+
+
+TOPOLOGY = {name: topology(2, 4) for name in [*GOOD, QUARANTINED]} | {SMALL: topology(4, 2)}
+
+
+class RunningExtender:
+    """`build_extender` served on 127.0.0.1:`port` from a thread with its own loop (stop = a crash)."""
+
+    def __init__(self, cluster: Cluster, port: int) -> None:
+        self.cluster, self.port = cluster, port
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="extender", daemon=True)
+        self.extender: Extender | None = None
+
+    async def _start(self) -> None:
+        config = Config.model_validate(
+            {"kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)}, "extender": {"path_prefix": PREFIX}}
+        )
+        self.kube = KubeClient.from_config(kubeconfig=self.cluster.kubeconfig)
+        self.extender = build_extender(config, self.kube)
+        app = web.Application()
+        self.extender.mount(app)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.feed = asyncio.ensure_future(self.extender.run())
+
+    async def _stop(self) -> None:
+        self.feed.cancel()
+        await asyncio.gather(self.feed, return_exceptions=True)
+        await self.runner.cleanup()
+        await self.kube.aclose()
+
+    def start(self) -> RunningExtender:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
+        poll(lambda: self.extender is not None and self.extender.ready(), timeout=60, what="extender synced")
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def pool(cluster: Cluster) -> Iterator[list[str]]:
+    taint = {"key": "gpuwarden.io/e2e-pool", "value": POOL, "effect": "NoSchedule"}
+    record = {
+        "version": 1, "state": "quarantined", "reason": "xid-79", "class": "hw_pcie",
+        "effect": "PreferNoSchedule", "evidence": [{"reason": "xid-79"}], "gpus": [], "xids": [79],
+    }  # fmt: skip
+    specs = [
+        GpuNodeSpec(
+            name=name, gpus=8, labels={"gpuwarden.io/e2e-pool": POOL}, topology=TOPOLOGY[name], taints=[taint]
+        )
+        for name in [*GOOD, SMALL]
+    ]
+    specs.append(
+        GpuNodeSpec(
+            name=QUARANTINED,
+            gpus=8,
+            labels={"gpuwarden.io/e2e-pool": POOL},
+            topology=TOPOLOGY[QUARANTINED],
+            annotations={"gpuwarden.io/quarantine": json.dumps(record)},
+            taints=[
+                taint,
+                {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "PreferNoSchedule"},
+            ],
+        )
+    )
+    names = add_gpu_nodes(cluster, specs)
+    try:
+        yield names
+    finally:
+        delete_nodes(cluster, names)
+
+
+@pytest.fixture(scope="module")
+def extender_at(cluster: Cluster, pool: list[str]) -> Iterator[int]:
+    """Our extender's port, with the session scheduler pointed at it for this module."""
+    port = free_port()
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    spec = ExtenderSpec(
+        url_prefix=f"http://127.0.0.1:{port}{PREFIX}",
+        filter_verb="filter",
+        prioritize_verb="prioritize",
+        preempt_verb="preempt",
+        bind_verb="bind",
+        weight=12,
+        node_cache_capable=True,
+        ignorable=False,
+        http_timeout="5s",
+        managed_resources=["nvidia.com/gpu"],
+        ignored_by_scheduler=False,
+    )
+    cluster.restart_scheduler(scheduler_configuration(SchedulerSettings(extenders=[spec])))
+    try:
+        yield port
+    finally:
+        cluster.restart_scheduler(original)
+
+
+def gpu_pod(namespace: str, name: str, gpus: int, **spec: Any) -> dict[str, Any]:
+    pod = pod_manifest(name, gpus=gpus, **spec)
+    pod["metadata"]["namespace"] = namespace
+    pod["spec"].setdefault("nodeSelector", {"gpuwarden.io/e2e-pool": POOL})
+    pod["spec"]["tolerations"] = [{"key": "gpuwarden.io/e2e-pool", "operator": "Equal", "value": POOL}]
+    return pod
+
+
+def pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    return list(cluster.get_json("pods", "-n", namespace)["items"])
+
+
+def assert_placements(cluster: Cluster, namespace: str, sizes: dict[str, int]) -> None:
+    """Every pod bound with a recorded set of the right size, NUMA-aligned, off the quarantined node, and no
+    GPU recorded twice on a node."""
+    held: dict[str, Counter[str]] = {}
+    for obj in pods(cluster, namespace):
+        name, node = obj["metadata"]["name"], obj["spec"]["nodeName"]
+        annotations = obj["metadata"].get("annotations") or {}
+        ids = annotations["gpuwarden.io/gpu-ids"].split(",")
+        assert len(ids) == sizes[name], (name, ids)
+        assert node != QUARANTINED, f"{name} landed on the quarantined node"
+        numa = {TOPOLOGY[node][i]["numa"] for i in ids}
+        per_numa = 2 if node == SMALL else 4
+        assert len(numa) == max(1, -(-len(ids) // per_numa)), f"{name} on {node} spans NUMA {numa} with {ids}"
+        assert annotations["gpuwarden.io/numa-node"] == ",".join(str(n) for n in sorted(numa))
+        held.setdefault(node, Counter()).update(ids)
+    for node, counts in held.items():
+        assert all(c == 1 for c in counts.values()), f"GPU assigned twice on {node}: {counts}"
+
+
+def pending_report(cluster: Cluster, namespace: str) -> str:
+    lines = []
+    for obj in pods(cluster, namespace):
+        if not obj["spec"].get("nodeName"):
+            conds = [c.get("message", "") for c in obj.get("status", {}).get("conditions") or []]
+            lines.append(f"{obj['metadata']['name']}: {conds}")
+    return "\n".join(lines)
+
+
+def wait_all_bound(cluster: Cluster, namespace: str, count: int, timeout: float) -> None:
+    def done() -> bool:
+        items = pods(cluster, namespace)
+        return len(items) == count and all(p["spec"].get("nodeName") for p in items)
+
+    try:
+        poll(done, timeout=timeout, what="every pod bound")
+    except Exception as exc:
+        raise AssertionError(f"{exc}\npending:\n{pending_report(cluster, namespace)}") from None
+
+
+def test_stream_is_numa_aligned_without_double_assignment_across_a_restart(
+    cluster: Cluster, namespace: str, extender_at: int
+) -> None:
+    # 26 of the pool's 32 GPUs; the 8-GPU pods first in each half, as a queue of big jobs would arrive
+    first = {"a-8gpu": 8, "a-4gpu": 4, "a-2gpu": 2, "a-1gpu": 1}
+    second = {"b-8gpu": 8, "b-2gpu": 2, "b-1gpu": 1}
+    running = RunningExtender(cluster, extender_at).start()
+    try:
+        cluster.apply(*(gpu_pod(namespace, n, k) for n, k in first.items()))
+        wait_all_bound(cluster, namespace, len(first), timeout=60)
+    finally:
+        running.stop()  # the extender dies mid-stream; pods keep arriving
+    cluster.apply(*(gpu_pod(namespace, n, k) for n, k in second.items()))
+    running = RunningExtender(cluster, extender_at).start()  # a fresh replica rebuilds from the API
+    try:
+        wait_all_bound(cluster, namespace, len(first) + len(second), timeout=90)
+        assert_placements(cluster, namespace, first | second)
+    finally:
+        running.stop()
+
+
+def unschedulable_message(cluster: Cluster, namespace: str, name: str) -> str | None:
+    obj = cluster.get_json("pod", name, "-n", namespace)
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return None
+
+
+def test_unfit_and_quarantined_nodes_are_rejected_with_a_reason(
+    cluster: Cluster, namespace: str, extender_at: int
+) -> None:
+    for node in (SMALL, QUARANTINED):  # pods of the previous test may still be terminating there
+        poll(
+            lambda node=node: (
+                not cluster.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+            ),  # type: ignore[misc]
+            timeout=60,
+            what=f"{node} empty",
+        )
+    running = RunningExtender(cluster, extender_at).start()
+    try:
+        cluster.apply(
+            gpu_pod(namespace, "numa-4", 4, nodeSelector={"kubernetes.io/hostname": SMALL}),
+            gpu_pod(namespace, "on-quarantined", 1, nodeSelector={"kubernetes.io/hostname": QUARANTINED}),
+        )
+        for name, reason in (
+            ("numa-4", "at most 2 healthy GPUs per NUMA node (0: 2, 1: 2, 2: 2, 3: 2); 4 requested"),
+            ("on-quarantined", "GPUs quarantined by gpuwarden (xid-79)"),
+        ):
+            message = poll(
+                lambda name=name: unschedulable_message(cluster, namespace, name),  # type: ignore[misc]
+                timeout=60,
+                what=f"{name} reported unschedulable",
+            )
+            assert reason in message, message
+        assert not any(p["spec"].get("nodeName") for p in pods(cluster, namespace))
+    finally:
+        running.stop()

@@ -1,0 +1,166 @@
+"""The cluster model: parsing pods and nodes, incremental updates, and rebuilding views only when needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.extender.model import ClusterModel
+from controller.extender.objects import gpu_request, parse_gpu_ids, pod_info
+from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus"),
+    [
+        (
+            {
+                "containers": [
+                    {"resources": {"limits": {RESOURCE: "2"}}},
+                    {"resources": {"requests": {RESOURCE: 1}}},
+                ]
+            },
+            3,
+        ),
+        ({"containers": [{}], "initContainers": [{"resources": {"limits": {RESOURCE: "4"}}}]}, 4),
+        (
+            {
+                "containers": [{"resources": {"limits": {RESOURCE: "1"}}}],
+                "initContainers": [{"restartPolicy": "Always", "resources": {"limits": {RESOURCE: "1"}}}],
+            },
+            2,
+        ),
+        ({"containers": [{"resources": {"limits": {"cpu": "2"}}}]}, 0),
+        ({}, 0),
+    ],
+    ids=["sum-of-containers", "init-peak", "sidecar-adds", "no-gpus", "empty-spec"],
+)
+def test_gpu_request(spec: dict[str, Any], gpus: int) -> None:
+    assert gpu_request(spec, RESOURCE) == gpus
+
+
+def test_parse_gpu_ids() -> None:
+    assert parse_gpu_ids("0, 1,,3,1") == ("0", "1", "3")
+    assert parse_gpu_ids("") is None and parse_gpu_ids(None) is None and parse_gpu_ids(" , ") is None
+
+
+def test_pod_info_reads_what_the_extender_needs() -> None:
+    info = pod_info(
+        pod("p", 4, node="n", ids="0,1,2,3", policy="prefer-numa", priority=-5, claim=("n", 12.5)), RESOURCE
+    )
+    assert (info.key, info.uid, info.gpus, info.priority, info.policy) == (
+        "ml/p",
+        "uid-p",
+        4,
+        -5,
+        "prefer-numa",
+    )
+    assert (info.node_name, info.gpu_ids, info.claim_node, info.claimed_at) == (
+        "n",
+        ("0", "1", "2", "3"),
+        "n",
+        12.5,
+    )
+    assert info.holds_gpus and info.nodes() == {"n"}
+    assert not pod_info(pod("q", 1, node="n", phase="Failed"), RESOURCE).holds_gpus
+
+
+def test_view_accounts_bound_claimed_nominated_and_count_only_pods() -> None:
+    m = model(
+        [node("n")],
+        [
+            pod("a", 2, node="n", ids="0,1"),
+            pod("b", 2, node="n"),  # bound by someone else: count-only
+            pod("c", 2, ids="4,5", claim=("n", 10.0)),
+            pod("d", 4, nominated="n", priority=7, policy="none"),
+            pod("e", 1, node="other", ids="7"),
+            pod("f", 0, node="n"),
+        ],
+    )
+    view = m.view("n")
+    assert view is not None
+    assert view.used == frozenset({"0", "1"}) and view.used_unknown == 2
+    assert [(c.pod, c.ids, c.claimed_at) for c in view.claims] == [("ml/c", ("4", "5"), 10.0)]
+    assert [(n.pod, n.gpus, n.priority, n.policy) for n in view.nominated] == [("ml/d", 4, 7, "none")]
+
+
+def test_pod_updates_move_gpus_between_nodes_and_deletes_free_them() -> None:
+    m = model([node("n1"), node("n2")])
+    m.upsert_pod(pod("a", 2, ids="0,1", claim=("n1", 1.0)))
+    assert m.view("n1").claims and not m.view("n2").claims  # type: ignore[union-attr]
+    m.upsert_pod(pod("a", 2, node="n2", ids="0,1"))
+    assert m.view("n1").claims == () and m.view("n2").used == frozenset({"0", "1"})  # type: ignore[union-attr]
+    m.upsert_pod(pod("a", 2, node="n2", ids="0,1", phase="Succeeded"))
+    assert m.view("n2").used == frozenset()  # type: ignore[union-attr]
+    m.upsert_pod(pod("b", 1, node="n2", ids="3"))
+    m.delete_pod("ml/b")
+    assert m.view("n2").used == frozenset() and m.pod("ml/b") is None  # type: ignore[union-attr]
+
+
+def test_views_are_cached_until_something_on_the_node_changes() -> None:
+    m = model([node("n1"), node("n2")])
+    v1, v2 = m.view("n1"), m.view("n2")
+    m.upsert_pod(pod("a", 1, node="n1", ids="0"))
+    assert m.view("n2") is v2 and m.view("n1") is not v1
+    again = m.view("n1")
+    m.upsert_node(node("n1"))  # unchanged object: nothing to rebuild
+    assert m.view("n1") is again
+    m.set_error_trends({"n2": 3.0})
+    assert m.view("n1") is again and m.view("n2").error_trend == 3.0  # type: ignore[union-attr]
+
+
+def test_quarantine_maps_uuids_to_gpu_ids() -> None:
+    m = model([node("n", taint="xid-79", quarantine=quarantine_record("GPU-0002", "GPU-0005"))])
+    view = m.view("n")
+    assert (
+        view is not None and view.quarantined == frozenset({"2", "5"}) and view.quarantine_reason == "xid-79"
+    )
+
+
+def test_nrt_overrides_annotation_and_can_be_removed() -> None:
+    m = model([node("n", topo=topology(4, 2))])
+    assert m.max_numa_gpus() == 2
+    m.upsert_nrt(nrt("n", [4, 4]))
+    assert m.view("n").topology.source == "nrt" and m.max_numa_gpus() == 4  # type: ignore[union-attr]
+    m.delete_nrt("n")
+    assert m.view("n").topology.source == "annotation" and m.max_numa_gpus() == 2  # type: ignore[union-attr]
+
+
+def test_unreadable_nrt_is_reported_not_guessed() -> None:
+    bad = nrt("n", [2, 2])
+    bad["zones"][0]["name"] = "socket"
+    m = model([node("n")], nrts=[bad])
+    view = m.view("n")
+    assert view is not None and not view.topology.known
+    assert view.topology_error.startswith("NodeResourceTopology unreadable")
+
+
+def test_fleet_max_numa_tracks_node_changes() -> None:
+    m = ClusterModel(RESOURCE)
+    assert m.max_numa_gpus() == 0 and not m.synced
+    m.upsert_node(node("a", topo=topology(2, 4)))
+    m.upsert_node(node("b", topo=topology(1, 8)))
+    assert m.max_numa_gpus() == 8
+    m.delete_node("b")
+    assert m.max_numa_gpus() == 4 and m.view("b") is None
+    m.upsert_node(node("a", topo=None))
+    assert m.max_numa_gpus() == 0
+    assert m.node_names() == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"), [("auto", "nrt"), ("nrt", "nrt"), ("annotation", "annotation")]
+)
+def test_topology_source_setting(source: str, expected: str) -> None:
+    m = ClusterModel(RESOURCE, topology_source=source)
+    m.upsert_node(node("n"))
+    m.upsert_nrt(nrt("n", [4, 4]))
+    m.upsert_node(node("bare", topo=topology(2, 4)))
+    assert m.view("n").topology.source == expected  # type: ignore[union-attr]
+    assert m.view("bare").topology.source == ("count" if source == "nrt" else "annotation")  # type: ignore[union-attr]
+
+
+def test_topology_source_is_validated() -> None:
+    with pytest.raises(ValueError, match="topology_source"):
+        ClusterModel(RESOURCE, topology_source="both")

@@ -1,0 +1,179 @@
+"""The extender's HTTP edge against golden payloads: every verb, both cache modes, the error contract."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from controller.extender.bind import Binder
+from controller.extender.decide import Settings
+from controller.extender.metrics import extender_metrics, register_model_collectors
+from controller.extender.model import ClusterModel
+from controller.extender.server import ExtenderService, add_extender_routes
+from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
+from tests.unit.extender_support import FakePodApi, pod
+
+GOLDEN = Path(__file__).parent / "golden" / "extender"
+NOW = 1_700_000_000.0
+
+
+def golden(name: str) -> bytes:
+    return (GOLDEN / name).read_bytes().strip()
+
+
+def cluster_pods() -> list[dict[str, Any]]:
+    train = json.loads(golden("pod_train-0.json"))
+    return [
+        pod("a", 2, node="gpu-node-1", ids="0,1"),
+        pod("b", 3, node="gpu-node-1", ids="4,5,6"),
+        train,
+    ]
+
+
+def build(*, synced: bool = True) -> tuple[ExtenderService, FakePodApi, CollectorRegistry]:
+    registry = CollectorRegistry()
+    model = ClusterModel("nvidia.com/gpu")
+    for node in json.loads(golden("filter_args_nocache.json"))["Nodes"]["items"]:
+        model.upsert_node(node)
+    api = FakePodApi(cluster_pods())
+    for obj in api.pods.values():
+        model.upsert_pod(obj)
+    api.on_write.append(model.upsert_pod)  # the watch, delivered at once
+    model.nodes_synced = model.pods_synced = synced
+    metrics = extender_metrics(registry)
+    register_model_collectors(registry, model)
+    binder = Binder(api, model, lambda: service.current_settings(), clock=lambda: NOW)
+    service = ExtenderService(model, Settings(), metrics, binder=binder, clock=lambda: NOW)
+    return service, api, registry
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    service, _, _ = build()
+    app = web.Application()
+    add_extender_routes(app, service, "/gpu-extender/")
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+VERBS = [
+    ("filter", "filter_args_cache.json", "filter_result_cache.json"),
+    ("filter", "filter_args_nocache.json", "filter_result_nocache.json"),
+    ("prioritize", "prioritize_args_cache.json", "prioritize_result.json"),
+    ("prioritize", "prioritize_args_nocache.json", "prioritize_result.json"),
+    ("preempt", "preempt_args_cache.json", "preempt_result.json"),
+    ("preempt", "preempt_args_nocache.json", "preempt_result.json"),
+    ("bind", "bind_args.json", "bind_result_ok.json"),
+    ("bind", "bind_args_unfit.json", "bind_result_unfit.json"),
+]
+
+
+@pytest.mark.parametrize(("verb", "request_file", "response_file"), VERBS, ids=[v[1] for v in VERBS])
+async def test_golden_exchange(
+    client: TestClient[web.Request, web.Application], verb: str, request_file: str, response_file: str
+) -> None:
+    resp = await client.post(f"/gpu-extender/{verb}", data=golden(request_file))
+    assert resp.status == 200
+    assert resp.content_type == "application/json"
+    assert await resp.read() == golden(response_file)
+
+
+async def test_filter_before_sync_answers_with_error_field() -> None:
+    service, _, registry = build(synced=False)
+    app = web.Application()
+    add_extender_routes(app, service)
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post("/gpu-extender/filter", data=golden("filter_args_cache.json"))
+        assert resp.status == 200 and await resp.read() == golden("filter_result_error.json")
+        resp = await c.post("/gpu-extender/prioritize", data=golden("prioritize_args_cache.json"))
+        assert resp.status == 503
+        resp = await c.post("/gpu-extender/bind", data=golden("bind_args.json"))
+        assert json.loads(await resp.read())["Error"].endswith("not synced yet")
+    assert (
+        registry.get_sample_value("gpuwarden_extender_requests_total", {"verb": "filter", "outcome": "error"})
+        == 1
+    )
+    assert registry.get_sample_value("gpuwarden_extender_model_synced") == 0
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "message"),
+    [
+        ("filter", b"{", "malformed ExtenderArgs: body: Invalid JSON"),
+        ("prioritize", b'{"NodeNames":[]}', "malformed ExtenderArgs: Pod: Field required"),
+        ("bind", b'{"PodName":"x"}', "malformed ExtenderBindingArgs: PodNamespace: Field required"),
+        ("preempt", b"[]", "malformed ExtenderPreemptionArgs"),
+    ],
+)
+async def test_malformed_request_is_400_with_a_message(
+    client: TestClient[web.Request, web.Application], verb: str, body: bytes, message: str
+) -> None:
+    resp = await client.post(f"/gpu-extender/{verb}", data=body)
+    assert resp.status == 400
+    assert (await resp.text()).startswith(message)
+
+
+async def test_internal_failure_uses_error_field_for_filter_and_500_for_preempt() -> None:
+    service, _, registry = build()
+
+    async def broken(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        raise RuntimeError("boom")
+
+    service.preempt_hook = broken
+    service.model.view = None  # type: ignore[assignment,method-assign]
+    app = web.Application()
+    add_extender_routes(app, service)
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post("/gpu-extender/filter", data=golden("filter_args_cache.json"))
+        body = json.loads(await resp.read())
+        assert resp.status == 200 and body["Error"].startswith("gpuwarden extender: internal error")
+        assert "boom" not in body["Error"] and body["NodeNames"] is None
+        resp = await c.post("/gpu-extender/preempt", data=golden("preempt_args_cache.json"))
+        assert resp.status == 500 and "boom" not in await resp.text()
+    assert (
+        registry.get_sample_value(
+            "gpuwarden_extender_requests_total", {"verb": "preempt", "outcome": "error"}
+        )
+        == 1
+    )
+
+
+async def test_bind_records_gpus_then_binds_and_counts_placement() -> None:
+    service, api, registry = build()
+    app = web.Application()
+    add_extender_routes(app, service)
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post("/gpu-extender/bind", data=golden("bind_args.json"))
+        assert await resp.read() == golden("bind_result_ok.json")
+        # the scheduler retries a bind that timed out on its side: same answer, nothing rewritten
+        writes = len([x for x in api.calls if not x.startswith(("get", "list"))])
+        resp = await c.post("/gpu-extender/bind", data=golden("bind_args.json"))
+        assert await resp.read() == golden("bind_result_ok.json")
+        assert len([x for x in api.calls if not x.startswith(("get", "list"))]) == writes
+    stored = api.pods["ml/train-0"]
+    assert stored["spec"]["nodeName"] == "gpu-node-2"
+    assert stored["metadata"]["annotations"]["gpuwarden.io/gpu-ids"] == "0,1,2,3"
+    assert stored["metadata"]["annotations"]["gpuwarden.io/numa-node"] == "0"
+    assert [c.split()[0] for c in api.calls[:4]] == ["get", "patch", "list", "bind"]
+    assert registry.get_sample_value("gpuwarden_extender_placements_total", {"alignment": "numa"}) == 1
+    count = registry.get_sample_value("gpuwarden_extender_request_duration_seconds_count", {"verb": "bind"})
+    assert count == 2
+
+
+async def test_filter_metrics_by_result() -> None:
+    service, _, registry = build()
+    app = web.Application()
+    add_extender_routes(app, service, "")
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post("/filter", data=golden("filter_args_cache.json"))
+        assert resp.status == 200
+    for result in ("passed", "failed", "unresolvable"):
+        assert registry.get_sample_value("gpuwarden_extender_filter_nodes_total", {"result": result}) == 1
+    assert registry.get_sample_value("gpuwarden_extender_model_nodes") == 3
