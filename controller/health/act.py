@@ -1,0 +1,238 @@
+"""Act: apply a quarantine `Plan` to the cluster — our taint, our annotations, our condition, Events.
+
+Why it exists: the plan says *what*; this module is the only place that writes Nodes for the health loop, so
+the rules of safety rule 2 live here once. Each node write re-reads the Node and recomputes the change from
+what it read (conflicts retried by `gpuwarden.kube.patch_with_retry`), so an operator's concurrent taint is
+never overwritten: we filter and append only taints with our key. The `GPUHealthy` condition goes through the
+status subresource (strategic merge by condition type). The breaker's state lives in a ConfigMap so a new
+leader resumes it; deleting the ConfigMap, or annotating it `gpuwarden.io/reset=now`, resets it.
+
+What it must not do: decide. It never touches a taint with another key, never cordons, and in dry-run
+writes nothing but Events (prefixed "[dry-run]"), which is how the plan is "evented" without changing state.
+A failed write is logged and counted; the next pass recomputes and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.health.metrics import HealthMetrics
+from controller.health.observe import BREAKER_DATA_KEY, BREAKER_RESET_ANNOTATION, encode_breaker
+from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
+from controller.health.snapshot import (
+    CONDITION_TYPE,
+    EXCLUDE_LABEL,
+    RECORD_ANNOTATION,
+    RELEASE_ANNOTATION,
+    TAINT_KEY,
+    BreakerState,
+)
+from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.kube import (
+    CONFIG_MAPS,
+    NODES,
+    EventRecorder,
+    EventType,
+    JsonObject,
+    KubeClient,
+    ObjectRef,
+    PatchType,
+    patch_with_retry,
+)
+
+log = logging.getLogger(__name__)
+
+BREAKER_CONFIGMAP = "gpuwarden-quarantine-breaker"
+
+
+@dataclass
+class ActResult:
+    """What one application of a plan did: writes made, writes failed, events emitted."""
+
+    writes: int = 0
+    failures: int = 0
+    events: int = 0
+
+
+def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
+    """The merge patch for `action` computed from the Node as just read; None when nothing changes."""
+    meta = current.get("metadata") or {}
+    if (meta.get("labels") or {}).get(EXCLUDE_LABEL, "").lower() == "true":
+        return None  # excluded since the plan was made
+    patch: JsonObject = {}
+    taints: list[JsonObject] = list((current.get("spec") or {}).get("taints") or [])
+    ours = [t for t in taints if t.get("key") == TAINT_KEY]
+    others = [t for t in taints if t.get("key") != TAINT_KEY]
+    if action.add_taint is not None:
+        want = {"key": TAINT_KEY, "value": action.add_taint.value, "effect": action.add_taint.effect}
+        if not any(t.get("value") == want["value"] and t.get("effect") == want["effect"] for t in ours):
+            patch["spec"] = {
+                "taints": [*others, *(t for t in ours if t.get("effect") != want["effect"]), want]
+            }
+    elif action.remove_taint is not None and ours:
+        patch["spec"] = {"taints": others or None}
+    annotations = meta.get("annotations") or {}
+    changes: dict[str, str | None] = {}
+    if action.record is not None:
+        encoded = action.record.encode()
+        if annotations.get(RECORD_ANNOTATION) != encoded:
+            changes[RECORD_ANNOTATION] = encoded
+    elif action.remove_record and RECORD_ANNOTATION in annotations:
+        changes[RECORD_ANNOTATION] = None
+    if action.remove_release_request and RELEASE_ANNOTATION in annotations:
+        changes[RELEASE_ANNOTATION] = None
+    if changes:
+        patch["metadata"] = {"annotations": changes}
+    return patch or None
+
+
+def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime) -> JsonObject | None:
+    """Strategic-merge status patch setting `GPUHealthy`; lastTransitionTime moves only on a status change."""
+    conditions = (current.get("status") or {}).get("conditions") or []
+    old = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+    if old and (old.get("status"), old.get("reason"), old.get("message")) == (
+        update.status,
+        update.reason,
+        update.message,
+    ):
+        return None
+    stamp = wall.isoformat(timespec="seconds").replace("+00:00", "Z")
+    changed = old is None or old.get("status") != update.status
+    cond = {
+        "type": CONDITION_TYPE,
+        "status": update.status,
+        "reason": update.reason,
+        "message": update.message[:1024],
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp if changed else old.get("lastTransitionTime", stamp),  # type: ignore[union-attr]
+    }
+    return {"status": {"conditions": [cond]}}
+
+
+class Actuator:
+    """Applies plans through one `KubeClient`; `namespace` holds the breaker ConfigMap and its Events."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        events: EventRecorder,
+        metrics: HealthMetrics,
+        *,
+        namespace: str,
+        concurrency: int = 8,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.client, self.events, self.metrics = client, events, metrics
+        self.namespace = namespace
+        self._sem = asyncio.Semaphore(concurrency)
+        self._wall = wall
+
+    async def apply(self, plan: Plan) -> ActResult:
+        """Apply every action (bounded concurrency), then the breaker state; never raises on a KubeError."""
+        result = ActResult()
+        await asyncio.gather(*(self._apply_one(a, plan.dry_run, result) for a in plan.actions))
+        await self._apply_breaker(plan, result)
+        return result
+
+    async def _event(self, regarding: ObjectRef, spec: EventSpec, dry_run: bool, result: ActResult) -> None:
+        note = f"[dry-run] {spec.note}" if dry_run else spec.note
+        kind = EventType.WARNING if spec.type == "Warning" else EventType.NORMAL
+        if await self.events.emit(regarding, reason=spec.reason, note=note, action=spec.action, type=kind):
+            result.events += 1
+
+    async def _apply_one(self, action: Action, dry_run: bool, result: ActResult) -> None:
+        async with self._sem:
+            extra: dict[str, Any] = {"node": action.node, "kind": action.kind, "reason": action.reason}
+            log.info(
+                f"{'[dry-run] ' if dry_run else ''}{action.kind} {action.node}: {action.message}", extra=extra
+            )
+            if not dry_run:
+                try:
+                    await self._write_node(action, result)
+                except KubeNotFound:
+                    log.info("node gone before the write; nothing to do", extra=extra)
+                    return
+                except KubeError as exc:
+                    result.failures += 1
+                    self.metrics.write_failures.labels(action.kind).inc()
+                    log.warning("write failed; retried next pass", extra={**extra, "error": str(exc)})
+                    return
+                if action.kind == "quarantine" and action.first_seen is not None:
+                    self.metrics.detection_latency.observe(
+                        max(0.0, self._wall().timestamp() - action.first_seen)
+                    )
+            if action.event is not None:
+                await self._event(ObjectRef("v1", "Node", action.node), action.event, dry_run, result)
+
+    async def _write_node(self, action: Action, result: ActResult) -> None:
+        wrote = False
+
+        def compute(current: JsonObject) -> JsonObject | None:
+            nonlocal wrote
+            body = node_patch(current, action)
+            wrote = body is not None
+            return body
+
+        await patch_with_retry(self.client, NODES, action.node, compute, patch_type=PatchType.MERGE)
+        result.writes += int(wrote)
+        if action.condition is not None:
+            update = action.condition
+            wall = self._wall()
+            cond_wrote = False
+
+            def compute_status(current: JsonObject) -> JsonObject | None:
+                nonlocal cond_wrote
+                body = condition_patch(current, update, wall)
+                cond_wrote = body is not None
+                return body
+
+            await patch_with_retry(
+                self.client,
+                NODES,
+                action.node,
+                compute_status,
+                patch_type=PatchType.STRATEGIC,
+                subresource="status",
+            )
+            result.writes += int(cond_wrote)
+
+    async def _apply_breaker(self, plan: Plan, result: ActResult) -> None:
+        decision = plan.breaker
+        ref = ObjectRef("v1", "ConfigMap", BREAKER_CONFIGMAP, self.namespace)
+        if decision.event is not None:
+            await self._event(ref, decision.event, plan.dry_run, result)
+        if plan.dry_run or not decision.changed:
+            return
+        try:
+            await self._store_breaker(decision.after)
+            result.writes += 1
+        except KubeError as exc:
+            result.failures += 1
+            self.metrics.write_failures.labels("breaker").inc()
+            log.warning("breaker state not stored; retried next pass", extra={"error": str(exc)})
+
+    async def _store_breaker(self, state: BreakerState) -> None:
+        data = {BREAKER_DATA_KEY: encode_breaker(state)}
+        patch: JsonObject = {"data": data, "metadata": {"annotations": {BREAKER_RESET_ANNOTATION: None}}}
+        try:
+            await self.client.patch(CONFIG_MAPS, BREAKER_CONFIGMAP, patch, namespace=self.namespace)
+        except KubeNotFound:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": BREAKER_CONFIGMAP},
+                "data": data,
+            }
+            await self.client.create(CONFIG_MAPS, body, namespace=self.namespace)
+
+    async def read_breaker(self) -> JsonObject | None:
+        """The breaker ConfigMap, or None when it does not exist (closed)."""
+        try:
+            return await self.client.get(CONFIG_MAPS, BREAKER_CONFIGMAP, namespace=self.namespace)
+        except KubeNotFound:
+            return None

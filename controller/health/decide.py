@@ -1,0 +1,396 @@
+"""`plan_quarantine(snapshot, policy, now) -> Plan`: the whole quarantine decision, as a pure function.
+
+Why pure: the rules that keep a fleet safe — unknown data changes nothing, the circuit breaker, the healthy
+period, operator overrides — are exactly the rules that must be table-tested row by row, and replayed by
+`gpuwarden plan` without touching the cluster. Everything the decision needs is in the snapshot (including
+the state we keep on Nodes and the breaker object), so a restarted or newly elected controller decides
+the same.
+
+What it must not do: no I/O, no logging, no events, no clock reads, no imports of Prometheus or Kubernetes
+clients. It never plans a change to a taint other than ours, and never adds or removes a taint on the strength
+of missing or stale data. Operator requests (`gpuwarden.io/release=now`, removing our taint by hand) are the
+only changes made without fresh telemetry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from controller.health import breaker
+from controller.health import plan as p
+from controller.health.findings import Assessment, Finding, assess_node, recovery_holds
+from controller.health.policy import HealthPolicy
+from controller.health.record import QuarantineRecord, decode, iso
+from controller.health.snapshot import (
+    EFFECT_STRENGTH,
+    RECORD_ANNOTATION,
+    TAINT_KEY,
+    FleetSnapshot,
+    NodeState,
+    Taint,
+)
+
+EVENT_QUARANTINED = "GPUQuarantined"
+EVENT_RELEASED = "GPUQuarantineReleased"
+
+
+# (node, its quarantining findings, dismissed evidence still to remember)
+_Candidate = tuple[NodeState, tuple[Finding, ...], tuple[str, ...]]
+
+
+@dataclass
+class _Work:
+    actions: list[p.Action] = field(default_factory=list)
+    skips: list[p.Skip] = field(default_factory=list)
+    candidates: list[_Candidate] = field(default_factory=list)
+    healthy: int = 0
+
+    def skip(self, node: str, reason: str, message: str) -> None:
+        self.skips.append(p.Skip(node, reason, message))
+
+
+def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.Plan:
+    """Decide every quarantine, release, bookkeeping update and skip for this loop."""
+    work = _Work()
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        _plan_node(node, snapshot, policy, now, work)
+    gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_capacity > 0 and not n.excluded)
+    breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
+    for node, findings, keep in admitted:
+        work.actions.append(_quarantine(node, findings, keep, policy, now))
+    stats = Counter(a.kind for a in work.actions) + Counter(f"skip:{s.reason}" for s in work.skips)
+    return p.Plan(
+        now=now,
+        dry_run=policy.dry_run,
+        actions=tuple(sorted(work.actions, key=lambda a: (a.node, a.kind))),
+        skips=tuple(sorted(work.skips, key=lambda s: (s.node, s.reason))),
+        breaker=breaker,
+        healthy=work.healthy,
+        gpu_nodes=gpu_nodes,
+        stats=dict(stats),
+    )
+
+
+def _plan_node(node: NodeState, snap: FleetSnapshot, policy: HealthPolicy, now: float, work: _Work) -> None:
+    if node.excluded:
+        work.skip(node.name, p.SKIP_EXCLUDED, "label gpuwarden.io/exclude=true: never touched")
+        return
+    record, error = decode(node.annotations.get(RECORD_ANNOTATION))
+    if error:
+        work.skip(node.name, p.SKIP_BAD_RECORD, f"annotation {RECORD_ANNOTATION} {error}; treated as absent")
+    assessment = assess_node(node, policy, now) if snap.prometheus_ok else None
+    taint = node.our_taint
+    if taint is not None:
+        if record is None or record.state != "quarantined":
+            # Our taint without our record (crash between writes, or a hand-made taint): adopt it.
+            record = QuarantineRecord("quarantined", taint.value, effect=taint.effect, boot_id=node.boot_id)
+        _plan_quarantined(node, taint, record, assessment, snap, policy, now, work)
+    else:
+        _plan_free(node, record, assessment, snap, policy, now, work)
+
+
+def _unknown(node: NodeState, assessment: Assessment | None, snap: FleetSnapshot, work: _Work) -> bool:
+    if assessment is None:
+        work.skip(
+            node.name,
+            p.SKIP_PROMETHEUS_DOWN,
+            f"Prometheus unavailable ({snap.prometheus_error}): nothing added or removed",
+        )
+        return True
+    if assessment.status == "unknown":
+        work.skip(node.name, p.SKIP_UNKNOWN, f"{assessment.why}: nothing added or removed")
+        return True
+    return False
+
+
+def _plan_quarantined(
+    node: NodeState,
+    taint: Taint,
+    record: QuarantineRecord,
+    assessment: Assessment | None,
+    snap: FleetSnapshot,
+    policy: HealthPolicy,
+    now: float,
+    work: _Work,
+) -> None:
+    current = assessment.quarantining if assessment is not None and assessment.status != "unknown" else ()
+    if node.release_requested:
+        dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
+        work.actions.append(_release(node, taint, record, "operator-annotation", now, dismissed))
+        return
+    if _unknown(node, assessment, snap, work):
+        return
+    if node.condition is None or node.condition.status != "False":
+        work.actions.append(
+            p.Action(
+                "set-condition",
+                node.name,
+                "condition-drift",
+                "quarantined but GPUHealthy is not False",
+                condition=_condition_false(record.reason),
+            )
+        )
+    if current:
+        new = [f for f in current if f.fingerprint not in record.fingerprints]
+        if new or record.healthy_since is not None:
+            updated = record.with_(
+                evidence=record.evidence + tuple(f.evidence() for f in new), healthy_since=None
+            )
+            why = f"new evidence: {', '.join(f.fingerprint for f in new)}" if new else "evidence returned"
+            work.actions.append(p.Action("update-record", node.name, "evidence-changed", why, record=updated))
+        else:
+            work.skip(node.name, p.SKIP_STILL_FAULTY, "; ".join(f.why for f in current))
+        return
+    if record.healthy_since is None:
+        work.actions.append(
+            p.Action(
+                "update-record",
+                node.name,
+                "healthy-period-started",
+                f"no evidence now; the healthy period of {policy.healthy_period:.0f}s starts",
+                record=record.with_(healthy_since=now),
+            )
+        )
+        return
+    left = record.healthy_since + policy.healthy_period - now
+    if left > 0:
+        work.skip(
+            node.name,
+            p.SKIP_HEALTHY_PERIOD,
+            f"evidence gone since {iso(record.healthy_since)}; {left:.0f}s of the healthy period left",
+        )
+        return
+    pending = [why for ev in record.evidence if (why := recovery_holds(ev, node, record.boot_id, policy))]
+    if pending:
+        work.skip(node.name, p.SKIP_RECOVERY_PENDING, "; ".join(pending))
+        return
+    work.actions.append(_release(node, taint, record, "healthy-period", now, ()))
+
+
+def _plan_free(
+    node: NodeState,
+    record: QuarantineRecord | None,
+    assessment: Assessment | None,
+    snap: FleetSnapshot,
+    policy: HealthPolicy,
+    now: float,
+    work: _Work,
+) -> None:
+    known = assessment is not None and assessment.status != "unknown"
+    current = assessment.quarantining if assessment is not None and known else ()
+    if record is not None and record.state == "quarantined":
+        # Our record says quarantined but our taint is gone: an operator removed it. Respect that and
+        # remember the evidence so the same evidence does not re-taint the node.
+        dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
+        released = record.with_(
+            state="released",
+            released_at=now,
+            released_by="operator-untaint",
+            healthy_since=None,
+            suppressed=dismissed,
+        )
+        work.actions.append(
+            p.Action(
+                "release",
+                node.name,
+                "operator-untaint",
+                "our taint was removed by hand; not re-tainting for the same evidence",
+                record=released,
+                remove_release_request=node.release_requested,
+                condition=p.ConditionUpdate("True", "ReleasedByOperator", "quarantine taint removed by hand"),
+                event=p.EventSpec(
+                    EVENT_RELEASED,
+                    "Normal",
+                    f"taint {TAINT_KEY} removed by an operator; "
+                    f"evidence {', '.join(dismissed) or 'none'} dismissed",
+                    "Untaint",
+                ),
+            )
+        )
+        return
+    if node.release_requested:
+        dismissed = tuple(sorted({*(record.suppressed if record else ()), *(f.fingerprint for f in current)}))
+        rec = (
+            QuarantineRecord(
+                "released",
+                "dismissed",
+                released_at=now,
+                released_by="operator-annotation",
+                suppressed=dismissed,
+            )
+            if dismissed
+            else None
+        )
+        work.actions.append(
+            p.Action(
+                "update-record",
+                node.name,
+                "release-request",
+                "not quarantined; release request "
+                f"acknowledged, evidence dismissed: {', '.join(dismissed) or 'none'}",
+                record=rec,
+                remove_release_request=True,
+            )
+        )
+        return
+    if _unknown(node, assessment, snap, work):
+        return
+    assert assessment is not None
+    suppressed = set(record.suppressed) if record is not None else set()
+    released_at = record.released_at if record is not None else None
+    live: list[Finding] = []
+    dismissed_now: list[Finding] = []
+    for f in current:
+        old = f.first_seen is None or released_at is None or f.first_seen <= released_at
+        (dismissed_now if f.fingerprint in suppressed and old else live).append(f)
+    keep = tuple(sorted(fp for fp in suppressed if fp in {f.fingerprint for f in current}))
+    if record is not None and not live and keep != tuple(sorted(suppressed)):
+        cleared = sorted(suppressed - set(keep))
+        work.actions.append(
+            p.Action(
+                "update-record",
+                node.name,
+                "dismissed-evidence-cleared",
+                f"dismissed evidence gone: {', '.join(cleared)}",
+                record=record.with_(suppressed=keep) if keep else None,
+                remove_record=not keep,
+            )
+        )
+    if live:
+        work.candidates.append((node, tuple(live), keep))
+        return
+    if dismissed_now:
+        work.skip(
+            node.name,
+            p.SKIP_SUPPRESSED,
+            "evidence dismissed by an operator: " + ", ".join(f.fingerprint for f in dismissed_now),
+        )
+    others = [f for f in assessment.findings if not f.quarantine]
+    if others:
+        work.skip(node.name, p.SKIP_NOT_QUARANTINING, "; ".join(f.why for f in others))
+    elif not dismissed_now:
+        work.healthy += 1
+    cond = node.condition
+    if cond is not None and cond.status == "False" and not dismissed_now:
+        work.actions.append(
+            p.Action(
+                "set-condition",
+                node.name,
+                "condition-drift",
+                "not quarantined but GPUHealthy is False",
+                condition=p.ConditionUpdate("True", "NoGPUFaults", "no quarantine in place"),
+            )
+        )
+
+
+def _severity(f: Finding, policy: HealthPolicy) -> tuple[int, int, str]:
+    return (
+        -EFFECT_STRENGTH.get(policy.effect_for(f.reason_class), 1),
+        -int(f.xid is not None),
+        f.fingerprint,
+    )
+
+
+def _condition_false(reason: str, detail: str = "") -> p.ConditionUpdate:
+    return p.ConditionUpdate("False", "GPUQuarantined", f"quarantined by gpuwarden: {detail or reason}")
+
+
+def _quarantine(
+    node: NodeState, findings: tuple[Finding, ...], keep: tuple[str, ...], policy: HealthPolicy, now: float
+) -> p.Action:
+    ordered = sorted(findings, key=lambda f: _severity(f, policy))
+    primary = ordered[0]
+    effect = max(
+        (policy.effect_for(f.reason_class) for f in ordered), key=lambda e: EFFECT_STRENGTH.get(e, 1)
+    )
+    taint = Taint(TAINT_KEY, primary.reason, effect)
+    record = QuarantineRecord(
+        "quarantined",
+        primary.reason,
+        primary.reason_class,
+        effect,
+        tuple(f.evidence() for f in ordered),
+        quarantined_at=now,
+        boot_id=node.boot_id,
+        suppressed=keep,
+    )
+    gpus = sorted({f.gpu for f in ordered if f.gpu})
+    seen = [f.first_seen for f in ordered if f.first_seen is not None]
+    note = f"{primary.why}; GPUs {', '.join(gpus) or '-'}; taint {TAINT_KEY}={primary.reason}:{effect}"
+    return p.Action(
+        "quarantine",
+        node.name,
+        primary.reason,
+        primary.why,
+        add_taint=taint,
+        record=record,
+        condition=_condition_false(primary.reason, primary.why),
+        event=p.EventSpec(EVENT_QUARANTINED, "Warning", note, "Taint"),
+        first_seen=min(seen) if seen else None,
+    )
+
+
+def _release(
+    node: NodeState, taint: Taint, record: QuarantineRecord, by: str, now: float, dismissed: tuple[str, ...]
+) -> p.Action:
+    why = (
+        "operator annotation gpuwarden.io/release=now"
+        if by == "operator-annotation"
+        else "evidence gone for the healthy period and recovery condition holds"
+    )
+    keep = dismissed or record.suppressed
+    released = record.with_(
+        state="released", released_at=now, released_by=by, healthy_since=None, suppressed=keep
+    )
+    return p.Action(
+        "release",
+        node.name,
+        by,
+        why,
+        remove_taint=taint,
+        record=released if keep else None,
+        remove_record=not keep,
+        remove_release_request=node.release_requested,
+        condition=p.ConditionUpdate("True", "QuarantineReleased", why),
+        event=p.EventSpec(EVENT_RELEASED, "Normal", f"{record.reason} quarantine lifted: {why}", "Untaint"),
+    )
+
+
+def _breaker(
+    snap: FleetSnapshot, policy: HealthPolicy, now: float, gpu_nodes: int, work: _Work
+) -> tuple[p.BreakerDecision, list[_Candidate]]:
+    since = now - policy.breaker_window
+    new_in_window = 0
+    for node in snap.nodes:
+        rec, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+        if rec is not None and rec.quarantined_at is not None and rec.quarantined_at >= since:
+            new_in_window += 1
+    budget = breaker.Budget(
+        quarantined=sum(1 for node in snap.nodes if node.our_taint is not None),
+        limit=policy.max_quarantined(gpu_nodes),
+        new_in_window=new_in_window,
+        new_limit=policy.breaker_max_new_per_window,
+    )
+    # Oldest fault first, then by name: deterministic, and the longest-waiting evidence wins the budget.
+    cands = sorted(
+        work.candidates, key=lambda c: (min((f.first_seen or now for f in c[1]), default=now), c[0].name)
+    )
+    verdict = breaker.evaluate(
+        snap.breaker, budget, len(cands), hold=policy.breaker_hold, now=now, data_ok=snap.prometheus_ok
+    )
+    admitted, denied = cands[: verdict.admit], cands[verdict.admit :]
+    for node, findings, _ in denied:
+        fingerprints = ", ".join(f.fingerprint for f in findings)
+        work.skip(node.name, p.SKIP_BREAKER, f"circuit breaker open; would quarantine for {fingerprints}")
+    decision = p.BreakerDecision(
+        snap.breaker,
+        verdict.after,
+        budget.quarantined,
+        budget.limit,
+        budget.new_in_window,
+        budget.new_limit,
+        len(denied),
+        verdict.event,
+    )
+    return decision, admitted

@@ -1,0 +1,187 @@
+"""The quarantine plan: what `decide.py` concluded, as data `act.py` applies and `gpuwarden plan` prints.
+
+Why a value and not callbacks: the same plan is logged, evented, printed as JSON or a table, asserted on in
+tests, and (outside dry-run) applied. Every action and every skip carries a machine reason and a sentence.
+
+What it must not do: no I/O. Rendering returns strings/dicts; printing is the caller's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from controller.health.record import QuarantineRecord, iso
+from controller.health.snapshot import BreakerState, Taint
+
+ActionKind = Literal["quarantine", "release", "update-record", "set-condition"]
+EventType = Literal["Normal", "Warning"]
+
+# Skip reasons (stable strings: tests, metrics and the table use them).
+SKIP_EXCLUDED = "excluded"
+SKIP_PROMETHEUS_DOWN = "prometheus-unavailable"
+SKIP_UNKNOWN = "telemetry-unknown"
+SKIP_BREAKER = "breaker-open"
+SKIP_NOT_QUARANTINING = "not-quarantining"
+SKIP_SUPPRESSED = "dismissed-by-operator"
+SKIP_STILL_FAULTY = "still-faulty"
+SKIP_HEALTHY_PERIOD = "healthy-period-not-elapsed"
+SKIP_RECOVERY_PENDING = "recovery-pending"
+SKIP_BAD_RECORD = "unreadable-record"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionUpdate:
+    """Desired `GPUHealthy` condition."""
+
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """An events.k8s.io/v1 Event regarding the node (or the breaker object when `node` is empty)."""
+
+    reason: str
+    type: EventType
+    note: str
+    action: str  # events.k8s.io `action`, e.g. Taint, Untaint, Trip
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One change to one node. Fields that are None are left alone by `act.py`."""
+
+    kind: ActionKind
+    node: str
+    reason: str
+    message: str
+    add_taint: Taint | None = None
+    remove_taint: Taint | None = None
+    record: QuarantineRecord | None = None
+    remove_record: bool = False
+    remove_release_request: bool = False
+    condition: ConditionUpdate | None = None
+    event: EventSpec | None = None
+    first_seen: float | None = None  # of the fault, for the detection-latency metric
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "node": self.node,
+            "reason": self.reason,
+            "message": self.message,
+        }
+        if self.add_taint:
+            out["add_taint"] = f"{self.add_taint.key}={self.add_taint.value}:{self.add_taint.effect}"
+        if self.remove_taint:
+            out["remove_taint"] = (
+                f"{self.remove_taint.key}={self.remove_taint.value}:{self.remove_taint.effect}"
+            )
+        if self.record is not None:
+            out["record"] = self.record.encode()
+        if self.remove_record:
+            out["remove_record"] = True
+        if self.remove_release_request:
+            out["remove_release_request"] = True
+        if self.condition is not None:
+            out["condition"] = {"status": self.condition.status, "reason": self.condition.reason}
+        if self.event is not None:
+            out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
+        if self.first_seen is not None:
+            out["first_seen"] = iso(self.first_seen)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A node we considered and deliberately left alone, and why."""
+
+    node: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "reason": self.reason, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerDecision:
+    """The breaker before and after this loop, the numbers behind it, and an event on a transition."""
+
+    before: BreakerState
+    after: BreakerState
+    quarantined: int
+    limit: int
+    new_in_window: int
+    new_limit: int
+    denied: int = 0
+    event: EventSpec | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "open": self.after.open,
+            "reason": self.after.reason,
+            "opened_at": iso(self.after.opened_at),
+            "clear_since": iso(self.after.clear_since),
+            "quarantined": self.quarantined,
+            "limit": self.limit,
+            "new_in_window": self.new_in_window,
+            "new_limit": self.new_limit,
+            "denied": self.denied,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything one loop decided. `healthy` counts nodes that needed nothing."""
+
+    now: float
+    dry_run: bool
+    actions: tuple[Action, ...]
+    skips: tuple[Skip, ...]
+    breaker: BreakerDecision
+    healthy: int = 0
+    gpu_nodes: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def actions_of(self, kind: ActionKind) -> list[Action]:
+        return [a for a in self.actions if a.kind == kind]
+
+    def skips_of(self, reason: str) -> list[Skip]:
+        return [s for s in self.skips if s.reason == reason]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now": iso(self.now),
+            "dry_run": self.dry_run,
+            "gpu_nodes": self.gpu_nodes,
+            "healthy": self.healthy,
+            "breaker": self.breaker.to_dict(),
+            "actions": [a.to_dict() for a in self.actions],
+            "skips": [s.to_dict() for s in self.skips],
+        }
+
+    def render_table(self) -> str:
+        """A fixed-width table for `gpuwarden plan -o table`: actions first, then skips."""
+        rows = [("NODE", "DO", "REASON", "WHY")]
+        rows += [(a.node, a.kind, a.reason, a.message) for a in self.actions]
+        rows += [(s.node, "skip", s.reason, s.message) for s in self.skips]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [
+            f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows
+        ]
+        b = self.breaker
+        state = "OPEN" if b.after.open else "closed"
+        lines.append(
+            f"\nbreaker {state}: {b.quarantined}/{b.limit} quarantined, "
+            f"{b.new_in_window}/{b.new_limit} new in window; {len(self.actions)} actions, "
+            f"{len(self.skips)} skips, {self.healthy} healthy GPU nodes"
+            + (" (dry-run)" if self.dry_run else "")
+        )
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""The `gpuwarden.io/quarantine` node annotation: why a node is quarantined, and what we must remember.
+
+Why it exists: safety rule 5 — everything that matters survives a restart or a leader change because it lives
+on the Node. The record holds the evidence (reason, XID, GPU UUIDs, first seen, values) an operator reads
+with `kubectl describe node`, plus the little state the decision needs: when the quarantine began (breaker
+window), the bootID then (reboot recovery), when the evidence was last seen gone (healthy period), and which
+evidence an operator already dismissed (no re-taint for the same evidence).
+
+What it must not do: no I/O, no clock reads. Unparseable annotations decode to `None` with an error string;
+they are never fatal and never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+RecordState = Literal["quarantined", "released"]
+SCHEMA_VERSION = 1
+
+
+def iso(ts: float | None) -> str | None:
+    """Unix seconds → RFC 3339 UTC with second precision (what humans read in the annotation)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_iso(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"expected an RFC 3339 time, got {value!r}")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One finding that justified (or still justifies) the quarantine."""
+
+    reason: str  # e.g. xid-79, ecc-dbe, row-remap-failure, gpu-missing
+    gpu: str = ""  # GPU UUID; "" for node-level evidence such as gpu-missing
+    xid: int | None = None
+    value: float | None = None
+    first_seen: float | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the evidence across loops: the same reason on the same GPU."""
+        return f"{self.reason}/{self.gpu}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"reason": self.reason}
+        if self.gpu:
+            out["gpu"] = self.gpu
+        if self.xid is not None:
+            out["xid"] = self.xid
+        if self.value is not None:
+            out["value"] = self.value
+        if self.first_seen is not None:
+            out["first_seen"] = iso(self.first_seen)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Evidence:
+        xid = raw.get("xid")
+        value = raw.get("value")
+        return cls(
+            reason=str(raw["reason"]),
+            gpu=str(raw.get("gpu", "")),
+            xid=int(xid) if xid is not None else None,
+            value=float(value) if value is not None else None,
+            first_seen=parse_iso(raw.get("first_seen")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineRecord:
+    """The decoded annotation. `state=released` records survive only to remember dismissed evidence."""
+
+    state: RecordState
+    reason: str
+    reason_class: str = ""
+    effect: str = "NoSchedule"
+    evidence: tuple[Evidence, ...] = ()
+    quarantined_at: float | None = None
+    boot_id: str = ""
+    healthy_since: float | None = None
+    released_at: float | None = None
+    released_by: str = ""
+    suppressed: tuple[str, ...] = field(default=())
+
+    @property
+    def first_seen(self) -> float | None:
+        seen = [e.first_seen for e in self.evidence if e.first_seen is not None]
+        return min(seen) if seen else None
+
+    @property
+    def fingerprints(self) -> frozenset[str]:
+        return frozenset(e.fingerprint for e in self.evidence)
+
+    def with_(self, **changes: Any) -> QuarantineRecord:
+        return replace(self, **changes)
+
+    def encode(self) -> str:
+        """Stable JSON (sorted keys) so an unchanged record is byte-identical and never re-patched."""
+        body: dict[str, Any] = {
+            "version": SCHEMA_VERSION,
+            "state": self.state,
+            "reason": self.reason,
+            "class": self.reason_class,
+            "effect": self.effect,
+            "evidence": [e.to_json() for e in self.evidence],
+            "gpus": sorted({e.gpu for e in self.evidence if e.gpu}),
+            "xids": sorted({e.xid for e in self.evidence if e.xid is not None}),
+            "first_seen": iso(self.first_seen),
+            "quarantined_at": iso(self.quarantined_at),
+        }
+        if self.boot_id:
+            body["boot_id"] = self.boot_id
+        if self.healthy_since is not None:
+            body["healthy_since"] = iso(self.healthy_since)
+        if self.released_at is not None:
+            body["released_at"] = iso(self.released_at)
+        if self.released_by:
+            body["released_by"] = self.released_by
+        if self.suppressed:
+            body["suppressed"] = sorted(self.suppressed)
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
+    """Decode the annotation; returns (record, "") or (None, why it could not be read)."""
+    if not text:
+        return None, ""
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        state = raw.get("state")
+        if state not in ("quarantined", "released"):
+            raise ValueError(f"unknown state {state!r}")
+        return (
+            QuarantineRecord(
+                state=state,
+                reason=str(raw.get("reason", "")),
+                reason_class=str(raw.get("class", "")),
+                effect=str(raw.get("effect", "NoSchedule")),
+                evidence=tuple(Evidence.from_json(e) for e in raw.get("evidence", [])),
+                quarantined_at=parse_iso(raw.get("quarantined_at")),
+                boot_id=str(raw.get("boot_id", "")),
+                healthy_since=parse_iso(raw.get("healthy_since")),
+                released_at=parse_iso(raw.get("released_at")),
+                released_by=str(raw.get("released_by", "")),
+                suppressed=tuple(str(s) for s in raw.get("suppressed", [])),
+            ),
+            "",
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"unreadable {text[:40]!r}: {exc}"

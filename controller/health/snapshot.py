@@ -1,0 +1,143 @@
+"""The typed snapshot the quarantine decision is made from: one `FleetSnapshot` per loop.
+
+Why a separate module: `observe.py` (Prometheus + Kubernetes I/O) builds it and `decide.py` (pure) reads it;
+neither may import the other's dependencies. Tests and `gpuwarden plan` build snapshots by hand.
+
+What it must not do: no I/O, no interpretation. Values are what Prometheus and the API said, with `None`
+meaning "this signal is not exported here" (ECC counters are off by default in dcgm-exporter), which is
+different from 0. Whether a value is bad, stale or missing is decided in `findings.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+TAINT_KEY = "gpuwarden.io/gpu-unhealthy"
+RECORD_ANNOTATION = "gpuwarden.io/quarantine"
+RELEASE_ANNOTATION = "gpuwarden.io/release"
+EXCLUDE_LABEL = "gpuwarden.io/exclude"
+CONDITION_TYPE = "GPUHealthy"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+EFFECT_STRENGTH: dict[str, int] = {"PreferNoSchedule": 0, "NoSchedule": 1, "NoExecute": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint as the API has it."""
+
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionState:
+    """Our `GPUHealthy` node condition as currently set (None on the node when never set)."""
+
+    status: str  # "True" | "False" | "Unknown"
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class XidObservation:
+    """One XID code seen on one GPU.
+
+    `recent` means an occurrence started within the detection window (the sticky gauge changed to this code,
+    or its series appeared, or the windowed count was > 0); `count` is how many occurrences the repeat window
+    holds as far as the metrics can tell (the sticky gauge cannot tell two identical XIDs apart, so without
+    `DCGM_EXP_XID_ERRORS_COUNT` it is at most the number of distinct episodes).
+    """
+
+    code: int
+    recent: bool
+    count: int = 1
+    first_seen: float | None = None
+    source: Literal["gauge", "count"] = "gauge"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTelemetry:
+    """Everything Prometheus says about one GPU (keyed by UUID). `None` = metric not exported."""
+
+    uuid: str
+    index: str = ""
+    last_sample: float | None = None  # unix seconds of the newest sample of the presence metric
+    xid_last: int | None = None  # current value of the sticky DCGM_FI_DEV_XID_ERRORS (None: no series)
+    xids: tuple[XidObservation, ...] = ()
+    dbe_volatile: float | None = None
+    dbe_volatile_increase: float | None = None  # increase within the detection window
+    sbe_volatile_rate: float | None = None  # single-bit errors per second over the detection window
+    retired_pending: float | None = None
+    retired_sbe: float | None = None
+    retired_dbe: float | None = None
+    retired_dbe_increase_week: float | None = None
+    uncorrectable_remapped_rows: float | None = None
+    row_remap_failure: float | None = None
+    recovery_action: int | None = None  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One Kubernetes node as the API has it, joined with its GPUs' telemetry.
+
+    `gpus is None` means Prometheus has no series for this node at all (exporter down, not deployed, or
+    node identity label mismatch): unknown, never healthy. Observe lists only GPUs with something to say
+    (a finding-relevant value, or a stale presence) and counts the fresh ones in `fresh_gpus`; hand-made
+    snapshots may list every GPU and leave the counts to be derived.
+    """
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    gpu_capacity: int = 0
+    boot_id: str = ""
+    unschedulable: bool = False
+    condition: ConditionState | None = None
+    gpus: tuple[GpuTelemetry, ...] | None = None
+    fresh_gpus: int | None = None  # GPUs with a fresh sample (observe counts them in Prometheus)
+    newest_sample: float | None = None  # newest DCGM sample of the node (None: derive from `gpus`)
+
+    @property
+    def our_taint(self) -> Taint | None:
+        """Our quarantine taint, if present (there is at most one per key and effect; take the first)."""
+        return next((t for t in self.taints if t.key == TAINT_KEY), None)
+
+    @property
+    def excluded(self) -> bool:
+        """`gpuwarden.io/exclude=true`: the operator asked us never to touch this node."""
+        return self.labels.get(EXCLUDE_LABEL, "").lower() == "true"
+
+    @property
+    def release_requested(self) -> bool:
+        """`gpuwarden.io/release=now`: lift the quarantine at once."""
+        return self.annotations.get(RELEASE_ANNOTATION, "").lower() == "now"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """The quarantine circuit breaker, persisted in the API so a restart or a new leader resumes it."""
+
+    open: bool = False
+    opened_at: float | None = None
+    clear_since: float | None = None  # first loop at which the trip condition no longer held
+    reason: str = ""
+    reset_requested: bool = False  # the operator asked for a reset (see act.py for how)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """The whole input of one decision. `prometheus_ok=False` makes every telemetry-driven change a skip."""
+
+    taken_at: float
+    nodes: tuple[NodeState, ...]
+    prometheus_ok: bool = True
+    prometheus_error: str = ""
+    breaker: BreakerState = BreakerState()
+    unmatched_telemetry: tuple[str, ...] = ()  # node identities in Prometheus with no Node object
+    queries: int = 0  # Prometheus queries it took (for the bench and self-metrics)

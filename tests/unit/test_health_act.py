@@ -1,0 +1,106 @@
+"""The pure parts of act.py: the Node merge patch and the GPUHealthy status patch, from the Node as read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from controller.health.act import condition_patch, node_patch
+from controller.health.plan import Action, ConditionUpdate
+from controller.health.record import QuarantineRecord
+from controller.health.snapshot import TAINT_KEY, Taint
+
+OURS = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
+THEIRS = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+REC = QuarantineRecord("quarantined", "xid-79", quarantined_at=1.0)
+Q = Action("quarantine", "n1", "xid-79", "m", add_taint=Taint(TAINT_KEY, "xid-79", "NoSchedule"), record=REC)
+R = Action("release", "n1", "healthy-period", "m", remove_taint=Taint(TAINT_KEY, "xid-79", "NoSchedule"),
+           remove_record=True, remove_release_request=True)  # fmt: skip
+
+
+def node(taints: list[dict[str, Any]] | None = None, annotations: dict[str, str] | None = None,
+         labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"metadata": {"name": "n1", "annotations": annotations or {}, "labels": labels or {}},
+            "spec": {"taints": taints} if taints is not None else {}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("current", "action", "expected"),
+    [
+        pytest.param(
+            node(),
+            Q,
+            {
+                "spec": {"taints": [OURS]},
+                "metadata": {"annotations": {"gpuwarden.io/quarantine": REC.encode()}},
+            },
+            id="quarantine-fresh-node",
+        ),
+        pytest.param(
+            node([THEIRS]),
+            Q,
+            {
+                "spec": {"taints": [THEIRS, OURS]},
+                "metadata": {"annotations": {"gpuwarden.io/quarantine": REC.encode()}},
+            },
+            id="quarantine-keeps-their-taint",
+        ),
+        pytest.param(
+            node([THEIRS, OURS], {"gpuwarden.io/quarantine": REC.encode()}),
+            Q,
+            None,
+            id="quarantine-idempotent",
+        ),
+        pytest.param(
+            node([THEIRS, OURS], {"gpuwarden.io/quarantine": "x", "gpuwarden.io/release": "now"}),
+            R,
+            {
+                "spec": {"taints": [THEIRS]},
+                "metadata": {"annotations": {"gpuwarden.io/quarantine": None, "gpuwarden.io/release": None}},
+            },
+            id="release-removes-only-ours",
+        ),
+        pytest.param(node([OURS]), R, {"spec": {"taints": None}}, id="release-last-taint"),
+        pytest.param(node([THEIRS]), R, None, id="release-already-gone"),
+        pytest.param(node(labels={"gpuwarden.io/exclude": "true"}), Q, None, id="excluded-since-plan"),
+    ],
+)
+def test_node_patch(current: dict[str, Any], action: Action, expected: dict[str, Any] | None) -> None:
+    assert node_patch(current, action) == expected
+
+
+WALL = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+DOWN = ConditionUpdate("False", "GPUQuarantined", "xid-79")
+
+
+def with_condition(status: str, reason: str = "GPUQuarantined", message: str = "xid-79") -> dict[str, Any]:
+    cond = {"type": "GPUHealthy", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2025-01-01T00:00:00Z"}  # fmt: skip
+    return {"status": {"conditions": [{"type": "Ready", "status": "True"}, cond]}}
+
+
+def test_condition_added_with_transition_time() -> None:
+    patch = condition_patch({"status": {}}, DOWN, WALL)
+    assert patch is not None
+    (cond,) = patch["status"]["conditions"]
+    assert cond["status"] == "False" and cond["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+
+
+def test_condition_unchanged_means_no_write() -> None:
+    assert condition_patch(with_condition("False"), DOWN, WALL) is None
+
+
+def test_condition_reason_change_keeps_transition_time() -> None:
+    patch = condition_patch(with_condition("False", message="xid-48"), DOWN, WALL)
+    assert (
+        patch is not None and patch["status"]["conditions"][0]["lastTransitionTime"] == "2025-01-01T00:00:00Z"
+    )
+
+
+def test_condition_flip_moves_transition_time() -> None:
+    patch = condition_patch(with_condition("True", "QuarantineReleased"), DOWN, WALL)
+    assert (
+        patch is not None and patch["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+    )

@@ -1,0 +1,41 @@
+"""Self-metrics of the quarantine loop: snapshot gauges follow the last pass; stale label sets vanish."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from controller.health.decide import plan_quarantine
+from controller.health.metrics import HealthMetrics
+from controller.health.policy import HealthPolicy
+from controller.health.snapshot import FleetSnapshot
+from tests.unit.test_health_fixtures import NOW, node, quarantined
+
+
+def test_pass_metrics() -> None:
+    reg = CollectorRegistry()
+    m = HealthMetrics(reg)
+    nodes = (quarantined("q1"), node("u1", telemetry=False), node("a", per_gpu={0: {"xids": (79,)}}))
+    snap = FleetSnapshot(NOW, nodes, queries=10)
+    plan = plan_quarantine(snap, HealthPolicy(), NOW)
+    m.observe_pass(snap, plan)
+    assert reg.get_sample_value("gpuwarden_health_quarantined_nodes", {"reason": "xid-79"}) == 1.0
+    assert reg.get_sample_value("gpuwarden_health_skipped_nodes", {"reason": "telemetry-unknown"}) == 1.0
+    assert reg.get_sample_value("gpuwarden_health_unknown_nodes") == 1.0
+    assert reg.get_sample_value("gpuwarden_health_prometheus_queries") == 10.0
+    assert reg.get_sample_value("gpuwarden_health_telemetry_age_seconds") == 5.0
+    labels = {"kind": "quarantine", "reason": "xid-79", "dry_run": "false"}
+    assert reg.get_sample_value("gpuwarden_health_actions_total", labels) == 1.0
+    assert reg.get_sample_value("gpuwarden_health_breaker_open") == 0.0
+    m.observe_pass(FleetSnapshot(NOW, ()), plan_quarantine(FleetSnapshot(NOW, ()), HealthPolicy(), NOW))
+    assert reg.get_sample_value("gpuwarden_health_quarantined_nodes", {"reason": "xid-79"}) is None
+    assert reg.get_sample_value("gpuwarden_health_skipped_nodes", {"reason": "telemetry-unknown"}) is None
+
+
+def test_breaker_trip_is_counted_once() -> None:
+    reg = CollectorRegistry()
+    m = HealthMetrics(reg)
+    nodes = tuple(node(f"n{i}", per_gpu={0: {"xids": (79,)}}) for i in range(5))
+    plan = plan_quarantine(FleetSnapshot(NOW, nodes), HealthPolicy(), NOW)
+    m.observe_pass(FleetSnapshot(NOW, nodes), plan)
+    assert reg.get_sample_value("gpuwarden_health_breaker_open") == 1.0
+    assert reg.get_sample_value("gpuwarden_health_breaker_trips_total") == 1.0
