@@ -117,6 +117,39 @@ def _cmd_adapter(args: argparse.Namespace) -> int:
     return _run_until_signal(lambda: run_adapter(config))
 
 
+def _cmd_controller(args: argparse.Namespace) -> int:
+    overrides: dict[str, object] = {"prometheus.url": args.prometheus_url}
+    if args.dry_run:
+        overrides.update({"health.dry_run": True, "nominations.dry_run": True, "preemption.dry_run": True})
+    config = _load(args, overrides)
+    if config is None:
+        return EXIT_FAILED
+    from controller.app import run_controller
+
+    return _run_until_signal(lambda: run_controller(config, dry_run=True if args.dry_run else None))
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    config = _load(args, {"prometheus.url": args.prometheus_url})
+    if config is None:
+        return EXIT_FAILED
+    import json
+
+    from controller.app import plan_once
+    from gpuwarden.errors import GpuwardenError
+
+    try:
+        plan = asyncio.run(plan_once(config))
+    except GpuwardenError as exc:
+        print(f"gpuwarden plan: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.output == "json":
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(plan.render_table())
+    return EXIT_OK
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpuwarden import logs
     from gpuwarden.errors import ConfigError
@@ -155,12 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--dry-run", action="store_true", help="compute and log/event plans; patch nothing")
-    p.set_defaults(func=_not_built("controller", 5))
+    p.set_defaults(func=_cmd_controller)
 
     p = sub.add_parser("plan", help="one-shot: print what the controller would do now; changes nothing")
     _add_common(p)
+    p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--output", "-o", choices=["json", "table"], default="table")
-    p.set_defaults(func=_not_built("plan", 5))
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("check-config", help="validate a config file; every error at once, naming its field")
     p.add_argument("file", type=Path, help="the YAML config file to check")

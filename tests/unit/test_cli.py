@@ -29,7 +29,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     ("argv", "issue"),
     [
-        pytest.param(["plan"], 5, id="plan"),
+        
         pytest.param(["demo"], 9, id="demo"),
     ],
 )

@@ -1,0 +1,106 @@
+"""Kubernetes access: the only package in gpuwarden that talks to the API server.
+
+Why a package: config loading and the async raw-JSON client (`client`), list+watch informers (`watch`),
+patch helpers with conflict retry (`patch`), events.k8s.io/v1 Events (`events`) and Lease leader election
+(`leader`) are separate concepts, but they share one choke point — `KubeClient` — so third-party
+exceptions never leak (they become `gpuwarden.errors.KubeError`s) and the event loop never blocks.
+Nothing here knows about GPUs, taints or quarantine; domain code builds on these generic pieces.
+"""
+
+from gpuwarden.kube.client import KubeClient, load_configuration
+from gpuwarden.kube.events import EventRecorder, EventType, ObjectRef, correlate, micro_time
+from gpuwarden.kube.leader import (
+    LeaderElector,
+    LeaseAction,
+    LeaseDurations,
+    LeaseSnapshot,
+    decide_lease,
+    lease_spec,
+    release_spec,
+    should_step_down,
+    snapshot_of,
+)
+from gpuwarden.kube.metrics import KubeMetrics, kube_metrics
+from gpuwarden.kube.patch import (
+    patch_status,
+    patch_with_retry,
+    status_patch,
+    update_with_retry,
+    with_precondition,
+)
+from gpuwarden.kube.resources import (
+    CONFIG_MAPS,
+    EVENTS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    JsonObject,
+    ObjectList,
+    PatchType,
+    Resource,
+    json_pointer,
+    object_key,
+    resource_version,
+)
+from gpuwarden.kube.stream import WatchStream
+from gpuwarden.kube.watch import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    SYNCED,
+    Backoff,
+    Informer,
+    WatchEvent,
+    apply_event,
+    diff_relist,
+)
+
+__all__ = [
+    "ADDED",
+    "CONFIG_MAPS",
+    "DELETED",
+    "EVENTS",
+    "LEASES",
+    "MODIFIED",
+    "NAMESPACES",
+    "NODES",
+    "PODS",
+    "SYNCED",
+    "Backoff",
+    "EventRecorder",
+    "EventType",
+    "Informer",
+    "JsonObject",
+    "KubeClient",
+    "KubeMetrics",
+    "LeaderElector",
+    "LeaseAction",
+    "LeaseDurations",
+    "LeaseSnapshot",
+    "ObjectList",
+    "ObjectRef",
+    "PatchType",
+    "Resource",
+    "WatchEvent",
+    "WatchStream",
+    "apply_event",
+    "correlate",
+    "decide_lease",
+    "diff_relist",
+    "json_pointer",
+    "kube_metrics",
+    "lease_spec",
+    "load_configuration",
+    "micro_time",
+    "object_key",
+    "patch_status",
+    "patch_with_retry",
+    "release_spec",
+    "resource_version",
+    "should_step_down",
+    "snapshot_of",
+    "status_patch",
+    "update_with_retry",
+    "with_precondition",
+]

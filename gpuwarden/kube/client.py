@@ -1,0 +1,382 @@
+"""The one way gpuwarden talks to the Kubernetes API: config loading and an async facade over `kubernetes`.
+
+Why it exists (STYLE.md, "one choke point per external system"): the official client is synchronous,
+untyped and raises its own exceptions. Every call here runs in a *bounded* thread pool so the event loop
+never blocks on the network or on JSON parsing; watches read their streams on a separate pool so a few
+long-lived watches cannot starve short calls. Objects are plain JSON dicts (`_preload_content=False` and
+`json.loads`), never the generated models, because model deserialization of a 5,000-node list costs seconds
+of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see `status.py`) and every request is
+counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
+
+What it must not do: read `~/.kube/config` (or `$KUBECONFIG`) unless a path is passed explicitly, touch the
+`kubernetes` package's process-global default configuration, retry on its own (callers own retry policy:
+`patch.py`, `watch.py`, `leader.py`), or know about nodes, taints or any other domain concept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from gpuwarden import __version__
+from gpuwarden.errors import ConfigError, KubeError
+from gpuwarden.kube.metrics import kube_metrics
+from gpuwarden.kube.resources import JsonObject, ObjectList, PatchType, Resource
+from gpuwarden.kube.status import (
+    error_from_api_exception,
+    error_from_status,
+    error_from_transport,
+    outcome_of,
+)
+from gpuwarden.kube.stream import WatchStream
+
+T = TypeVar("T")
+Query = list[tuple[str, str]]
+
+
+def load_configuration(
+    *,
+    kubeconfig: str | os.PathLike[str] | None = None,
+    context: str | None = None,
+    in_cluster: bool | None = None,
+) -> Any:
+    """A fresh `kubernetes.client.Configuration` from `kubeconfig` (+ `context`) or the service account.
+
+    `in_cluster=None` means "in-cluster when no kubeconfig is given". The user's default kubeconfig is never
+    read implicitly. Errors are `ConfigError`s naming the `kubernetes.*` field to fix.
+    """
+    from kubernetes.client import Configuration
+    from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
+
+    configuration = Configuration()
+    if kubeconfig is not None:
+        if in_cluster:
+            raise ConfigError([("kubernetes.in_cluster", "set either in_cluster or kubeconfig, not both")])
+        try:
+            load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.fspath(kubeconfig),
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (ConfigException, OSError, ValueError) as exc:
+            raise ConfigError(
+                [("kubernetes.kubeconfig", f"cannot load {os.fspath(kubeconfig)!r}: {exc}")]
+            ) from exc
+        return configuration
+    if in_cluster is False:
+        raise ConfigError(
+            [("kubernetes.kubeconfig", "no kubeconfig given and in_cluster is false; set a kubeconfig path")]
+        )
+    try:
+        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except ConfigException as exc:
+        raise ConfigError(
+            [("kubernetes.kubeconfig", f"not running in a cluster ({exc}); set a kubeconfig path explicitly")]
+        ) from exc
+    return configuration
+
+
+class KubeClient:
+    """Async, raw-JSON access to the API server; one per process, closed with `aclose()` (or `async with`)."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        max_workers: int = 4,
+        max_watches: int = 16,
+        request_timeout: float = 30.0,
+        field_manager: str = "gpuwarden",
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        from kubernetes.client import ApiClient
+        from urllib3.util.retry import Retry
+
+        configuration.connection_pool_maxsize = max_workers + max_watches
+        # urllib3 would otherwise retry on its own (and sleep out a 503's Retry-After on a pool thread).
+        # Only a refused connection is retried once: the request was never sent, so that is always safe.
+        configuration.retries = Retry(
+            total=None, connect=1, read=0, redirect=0, status=0, other=0, respect_retry_after_header=False
+        )
+        configuration.client_go_retries = False
+        self._api = ApiClient(configuration)
+        self._api.user_agent = f"gpuwarden/{__version__}"
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kube")
+        self._watch_pool = ThreadPoolExecutor(max_watches, thread_name_prefix="kube-watch")
+        self.request_timeout = request_timeout
+        self.field_manager = field_manager
+        self.metrics = kube_metrics(registry)
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        context: str | None = None,
+        in_cluster: bool | None = None,
+        **kwargs: Any,
+    ) -> KubeClient:
+        """`load_configuration(...)` then a client; keyword arguments go to the constructor."""
+        return cls(
+            load_configuration(kubeconfig=kubeconfig, context=context, in_cluster=in_cluster), **kwargs
+        )
+
+    @property
+    def host(self) -> str:
+        """The API server URL."""
+        return str(self._api.configuration.host)
+
+    # --- the blocking part, always on a pool thread ------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Query | None,
+        body: Any,
+        content_type: str | None,
+        timeout: float | tuple[float, float],
+    ) -> Any:
+        """Perform one request; return the urllib3 response (2xx, body unread) or raise a `KubeError`."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            method, url, headers, body, _ = self._api.param_serialize(
+                method, path, query_params=query or None, header_params=headers, body=body,
+                auth_settings=["BearerToken"],
+            )  # fmt: skip
+            response = self._api.call_api(method, url, headers, body, _request_timeout=timeout).response
+        except ApiException as exc:
+            raise error_from_api_exception(exc) from None
+        except (HTTPError, OSError) as exc:
+            raise error_from_transport(exc) from None
+        if not 200 <= response.status <= 299:
+            try:
+                data = response.data
+            except (HTTPError, OSError):
+                data = b""
+            finally:
+                response.release_conn()
+            raise error_from_status(
+                response.status, data, dict(response.headers), http_reason=response.reason or ""
+            )
+        return response
+
+    def _request_json(
+        self, method: str, path: str, query: Query | None, body: Any, content_type: str | None
+    ) -> JsonObject:
+        from urllib3.exceptions import HTTPError
+
+        response = self._send(method, path, query, body, content_type, self.request_timeout)
+        try:
+            data = response.data
+        except (HTTPError, OSError) as exc:
+            raise error_from_transport(exc) from None
+        finally:
+            response.release_conn()
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise KubeError(f"API server answered with invalid JSON: {exc}", status=response.status) from None
+        if not isinstance(parsed, dict):
+            raise KubeError("API server answered with JSON that is not an object", status=response.status)
+        return parsed
+
+    # --- async facade ---------------------------------------------------------------------------------------
+
+    async def _in_pool(self, verb: str, resource: str, fn: Callable[[], T], pool: ThreadPoolExecutor) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(pool, fn)
+        except KubeError as exc:
+            self.metrics.requests.labels(verb, resource, outcome_of(exc)).inc()
+            raise
+        self.metrics.requests.labels(verb, resource, "success").inc()
+        return result
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        verb: str,
+        resource: str,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> JsonObject:
+        """One request to an arbitrary API path, answered as a JSON object; the other methods use this."""
+        call = functools.partial(self._request_json, method, path, query, body, content_type)
+        return await self._in_pool(verb, resource, call, self._pool)
+
+    def _write_query(self, dry_run: bool) -> Query:
+        query: Query = [("fieldManager", self.field_manager)]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return query
+
+    async def get(
+        self, resource: Resource, name: str, *, namespace: str | None = None, subresource: str | None = None
+    ) -> JsonObject:
+        """GET one object (raises `KubeNotFound` when absent)."""
+        path = resource.path(namespace, name, subresource)
+        return await self.request("GET", path, verb="get", resource=resource.plural)
+
+    async def list_page(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = 500,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> JsonObject:
+        """One page of a list (the raw `...List` object with `metadata.continue` when more pages follow)."""
+        query: Query = []
+        for key, value in (
+            ("labelSelector", label_selector),
+            ("fieldSelector", field_selector),
+            ("limit", str(limit) if limit else None),
+            ("continue", continue_token),
+            ("resourceVersion", resource_version),
+        ):
+            if value:
+                query.append((key, value))
+        return await self.request(
+            "GET", resource.path(namespace), verb="list", resource=resource.plural, query=query
+        )
+
+    async def list_objects(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = 500,
+    ) -> ObjectList:
+        """A consistent list over all pages; an expired continue token surfaces as `KubeGone`."""
+        items: list[JsonObject] = []
+        token: str | None = None
+        while True:
+            page = await self.list_page(
+                resource,
+                namespace=namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                limit=limit,
+                continue_token=token,
+            )
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if not token:
+                return ObjectList(items=items, resource_version=str(meta.get("resourceVersion", "")))
+
+    async def create(
+        self, resource: Resource, body: JsonObject, *, namespace: str | None = None, dry_run: bool = False
+    ) -> JsonObject:
+        """POST a new object (`KubeConflict` with reason `AlreadyExists` when the name is taken)."""
+        return await self.request(
+            "POST", resource.path(namespace), verb="create", resource=resource.plural,
+            query=self._write_query(dry_run), body=body, content_type="application/json",
+        )  # fmt: skip
+
+    async def replace(
+        self,
+        resource: Resource,
+        name: str,
+        body: JsonObject,
+        *,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> JsonObject:
+        """PUT a whole object; `metadata.resourceVersion` in `body` makes it conditional (`KubeConflict`)."""
+        return await self.request(
+            "PUT", resource.path(namespace, name, subresource), verb="update", resource=resource.plural,
+            query=self._write_query(dry_run), body=body, content_type="application/json",
+        )  # fmt: skip
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        body: JsonObject | list[JsonObject],
+        *,
+        patch_type: PatchType = PatchType.MERGE,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> JsonObject:
+        """PATCH an object (or its `status` subresource) with one of the three patch types."""
+        if (patch_type is PatchType.JSON) != isinstance(body, list):
+            raise TypeError("a JSON patch is a list of operations; merge patches are objects")
+        return await self.request(
+            "PATCH", resource.path(namespace, name, subresource), verb="patch", resource=resource.plural,
+            query=self._write_query(dry_run), body=body, content_type=patch_type.value,
+        )  # fmt: skip
+
+    async def delete(
+        self, resource: Resource, name: str, *, namespace: str | None = None, dry_run: bool = False
+    ) -> JsonObject:
+        """DELETE an object; returns the final object or a `Status`."""
+        query: Query = [("dryRun", "All")] if dry_run else []
+        path = resource.path(namespace, name)
+        return await self.request("DELETE", path, verb="delete", resource=resource.plural, query=query)
+
+    def watch(
+        self,
+        resource: Resource,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        allow_bookmarks: bool = True,
+    ) -> WatchStream:
+        """A raw watch from `resource_version`: iterate `{"type", "object"}` dicts; close with `aclose()`."""
+        query: Query = [("watch", "true"), ("resourceVersion", resource_version)]
+        query.append(("timeoutSeconds", str(timeout_seconds)))
+        if allow_bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        # The server ends a watch after timeoutSeconds; a read stalled well beyond that is a dead connection.
+        timeout = (self.request_timeout, float(timeout_seconds) + 30.0)
+        opener = functools.partial(self._send, "GET", resource.path(namespace), query, None, None, timeout)
+        counter = self.metrics.requests
+
+        def count(outcome: str) -> None:
+            counter.labels("watch", resource.plural, outcome).inc()
+
+        return WatchStream(opener, self._watch_pool, count)
+
+    async def aclose(self) -> None:
+        """Stop the pools and close pooled connections."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._watch_pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._api.rest_client.close)
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

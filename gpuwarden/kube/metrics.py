@@ -1,0 +1,70 @@
+"""Self-metrics of the Kubernetes access layer: API requests by outcome, and leadership per Lease.
+
+Why a module of its own: the client, the watch loop and the leader elector all count into the same few
+series, and a registry must get each series exactly once even when several clients or electors share it
+(two electors in one test process, or an adapter and a controller loop in one binary). So metrics are
+created once per injected `CollectorRegistry` and handed out from a weak cache. With no registry the
+metrics are created unregistered: counting still works, nothing global is touched.
+
+This module must not grow snapshot-style state (e.g. "objects in cache"); those belong to collect-on-scrape
+collectors (`gpuwarden.selfmetrics.SnapshotCollector`) next to the data they describe.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+@dataclass(frozen=True)
+class KubeMetrics:
+    """The series this package writes; label values stay low-cardinality (verbs, plurals, outcomes)."""
+
+    requests: Counter
+    """`gpuwarden_kube_requests_total{verb, resource, outcome}`; outcome is `success` or an error class."""
+    leader: Gauge
+    """`gpuwarden_leader{lease}`: 1 while this process holds the Lease, else 0."""
+    leader_transitions: Counter
+    """`gpuwarden_leader_transitions_total{lease}`: times this process started or stopped leading."""
+
+
+_cache: weakref.WeakKeyDictionary[CollectorRegistry, KubeMetrics] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def _create(registry: CollectorRegistry | None) -> KubeMetrics:
+    return KubeMetrics(
+        requests=Counter(
+            "gpuwarden_kube_requests_total",
+            "Kubernetes API requests by verb, resource (plural) and outcome.",
+            ["verb", "resource", "outcome"],
+            registry=registry,
+        ),
+        leader=Gauge(
+            "gpuwarden_leader",
+            "1 while this process holds the named leader-election Lease, else 0.",
+            ["lease"],
+            registry=registry,
+        ),
+        leader_transitions=Counter(
+            "gpuwarden_leader_transitions_total",
+            "Times this process started or stopped leading, per Lease.",
+            ["lease"],
+            registry=registry,
+        ),
+    )
+
+
+def kube_metrics(registry: CollectorRegistry | None) -> KubeMetrics:
+    """The metrics for `registry`, created and registered on first use; unregistered ones for None."""
+    if registry is None:
+        return _create(None)
+    with _lock:
+        found = _cache.get(registry)
+        if found is None:
+            found = _create(registry)
+            _cache[registry] = found
+        return found

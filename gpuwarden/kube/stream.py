@@ -1,0 +1,134 @@
+"""One raw watch connection as an async iterator of `{"type", "object"}` dicts.
+
+Why it exists: the `kubernetes` client's `Watch` is a blocking generator that deserializes into models.
+Here the chunked HTTP response is read line by line on a dedicated watch thread pool (one blocking read at
+a time per stream) and each line is parsed there, so the event loop only receives finished dicts.
+`aclose()` shuts the socket down for reading, which wakes a thread blocked in `recv` immediately — closing
+the file object from another thread would not.
+
+What it must not do: interpret events. ERROR and BOOKMARK events are passed through untouched; relisting,
+resourceVersion bookkeeping and back-off belong to `watch.py`. It never reconnects either: when the server
+ends the watch (after `timeoutSeconds`) iteration simply stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from gpuwarden.errors import KubeError
+from gpuwarden.kube.resources import JsonObject
+from gpuwarden.kube.status import error_from_transport, outcome_of
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """Complete newline-terminated lines of a chunked response (a trailing partial line at EOF included)."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+def _next_event(lines: Iterator[bytes]) -> JsonObject | None:
+    """Block for the next event (None at the end of the stream); runs on a watch thread."""
+    from urllib3.exceptions import HTTPError
+
+    try:
+        line = next(lines)
+    except StopIteration:
+        return None
+    except (HTTPError, OSError, ValueError) as exc:
+        raise error_from_transport(exc) from None
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise KubeError(f"watch stream carried invalid JSON: {exc}") from None
+    if not isinstance(event, dict) or "type" not in event:
+        raise KubeError("watch stream carried a line that is not a watch event")
+    return event
+
+
+class WatchStream:
+    """A single watch request; iterate it, then `aclose()` it (or use `async with`)."""
+
+    def __init__(
+        self, opener: Callable[[], Any], pool: ThreadPoolExecutor, count: Callable[[str], None]
+    ) -> None:
+        self._opener = opener
+        self._pool = pool
+        self._count = count
+        self._response: Any = None
+        self._lines: Iterator[bytes] | None = None
+        self._inflight: Future[Any] | None = None
+        self._closed = False
+
+    async def _run(self, fn: Callable[[], Any]) -> Any:
+        self._inflight = self._pool.submit(fn)
+        return await asyncio.wrap_future(self._inflight)
+
+    async def _open(self) -> Iterator[bytes]:
+        try:
+            self._response = await self._run(self._opener)
+        except KubeError as exc:
+            self._count(outcome_of(exc))
+            raise
+        self._count("success")
+        self._lines = _lines(self._response)
+        if self._closed:  # closed while the request was in flight
+            await self.aclose()
+            raise StopAsyncIteration
+        return self._lines
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> JsonObject:
+        if self._closed:
+            raise StopAsyncIteration
+        lines = self._lines if self._lines is not None else await self._open()
+        try:
+            event = await self._run(lambda: _next_event(lines))
+        except KubeError as exc:
+            if self._closed:
+                raise StopAsyncIteration from None
+            self._count(outcome_of(exc))
+            raise
+        if event is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        return dict(event)
+
+    async def aclose(self) -> None:
+        """Stop reading: wake a blocked reader, wait for it, close the connection (not back to the pool)."""
+        self._closed = True
+        inflight, response = self._inflight, self._response
+        if inflight is not None and not inflight.done() and response is None:
+            # Still connecting: let the open finish so the response can be closed rather than leaked.
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(inflight)
+            response = self._response
+        if response is None:
+            return
+        with contextlib.suppress(Exception):
+            response.shutdown()
+        if inflight is not None and not inflight.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.wrap_future(inflight)
+        with contextlib.suppress(Exception):
+            response.close()
+        self._response = None
+
+    async def __aenter__(self) -> WatchStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,315 @@
+"""KubeClient against a local HTTP server: config loading, error mapping, paging, patch types, raw watch.
+
+These are the transport paths a real API server will not produce on demand (a 503 with Retry-After, a
+truncated body, a refused connection, a watch idling while we close it). A tiny aiohttp server on loopback
+plays the API server; everything else runs against the real control plane in tests/e2e/test_kube_access.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gpuwarden.errors import ConfigError, KubeError, KubeNotFound, KubeUnreachable
+from gpuwarden.kube.client import KubeClient, load_configuration
+from gpuwarden.kube.resources import NODES, PatchType
+
+
+def kubeconfig(tmp_path: Path, server: str, token: str = "s3cret") -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [
+            {"name": "ctx", "context": {"cluster": "c", "user": "u"}},
+            {"name": "other", "context": {"cluster": "c", "user": "u"}},
+        ],
+        "current-context": "ctx",
+    }
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ configuration
+def test_kubeconfig_path_and_context(tmp_path: Path) -> None:
+    cfg = load_configuration(kubeconfig=kubeconfig(tmp_path, "http://127.0.0.1:1"), context="other")
+    assert cfg.host == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        pytest.param({"kubeconfig": "/nonexistent/kubeconfig"}, "kubernetes.kubeconfig", id="missing-file"),
+        pytest.param({"in_cluster": False}, "kubernetes.kubeconfig", id="nothing-to-load"),
+        pytest.param({}, "kubernetes.kubeconfig", id="not-in-a-cluster"),
+        pytest.param({"kubeconfig": "x", "in_cluster": True}, "kubernetes.in_cluster", id="both"),
+    ],
+)
+def test_configuration_errors_name_the_field(
+    kwargs: dict[str, Any], field: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # a ~/.kube/config must never be consulted
+    with pytest.raises(ConfigError) as info:
+        load_configuration(**kwargs)
+    assert info.value.problems[0][0] == field
+
+
+def test_unknown_context_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_configuration(kubeconfig=kubeconfig(tmp_path, "http://127.0.0.1:1"), context="nope")
+
+
+# ------------------------------------------------------------------------------------------ fake server
+NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0", "resourceVersion": "3"}}
+
+
+def status(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+    return web.json_response(body, status=code)
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, str], str, Any]] = []
+        self.watch_open = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.text()
+        self.seen.append(
+            (
+                request.method,
+                request.path,
+                dict(request.query),
+                request.headers.get("Content-Type", ""),
+                json.loads(body) if body else None,
+            )
+        )
+        assert request.headers["Authorization"] == "Bearer s3cret"
+        name = request.path.rsplit("/", 1)[-1]
+        if request.query.get("watch") == "true":
+            return await self.watch(request)
+        if request.method == "GET" and request.path == "/api/v1/nodes":
+            if request.query.get("continue") == "page2":
+                return web.json_response(
+                    {"items": [{"metadata": {"name": "b"}}], "metadata": {"resourceVersion": "9"}}
+                )
+            return web.json_response(
+                {"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "page2"}}
+            )
+        if name == "missing":
+            return status(404, "NotFound", 'nodes "missing" not found')
+        if name == "busy":
+            return web.Response(status=503, text="", headers={"Retry-After": "5"})
+        if name == "slow":
+            await asyncio.sleep(0.3)
+        if name == "truncated":
+            resp = web.StreamResponse(headers={"Content-Length": "1000", "Content-Type": "application/json"})
+            await resp.prepare(request)
+            await resp.write(b'{"kind": "No')
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        if name == "notjson":
+            return web.Response(text="<html>", content_type="application/json")
+        return web.json_response(NODE | ({"echo": json.loads(body)} if body else {}))
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        one = json.dumps({"type": "ADDED", "object": NODE}).encode() + b"\n"
+        two = json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 410}}).encode() + b"\n"
+        await resp.write(one[:10])
+        await resp.write(one[10:] + two[:5])
+        await resp.write(two[5:])
+        self.watch_open.set()
+        if request.query.get("timeoutSeconds") == "1":
+            return resp  # the server ends the watch
+        await asyncio.sleep(30)  # idle, like a quiet watch
+        return resp
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[KubeClient, FakeApi, CollectorRegistry]]:
+    fake = FakeApi()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    registry = CollectorRegistry()
+    client = KubeClient.from_config(
+        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), registry=registry, request_timeout=5
+    )
+    try:
+        yield client, fake, registry
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+def count(registry: CollectorRegistry, verb: str, outcome: str) -> float:
+    value = registry.get_sample_value(
+        "gpuwarden_kube_requests_total", {"verb": verb, "resource": "nodes", "outcome": outcome}
+    )
+    return value or 0.0
+
+
+async def test_get_returns_raw_json_and_counts(api: tuple[KubeClient, FakeApi, CollectorRegistry]) -> None:
+    client, _fake, registry = api
+    assert await client.get(NODES, "gpu-0") == NODE
+    assert count(registry, "get", "success") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "outcome", "retry_after"),
+    [
+        pytest.param("missing", KubeNotFound, "not_found", None, id="404"),
+        pytest.param("busy", KubeUnreachable, "unreachable", 5.0, id="503-retry-after"),
+        pytest.param("truncated", KubeUnreachable, "unreachable", None, id="truncated-body"),
+        pytest.param("notjson", KubeError, "error", None, id="invalid-json"),
+    ],
+)
+async def test_errors_are_mapped_and_counted(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+    name: str,
+    error: type[KubeError],
+    outcome: str,
+    retry_after: float | None,
+) -> None:
+    client, _fake, registry = api
+    with pytest.raises(error) as info:
+        await client.get(NODES, name)
+    assert type(info.value) is error
+    assert info.value.retry_after == retry_after
+    assert count(registry, "get", outcome) == 1
+
+
+async def test_connection_refused_is_unreachable(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    registry = CollectorRegistry()
+    client = KubeClient.from_config(
+        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), registry=registry
+    )
+    try:
+        with pytest.raises(KubeUnreachable):
+            await client.get(NODES, "gpu-0")
+    finally:
+        await client.aclose()
+    assert count(registry, "get", "unreachable") == 1
+
+
+async def test_event_loop_keeps_running_during_a_slow_call(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+) -> None:
+    client, _fake, _ = api
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await client.get(NODES, "slow")
+    task.cancel()
+    assert ticks >= 10  # 0.3 s of server delay; a blocked loop would not tick at all
+
+
+async def test_list_objects_follows_continue(api: tuple[KubeClient, FakeApi, CollectorRegistry]) -> None:
+    client, fake, _ = api
+    listed = await client.list_objects(NODES, label_selector="gpu=true", limit=1)
+    assert [i["metadata"]["name"] for i in listed.items] == ["a", "b"]
+    assert listed.resource_version == "9"
+    queries = [q for (_m, _p, q, _c, _b) in fake.seen]
+    assert queries == [
+        {"labelSelector": "gpu=true", "limit": "1"},
+        {"labelSelector": "gpu=true", "limit": "1", "continue": "page2"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("patch_type", "body"),
+    [
+        pytest.param(PatchType.MERGE, {"metadata": {"labels": {"a": "b"}}}, id="merge"),
+        pytest.param(PatchType.STRATEGIC, {"spec": {"taints": []}}, id="strategic"),
+        pytest.param(PatchType.JSON, [{"op": "add", "path": "/metadata/labels/a", "value": "b"}], id="json"),
+    ],
+)
+async def test_patch_sends_content_type_field_manager_and_subresource(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry], patch_type: PatchType, body: Any
+) -> None:
+    client, fake, _ = api
+    result = await client.patch(
+        NODES, "gpu-0", body, patch_type=patch_type, subresource="status", dry_run=True
+    )
+    assert result["echo"] == body
+    method, path, query, content_type, _ = fake.seen[-1]
+    assert (method, path, content_type) == ("PATCH", "/api/v1/nodes/gpu-0/status", patch_type.value)
+    assert query == {"fieldManager": "gpuwarden", "dryRun": "All"}
+
+
+async def test_patch_body_must_match_type(api: tuple[KubeClient, FakeApi, CollectorRegistry]) -> None:
+    client, _, _ = api
+    with pytest.raises(TypeError):
+        await client.patch(NODES, "gpu-0", {"a": 1}, patch_type=PatchType.JSON)
+
+
+async def test_watch_stream_reassembles_lines_and_ends_with_the_server(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+) -> None:
+    client, fake, registry = api
+    async with client.watch(NODES, resource_version="3", timeout_seconds=1) as stream:
+        events = [e async for e in stream]
+    assert [e["type"] for e in events] == ["ADDED", "ERROR"]  # ERROR passes through untouched
+    assert events[0]["object"] == NODE
+    _m, _p, query, _c, _b = fake.seen[-1]
+    assert query == {
+        "watch": "true",
+        "resourceVersion": "3",
+        "timeoutSeconds": "1",
+        "allowWatchBookmarks": "true",
+    }
+    assert count(registry, "watch", "success") == 1
+
+
+async def test_aclose_wakes_a_reader_blocked_on_an_idle_watch(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+) -> None:
+    client, _fake, _ = api
+    stream = client.watch(NODES, resource_version="3")
+    assert (await anext(stream))["type"] == "ADDED"
+    assert (await anext(stream))["type"] == "ERROR"
+    reader = asyncio.create_task(anext(stream))  # blocks: the server is idle
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    reader.cancel()
+    await stream.aclose()
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
