@@ -19,7 +19,6 @@ export GOTOOLCHAIN=local          # never download a toolchain
 export CGO_ENABLED=0              # static binaries like upstream's, no cgo link step
 export GOFLAGS="-mod=readonly -buildvcs=false"   # go.mod/go.sum are committed; do not rewrite them
 export GOPROXY="${GOPROXY:-https://proxy.golang.org}"  # module proxy only, no direct VCS fetches
-export GONOSUMDB="${GONOSUMDB:-}"
 P="${TESTBED_GO_P:-$(nproc)}"
 
 die() { echo "build.sh: error: $*" >&2; exit 1; }
@@ -101,7 +100,7 @@ build_step() { # <name> <module dir> <ldflags> <cold-estimate> <outputs...> -- <
     cd "$dir"
     set -x
     /usr/bin/time -v -o "$LOGS/$name.time" \
-      go build -p "$P" -trimpath -ldflags "$ld" -o "$BIN/" "${pkgs[@]}"
+      go build -p "$P" -trimpath -ldflags "$ld" -o "$BIN/${OUT_NAME:-}" "${pkgs[@]}"
   ) >"$LOGS/$name.log" 2>&1 || rc=$?
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
   if (( rc != 0 )); then
@@ -121,24 +120,26 @@ T_ALL=$(now)
 echo "==> test bed: Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, $GOV, -p $P"
 echo "    output: $BIN"
 
-build_step etcd "$TB/etcd" "$ETCD_LDFLAGS" "2-4 min" etcd -- go.etcd.io/etcd/server/v3
-# `go build -o dir/` names a binary after its package's last path element; etcd's main package is the module
-# root go.etcd.io/etcd/server/v3, so the binary comes out as "v3".
-if [[ -x "$BIN/v3" ]]; then mv -f "$BIN/v3" "$BIN/etcd"; fi
+# `go build -o dir/` names a binary after its import path minus the major-version suffix: etcd's main package
+# is the module root go.etcd.io/etcd/server/v3, so it comes out as "server". Build it alone with -o bin/etcd.
+OUT_NAME=etcd build_step etcd "$TB/etcd" "$ETCD_LDFLAGS" "1.5 min" etcd -- go.etcd.io/etcd/server/v3
 
-build_step kube "$TB/k8s" "$K8S_LDFLAGS" "20-30 min" \
+build_step kube "$TB/k8s" "$K8S_LDFLAGS" "7 min" \
   kube-apiserver kube-controller-manager kube-scheduler kubectl -- \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 
-build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "5-8 min" kwok kwokctl -- \
+build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 
 # --- [4/4] verify and publish ---------------------------------------------------------------------------------
 STEP=$((STEP + 1))
 echo "==> [$STEP/$TOTAL_STEPS] verifying binaries"
 t0=$(now)
-ver() { "$BIN/$1" "${@:2}" 2>&1 | head -1; }
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
+  [[ -x "$BIN/$b" ]] || die "$BIN/$b missing after the build"
+done
+ver() { "$BIN/$1" "${@:2}" 2>&1 | head -1 || true; }
 APISERVER_V=$(ver kube-apiserver --version)
 KUBECTL_V=$("$BIN/kubectl" version --client 2>&1 | head -1)
 ETCD_V=$(ver etcd --version)
