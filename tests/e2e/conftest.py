@@ -371,7 +371,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, extender_port: int) -> Ite
                 GpuNodeSpec(
                     name=name,
                     gpus=8,
-                    topology={"nvlinkDomains": [[0, 1, 2, 3], [4, 5, 6, 7]]},
+                    # DESIGN.md's gpuwarden.io/gpu-topology format: gpu id -> numa, pcie switch, nvlink.
+                    topology={
+                        str(g): {"numa": g // 4, "pcie": f"pci{g // 2}", "nvlink": f"nvl{g // 4}"}
+                        for g in range(8)
+                    },
                 )
                 for name in GPU_NODES
             ],
