@@ -29,7 +29,6 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     ("argv", "issue"),
     [
-        
         pytest.param(["demo"], 9, id="demo"),
     ],
 )
