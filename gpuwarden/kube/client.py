@@ -269,7 +269,8 @@ class KubeClient:
         field_selector: str | None = None,
         limit: int | None = 500,
     ) -> ObjectList:
-        """A consistent list over all pages; an expired continue token surfaces as `KubeGone`."""
+        """A consistent list over all pages (items get `apiVersion`/`kind`); an expired continue token
+        surfaces as `KubeGone`."""
         items: list[JsonObject] = []
         token: str | None = None
         while True:
@@ -281,7 +282,11 @@ class KubeClient:
                 limit=limit,
                 continue_token=token,
             )
-            items.extend(page.get("items") or [])
+            for item in page.get("items") or []:
+                # List items come without apiVersion/kind; watch events and GETs carry them. Make them alike.
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
             meta = page.get("metadata") or {}
             token = meta.get("continue") or None
             if not token:

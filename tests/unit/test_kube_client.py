@@ -245,6 +245,7 @@ async def test_list_objects_follows_continue(api: tuple[KubeClient, FakeApi, Col
     client, fake, _ = api
     listed = await client.list_objects(NODES, label_selector="gpu=true", limit=1)
     assert [i["metadata"]["name"] for i in listed.items] == ["a", "b"]
+    assert {(i["apiVersion"], i["kind"]) for i in listed.items} == {("v1", "Node")}  # filled in like a GET
     assert listed.resource_version == "9"
     queries = [q for (_m, _p, q, _c, _b) in fake.seen]
     assert queries == [
