@@ -1,0 +1,181 @@
+"""The nomination cleanup loop: snapshot -> `plan_nominations` -> act, every `loop_interval_seconds`, while
+leading.
+
+Why it exists: wiring. It owns (or borrows) the pod and node informer caches, the clock, the in-memory
+stand-in for records it could not write, leader gating and self-metrics; everything interesting happens in
+`snapshot`, `decide` and `act`. `NominationLoop.run_once()` is one pass (tests call it instead of sleeping);
+`plan()` is the same without acting (what `gpuwarden plan` prints); `plan_once()` lists once for the CLI.
+
+Sharing: pass `pods=throttle.pods` (the preemption throttle's live-pod informer, which it runs) and the
+extender's `model` and `settings` so one watch of every pod serves all three, and "can never fit" is the
+extender's own verdict. Without a model, the never-fits rule is simply not applied (unknown, not stale).
+
+What it must not do: write while not leading, or let one failed pass end the loop (it is logged, and the
+next pass starts on schedule). It never imports `adapter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from controller.extender.decide import Settings
+from controller.extender.model import ClusterModel
+from controller.nominations.act import ActResult, NominationActuator
+from controller.nominations.decide import plan_nominations
+from controller.nominations.metrics import NominationMetrics
+from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
+from controller.nominations.snapshot import NominationRecord, NominationSnapshot, build_snapshot
+from gpuwarden.config.root import Config
+from gpuwarden.kube import NODES, PODS, EventRecorder, Informer, KubeClient
+
+log = logging.getLogger(__name__)
+
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class NominationLoop:
+    """One nomination loop over an injected client; `leading` gates every pass that may write."""
+
+    def __init__(
+        self,
+        config: Config,
+        kube: KubeClient,
+        *,
+        registry: CollectorRegistry | None = None,
+        dry_run: bool | None = None,
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+        pods: Informer | None = None,
+        nodes: Informer | None = None,
+        model: ClusterModel | None = None,
+        settings: Callable[[], Settings] | None = None,
+        recorder: EventRecorder | None = None,
+    ) -> None:
+        self.config = config
+        self.policy: NominationPolicy = policy_from_config(config.nominations, dry_run=dry_run)
+        self.clock = clock
+        self.resource = config.kubernetes.gpu_resource_name
+        page, timeout = config.kubernetes.list_page_size, int(config.kubernetes.watch_timeout_seconds)
+        self._owned: list[Informer] = []
+        if pods is None:
+            pods = Informer(kube, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
+            self._owned.append(pods)
+        if nodes is None:
+            nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
+            self._owned.append(nodes)
+        self.pods, self.nodes = pods, nodes
+        self.model, self.settings = model, settings
+        self.metrics = NominationMetrics(registry)
+        recorder = recorder or EventRecorder(
+            kube, component="nominations", instance=instance or socket.gethostname()
+        )
+        self.actuator = NominationActuator(kube, recorder, self.metrics)
+        self.memory: dict[str, NominationRecord] = {}
+        self.last_plan: Plan | None = None
+        self.last_result: ActResult | None = None
+
+    def snapshot(self) -> NominationSnapshot:
+        """The current picture from the caches (and the extender's model when it is synced)."""
+        use_model = self.model is not None and self.model.synced and self.settings is not None
+        return build_snapshot(
+            self.pods.objects(),
+            self.nodes.objects(),
+            resource=self.resource,
+            view_of=self.model.view if use_model and self.model is not None else None,
+            fit_settings=self.settings() if use_model and self.settings is not None else None,
+            remembered=self.memory,
+        )
+
+    def plan(self) -> Plan:
+        """Snapshot and decide at `clock()`; changes nothing."""
+        started = time.perf_counter()
+        snapshot = self.snapshot()
+        plan = plan_nominations(snapshot, self.policy, self.clock())
+        self.metrics.loop_duration.labels("decide").observe(time.perf_counter() - started)
+        self.metrics.observe_plan(plan)
+        return plan
+
+    async def run_once(self, leading: asyncio.Event | None = None) -> Plan:
+        """One pass: plan, then act (act honours dry-run) — only if still `leading`."""
+        plan = self.plan()
+        if leading is not None and not leading.is_set():
+            log.info("lost leadership during the pass; nomination plan not applied")
+            return plan
+        started = time.perf_counter()
+        result = await self.actuator.apply(plan)
+        self.metrics.loop_duration.labels("act").observe(time.perf_counter() - started)
+        live = {h.pod.uid for h in plan.holds} | {c.pod.uid for c in plan.clears}
+        self.memory = {uid: r for uid, r in {**self.memory, **result.unrecorded}.items() if uid in live}
+        if plan.clears or plan.evictions or result.failures:
+            log.info(
+                "nomination pass",
+                extra={"counts": plan.counts, "cleared": len(result.cleared), "evicted": len(result.evicted),
+                       "guarded": len(result.guarded), "failures": result.failures, "dry_run": plan.dry_run},
+            )  # fmt: skip
+        self.last_plan, self.last_result = plan, result
+        self.metrics.last_pass.set(plan.now)
+        return plan
+
+    async def run(self, leading: asyncio.Event, stop: asyncio.Event) -> None:
+        """Keep the caches current (those this loop owns); a pass every interval while `leading`.
+        Returns at once when `nominations.enabled` is false."""
+        if not self.config.nominations.enabled:
+            log.info("nomination cleanup disabled (nominations.enabled: false)")
+            return
+        watchers = [
+            asyncio.create_task(i.run(), name=f"nominations-{i.resource.plural}") for i in self._owned
+        ]
+        interval = self.config.nominations.loop_interval_seconds
+        try:
+            await self.pods.synced.wait()
+            await self.nodes.synced.wait()
+            while not stop.is_set():
+                if not leading.is_set():
+                    await _first(leading.wait(), stop.wait())
+                    continue
+                started = time.monotonic()
+                try:
+                    await self.run_once(leading)
+                except Exception:  # one bad pass must not end the loop; the next one starts on time
+                    log.exception("nomination pass failed")
+                delay = max(0.0, interval - (time.monotonic() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        finally:
+            for task in watchers:
+                task.cancel()
+            for task in watchers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def _first(*aws: Awaitable[object]) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
+    """`gpuwarden plan` for nominations: list pods and nodes once, decide; changes nothing, no Events.
+
+    Without the extender's model the never-fits rule is not applied; nomination age comes from our records.
+    """
+    k = config.kubernetes
+    async with KubeClient.from_config(
+        kubeconfig=kubeconfig or k.kubeconfig, context=k.context, request_timeout=k.request_timeout_seconds
+    ) as kube:
+        pods = await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)
+        nodes = await kube.list_objects(NODES, limit=k.list_page_size)
+    snapshot = build_snapshot(pods.items, nodes.items, resource=k.gpu_resource_name)
+    return plan_nominations(snapshot, policy_from_config(config.nominations, dry_run=True), time.time())

@@ -1,0 +1,8 @@
+"""Cascading-preemption throttle (issue 7): observe preemptions, bound them in the extender's preempt verb.
+
+Pure core: `signals` (workloads, DisruptionTarget, `Preempted` Events), `graph` (the sliding-window
+preemption graph), `throttle` (`decide_preemption`). Shell: `observer` (watches), `hook`
+(`PreemptionThrottle`, the extender's `PreemptHook`), `metrics`. See docs/preemption.md.
+
+This package init imports nothing, so `import controller.preemption.throttle` stays free of I/O modules.
+"""

@@ -1,0 +1,200 @@
+"""`PreemptionThrottle`: the extender's preempt verb with budgets, chain and ping-pong limits and back-off.
+
+Why it exists: wiring. It owns the preemption graph, the observer that feeds it, the Event recorder and the
+self-metrics, and is itself the extender's `PreemptHook`::
+
+    throttle = PreemptionThrottle(config, kube, registry=registry)
+    extender = build_extender(config, kube, registry=registry, preempt_hook=throttle)
+    await asyncio.gather(extender.run(), throttle.run())
+
+It runs on every replica (no leader: the scheduler may call any of them, and each answers from a graph
+rebuilt from the same API objects). Until its watches have listed once it answers like the rest of the
+extender — "not synced" (HTTP 503 -> the scheduler's PostFilter fails and the pod is retried, nominations
+untouched) — because passing candidates through blind could let a storm through right after a restart.
+
+What it must not do: block the verb on the API. `PreemptionThrottled` Events are written in the background,
+at most one per preemptor and verdict per `event_interval`, and dropped (logged) when too many are queued.
+In dry-run the decision is computed, counted and evented ("[dry-run]") but the candidates go back unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from controller.extender.server import NotSynced
+from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
+from controller.preemption.graph import PreemptionGraph
+from controller.preemption.metrics import PreemptionMetrics
+from controller.preemption.observer import PreemptionObserver
+from controller.preemption.signals import PodMeta, pod_meta
+from controller.preemption.throttle import (
+    Candidate,
+    Decision,
+    ThrottlePolicy,
+    decide_preemption,
+    policy_from_config,
+)
+from gpuwarden.config.root import Config
+from gpuwarden.kube import EventRecorder, EventType, Informer, KubeClient, ObjectRef
+
+log = logging.getLogger(__name__)
+
+EVENT_REASON = "PreemptionThrottled"
+MAX_PENDING_EVENTS = 64
+
+
+class PreemptionThrottle:
+    """The preempt verb (`await throttle(args)`) plus the observer loop (`await throttle.run()`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        kube: KubeClient,
+        *,
+        registry: CollectorRegistry | None = None,
+        dry_run: bool | None = None,
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+        recorder: EventRecorder | None = None,
+        event_interval: float = 60.0,
+        flush_interval: float = 30.0,
+    ) -> None:
+        self.policy: ThrottlePolicy = policy_from_config(config.preemption, dry_run=dry_run)
+        self.clock = clock
+        self.graph = PreemptionGraph(
+            horizon=self.policy.horizon, chain_window=self.policy.chain_window, backoff=self.policy.backoff
+        )
+        self.metrics = PreemptionMetrics(registry, self.graph)
+        self.observer = PreemptionObserver(
+            kube,
+            self.graph,
+            self.metrics,
+            page_size=config.kubernetes.list_page_size,
+            watch_timeout=int(config.kubernetes.watch_timeout_seconds),
+            clock=clock,
+        )
+        self.recorder = recorder or EventRecorder(
+            kube, component="preemption", instance=instance or socket.gethostname()
+        )
+        self._event_interval = event_interval
+        self._flush_interval = flush_interval
+        self._last_event: dict[str, tuple[str, float]] = {}
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    @property
+    def pods(self) -> Informer:
+        """The live-pod informer this throttle runs; other loops may read its cache (`objects()`)."""
+        return self.observer.pods
+
+    def ready(self) -> bool:
+        return self.observer.synced
+
+    # --- the verb ----------------------------------------------------------------------------------------
+
+    def _lookup(self, args: ExtenderPreemptionArgs) -> Callable[[str], PodMeta | None]:
+        """Victim UID -> pod: from the request when it carries full pods, else from the observer's index."""
+        if not args.node_name_to_victims:
+            return self.observer.lookup
+        sent = {m.uid: m for v in args.node_name_to_victims.values() for m in map(pod_meta, v.pods)}
+        return lambda uid: sent.get(uid) or self.observer.lookup(uid)
+
+    def decide(self, args: ExtenderPreemptionArgs) -> tuple[PodMeta, Decision, dict[str, MetaVictims]]:
+        """The decision for one request, without side effects (what `__call__` and the bench run)."""
+        now = self.clock()
+        candidates = args.meta_victims()
+        preemptor = pod_meta(args.pod)
+        lookup = self._lookup(args)
+        decision = decide_preemption(
+            preemptor,
+            [Candidate(node, tuple(p.uid for p in mv.pods)) for node, mv in candidates.items()],
+            lookup,
+            self.graph,
+            self.policy,
+            now,
+        )
+        return preemptor, decision, candidates
+
+    async def __call__(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        if not self.observer.synced:
+            raise NotSynced
+        started = time.perf_counter()
+        preemptor, decision, candidates = self.decide(args)
+        self.metrics.decision_latency.observe(time.perf_counter() - started)
+        dry = self.policy.dry_run
+        self.metrics.decisions.labels(decision.outcome, str(dry).lower()).inc()
+        for reason in decision.reasons():
+            self.metrics.throttled.labels(reason.value).inc()
+        if dry:
+            kept = {n: v for n, v in candidates.items() if v.pods}
+        else:
+            kept = {n: candidates[n] for n in decision.kept}
+            if kept:  # until its Events arrive, count the least the scheduler may now take
+                lookup = self._lookup(args)
+                refs = {
+                    node: [(p.uid, m.workload.key if (m := lookup(p.uid)) else "") for p in v.pods]
+                    for node, v in kept.items()
+                }
+                self.graph.reserve(preemptor.uid, preemptor.workload, refs, self.clock(), decision.depth)
+        if decision.throttled:
+            log.info(
+                f"{'[dry-run] ' if dry else ''}preemption {decision.outcome}",
+                extra={"pod": preemptor.key, "workload": preemptor.workload.key, "depth": decision.depth,
+                       "reasons": [r.value for r in decision.reasons()], "kept": list(decision.kept),
+                       "detail": decision.detail},
+            )  # fmt: skip
+            self._notify(preemptor, decision, args.pod)
+        return ExtenderPreemptionResult(node_name_to_meta_victims=kept)
+
+    def _notify(self, preemptor: PodMeta, decision: Decision, pod: dict[str, Any]) -> None:
+        now = self.clock()
+        verdict = f"{decision.outcome}:{','.join(r.value for r in decision.reasons())}"
+        last = self._last_event.get(preemptor.uid)
+        if last is not None and last[0] == verdict and now - last[1] < self._event_interval:
+            return
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            log.warning("PreemptionThrottled event dropped: too many queued", extra={"pod": preemptor.key})
+            return
+        self._last_event[preemptor.uid] = (verdict, now)
+        if len(self._last_event) > 10_000:  # forget the oldest half; a repeat then just writes again
+            for uid, _ in sorted(self._last_event.items(), key=lambda kv: kv[1][1])[:5_000]:
+                del self._last_event[uid]
+        ref = ObjectRef("v1", "Pod", preemptor.name, preemptor.namespace, preemptor.uid or None)
+        note = f"{'[dry-run] ' if self.policy.dry_run else ''}{decision.detail}"
+        self._spawn(
+            self.recorder.emit(
+                ref, reason=EVENT_REASON, note=note, action="ThrottlePreemption", type=EventType.WARNING
+            )
+        )
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    # --- the observer --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Keep the graph current and flush batched Events until cancelled."""
+        flusher = asyncio.create_task(self._flush_loop(), name="preemption-event-flush")
+        try:
+            await self.observer.run()
+        finally:
+            flusher.cancel()
+            for task in [flusher, *self._pending]:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):
+                await self.recorder.flush()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._flush_interval)
+            await self.recorder.flush()
