@@ -17,17 +17,24 @@ import logging
 import socket
 import ssl
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import Extender, build_extender
+from controller.extender.server import passthrough_preemption
 from controller.health.loop import HealthLoop, controller_namespace
+from controller.nominations.loop import NominationLoop
+from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
-from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.kube import NODES, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 
@@ -76,6 +83,45 @@ def _tls_context(config: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+class PassScheduler:
+    """Periodic passes of the mutating loops on APScheduler, gated on leadership and synced caches.
+
+    APScheduler gives us what hand-rolled sleep loops get wrong: a pass never overlaps itself
+    (`max_instances=1`), missed runs after a stall are coalesced into one, and one failing pass is logged
+    without ending the schedule.
+    """
+
+    def __init__(self, leading: asyncio.Event) -> None:
+        self.leading = leading
+        self.scheduler = AsyncIOScheduler(timezone="UTC")
+
+    def every(
+        self,
+        name: str,
+        seconds: float,
+        run_once: Callable[[asyncio.Event], Awaitable[object]],
+        ready: Callable[[], bool],
+    ) -> None:
+        async def gated() -> None:
+            if not self.leading.is_set() or not ready():
+                return
+            try:
+                await run_once(self.leading)
+            except Exception:  # the next pass starts on schedule
+                log.exception("pass failed", extra={"loop": name})
+
+        self.scheduler.add_job(
+            gated,
+            IntervalTrigger(seconds=seconds),
+            id=name,
+            name=name,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(seconds)),
+            next_run_time=datetime.now(UTC),
+        )
+
+
 async def run_controller(
     config: Config,
     *,
@@ -84,22 +130,45 @@ async def run_controller(
     registry: CollectorRegistry | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run every controller loop and the listener until `stop` is set or the task is cancelled."""
+    """Run every controller loop and the listener until `stop` is set or the task is cancelled.
+
+    One node watch serves the quarantine and nomination loops; one live-pod watch serves the preemption
+    observer and the nomination loop; the extender keeps its own model feed (it answers on every replica).
+    """
     registry = registry if registry is not None else new_registry("controller")
     stop = stop or asyncio.Event()
     le = config.kubernetes.leader_election
+    k = config.kubernetes
     identity = le.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     async with (
         PrometheusClient(config.prometheus, registry=registry) as prom,
         kube_client(config, kubeconfig, registry) as kube,
     ):
-        health = HealthLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity)
-        extender = None
+        nodes = Informer(kube, NODES, page_size=k.list_page_size, watch_timeout=int(k.watch_timeout_seconds))
+        throttle = PreemptionThrottle(config, kube, registry=registry, dry_run=dry_run, instance=identity)
+        extender: Extender | None = None
         if config.extender.enabled:
-            extender = build_extender(config, kube, prometheus=prom, registry=registry, dry_run=bool(dry_run))
+            hook = throttle if config.preemption.enabled else passthrough_preemption
+            extender = build_extender(
+                config, kube, prometheus=prom, registry=registry, dry_run=bool(dry_run), preempt_hook=hook
+            )
+        health = HealthLoop(
+            config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes
+        )
+        nominations = NominationLoop(
+            config,
+            kube,
+            registry=registry,
+            dry_run=dry_run,
+            instance=identity,
+            pods=throttle.pods,
+            nodes=nodes,
+            model=extender.model if extender is not None else None,
+            settings=extender.service.current_settings if extender is not None else None,
+        )
+
         leading = asyncio.Event()
         elector: LeaderElector | None = None
-        jobs: list[Coroutine[Any, Any, None]] = []
         election: asyncio.Future[None] | None = None
         if le.enabled:
             elector = LeaderElector(
@@ -116,7 +185,18 @@ async def run_controller(
             election = asyncio.ensure_future(elector.run())
         else:
             leading.set()
-        jobs.append(health.run(leading, stop))
+
+        passes = PassScheduler(leading)
+        if config.health.enabled:
+            passes.every("health", config.health.loop_interval_seconds, health.run_once, nodes.synced.is_set)
+        if config.nominations.enabled:
+            passes.every(
+                "nominations",
+                config.nominations.loop_interval_seconds,
+                nominations.run_once,
+                lambda: nodes.synced.is_set() and throttle.pods.synced.is_set(),
+            )
+        jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())
 
@@ -129,11 +209,12 @@ async def run_controller(
             extra={"address": ext.bind_address, "port": ext.port, "identity": identity, "dry_run": dry_run},
         )
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(job) for job in jobs]
-        if election is not None:
-            tasks.append(election)
+        passes.scheduler.start()
         try:
             stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
             watched: list[asyncio.Future[Any]] = [*tasks, stopped]
+            if election is not None:
+                watched.append(election)
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 error = None if task is stopped or task.cancelled() else task.exception()
@@ -142,13 +223,12 @@ async def run_controller(
                     raise error
         finally:
             stop.set()
+            passes.scheduler.shutdown(wait=False)
             for task in tasks:
-                if task is not election:
-                    task.cancel()
+                task.cancel()
             for task in tasks:
-                if task is not election:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             if elector is not None and election is not None:
                 elector.stop()  # the mutating loops are stopped: release the Lease so a standby takes over
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -156,8 +236,41 @@ async def run_controller(
             await runner.cleanup()
 
 
-async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Any:
-    """`gpuwarden plan`: what the quarantine loop would do now; lists and reads only, writes nothing."""
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> ControllerPlan:
+    """`gpuwarden plan`: what the quarantine and nomination loops would do now; reads only, writes nothing."""
     from controller.health.loop import plan_once as health_plan_once
+    from controller.nominations.loop import plan_once as nominations_plan_once
 
-    return await health_plan_once(config, kubeconfig=kubeconfig)
+    quarantine = await health_plan_once(config, kubeconfig=kubeconfig)
+    nominations = await nominations_plan_once(config, kubeconfig=kubeconfig)
+    return ControllerPlan(quarantine.to_dict(), quarantine.render_table(), nominations.to_json())
+
+
+@dataclass(frozen=True)
+class ControllerPlan:
+    """Both loops' plans, ready to print as JSON or as a table."""
+
+    quarantine: dict[str, Any]
+    quarantine_table: str
+    nominations: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"quarantine": self.quarantine, "nominations": self.nominations}
+
+    def render_table(self) -> str:
+        lines = ["QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
+        rows = [("clear", c["pod"], c["node"], c["reason"], c["message"]) for c in self.nominations["clear"]]
+        rows += [("evict", e["pod"], e["node"], "ttl", e["message"]) for e in self.nominations["evict"]]
+        rows += [("hold", h["pod"], h["node"], h["reason"], h["message"]) for h in self.nominations["hold"]]
+        if not rows:
+            lines.append("no nominations to act on")
+        else:
+            header = ("ACTION", "POD", "NODE", "REASON", "MESSAGE")
+            widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+            for row in [header, *rows]:
+                lines.append(
+                    "  ".join(str(v).ljust(w) for v, w in zip(row[:4], widths, strict=True))
+                    + "  "
+                    + str(row[4])
+                )
+        return "\n".join(lines)

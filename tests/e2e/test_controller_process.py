@@ -1,0 +1,158 @@
+"""`gpuwarden controller` and `gpuwarden plan` as real processes against the real control plane.
+
+The capability tests drive each loop in-process; this one checks the deployable itself: flags and config
+load, one process wires leader election, the scheduled passes, the extender webhook, probes and /metrics,
+and SIGTERM releases the Lease so a standby can take over at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gpuwarden.testbed import Cluster, ensure_namespace
+from tests.e2e.conftest import GPU_NODES, free_port, pod_manifest
+
+pytestmark = pytest.mark.e2e
+
+NS = "gpuwarden-controller-e2e"
+LEASE = "gpuwarden-controller-e2e"
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (httpx.HTTPError, subprocess.CalledProcessError) as exc:
+            last = exc
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture
+def controller_config(cluster: Cluster, tmp_path: Path) -> tuple[Path, int]:
+    ensure_namespace(cluster, NS)
+    port = free_port()
+    doc = {
+        # Prometheus is deliberately unreachable: the quarantine loop must treat that as unknown.
+        "prometheus": {"url": f"http://127.0.0.1:{free_port()}", "timeout_seconds": 1, "retries": 0},
+        "kubernetes": {
+            "kubeconfig": str(cluster.kubeconfig),
+            "namespace": NS,
+            "leader_election": {
+                "lease_name": LEASE,
+                "lease_duration_seconds": 4,
+                "renew_deadline_seconds": 3,
+                "retry_period_seconds": 0.5,
+            },
+        },
+        "health": {"loop_interval_seconds": 1},
+        "nominations": {"loop_interval_seconds": 1},
+        "extender": {"bind_address": "127.0.0.1", "port": port},
+        "logging": {"format": "json"},
+    }
+    path = tmp_path / "controller.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, port
+
+
+def _gpuwarden(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuwarden", *args]
+
+
+@pytest.fixture
+def controller_process(
+    controller_config: tuple[Path, int], tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    path, _ = controller_config
+    log = (tmp_path / "controller.log").open("wb")
+    proc = subprocess.Popen(_gpuwarden("controller", "--config", str(path)), stdout=log, stderr=log)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def _gauge(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return max(values, default=0.0)
+
+
+def _lease_holder(cluster: Cluster) -> str:
+    lease = cluster.get_json("-n", NS, "lease", LEASE)
+    return str(lease.get("spec", {}).get("holderIdentity") or "")
+
+
+def test_controller_serves_leads_filters_and_releases_on_sigterm(
+    cluster: Cluster,
+    controller_config: tuple[Path, int],
+    controller_process: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    _, port = controller_config
+    base = f"http://127.0.0.1:{port}"
+    _wait(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, 60, "/readyz 200")
+    holder = _wait(lambda: _lease_holder(cluster), 30, "the Lease to be held")
+
+    metrics = httpx.get(f"{base}/metrics", timeout=5).text
+    assert 'gpuwarden_build_info{component="controller"' in metrics
+    assert f'gpuwarden_leader{{lease="{NS}/{LEASE}"}} 1.0' in metrics
+
+    # The extender answers the scheduler's wire format on the configured prefix.
+    pod = pod_manifest("probe", gpus=2)
+    pod["metadata"].update({"namespace": NS, "uid": "00000000-0000-0000-0000-000000000001"})
+    args = {"Pod": pod, "Nodes": None, "NodeNames": list(GPU_NODES)}
+    answer = httpx.post(f"{base}/gpuwarden/filter", json=args, timeout=5)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["Error"] in ("", None)
+    assert sorted(body["NodeNames"]) == sorted(GPU_NODES), body
+    bad = httpx.post(f"{base}/gpuwarden/filter", content=b"{not json", timeout=5)
+    assert bad.status_code == 400
+
+    # Prometheus is down: the scheduled quarantine passes still run, and taint nothing (unknown data).
+    last_pass = "gpuwarden_health_last_pass_timestamp_seconds"
+    _wait(
+        lambda: _gauge(httpx.get(f"{base}/metrics", timeout=5).text, last_pass) > 0, 30, "a quarantine pass"
+    )
+    for node in GPU_NODES:
+        taints = cluster.get_json("node", node).get("spec", {}).get("taints") or []
+        assert not [t for t in taints if t["key"].startswith("gpuwarden.io/")], (node, taints)
+
+    controller_process.send_signal(signal.SIGTERM)
+    assert controller_process.wait(30) == 0
+    assert _lease_holder(cluster) == "", f"SIGTERM must release the Lease held by {holder}"
+
+
+def test_plan_prints_both_loops_as_json(cluster: Cluster, controller_config: tuple[Path, int]) -> None:
+    path, _ = controller_config
+    proc = subprocess.run(
+        _gpuwarden("plan", "--config", str(path), "-o", "json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert set(doc) == {"quarantine", "nominations"}
+    assert doc["nominations"]["clear"] == []
