@@ -139,9 +139,9 @@ t0=$(now)
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
   [[ -x "$BIN/$b" ]] || die "$BIN/$b missing after the build"
 done
-ver() { "$BIN/$1" "${@:2}" 2>&1 | head -1 || true; }
+ver() { { "$BIN/$1" "${@:2}" 2>&1 || true; } | awk "NR==1" ; }
 APISERVER_V=$(ver kube-apiserver --version)
-KUBECTL_V=$("$BIN/kubectl" version --client 2>&1 | head -1)
+KUBECTL_V=$({ "$BIN/kubectl" version --client 2>&1 || true; } | awk "NR==1")
 ETCD_V=$(ver etcd --version)
 KWOK_V=$(ver kwokctl --version)
 for line in "$APISERVER_V" "$KUBECTL_V" "$ETCD_V" "$KWOK_V"; do echo "    $line"; done
