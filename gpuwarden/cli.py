@@ -2,7 +2,6 @@
 
 Kept thin on purpose: each sub-command parses flags, loads config, sets up logging and hands over to the
 module that does the work. Heavy imports happen inside the sub-command so `gpuwarden --help` stays fast.
-A sub-command that is not built yet says so and exits 2; it never pretends to work.
 """
 
 from __future__ import annotations
@@ -53,17 +52,6 @@ def _add_common(p: argparse.ArgumentParser, *, config_required: bool = False) ->
         choices=["json", "text", "auto"],
         help="overrides logging.format (auto: text on a TTY)",
     )
-
-
-def _not_built(name: str, issue: int) -> Handler:
-    def run(_args: argparse.Namespace) -> int:
-        print(
-            f"gpuwarden {name}: not built yet (tracked in issue {issue}); nothing was done.",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-
-    return run
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -150,6 +138,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from gpuwarden.demo import run_demo
+
+    return run_demo(args.scenario, args.out, args.keep)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpuwarden import logs
     from gpuwarden.errors import ConfigError
@@ -214,8 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the main job on a local kwok GPU fleet and write a report")
     p.add_argument("--scenario", type=Path, help="scripted demo scenario (default: the one in the repo)")
-    p.add_argument("--keep", action="store_true", help="keep the cluster running after the demo")
-    p.set_defaults(func=_not_built("demo", 9))
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep everything running after the demo (Ctrl-C ends)",
+    )
+    p.add_argument("--out", type=Path, help="report folder (default: demo-report-<timestamp>/)")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 

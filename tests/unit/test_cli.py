@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,18 +28,33 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.parametrize(
-    ("argv", "issue"),
+    ("command", "flags"),
     [
-        pytest.param(["demo"], 9, id="demo"),
+        pytest.param("adapter", ["--config", "--prometheus-url", "--secure-port"], id="adapter"),
+        pytest.param("controller", ["--config", "--prometheus-url", "--dry-run"], id="controller"),
+        pytest.param("plan", ["--config", "--output"], id="plan"),
+        pytest.param("simulate", ["--scenario", "--listen"], id="simulate"),
+        pytest.param("demo", ["--scenario", "--keep", "--out"], id="demo"),
     ],
 )
-def test_unbuilt_commands_say_so_and_exit_2(
-    argv: list[str], issue: int, capsys: pytest.CaptureFixture[str]
+def test_each_command_documents_its_flags(
+    command: str, flags: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(argv) == cli.EXIT_USAGE
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in flags:
+        assert flag in out, (command, flag)
+
+
+def test_bad_config_names_every_field_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prometheus:\n  timeout_seconds: -1\nhealth:\n  no_such_key: 1\n")
+    assert cli.main(["plan", "--config", str(bad)]) == cli.EXIT_FAILED
     err = capsys.readouterr().err
-    assert "not built yet" in err
-    assert f"issue {issue}" in err
+    assert "prometheus.timeout_seconds" in err
+    assert "health.no_such_key" in err
 
 
 def test_python_dash_m_entry_point() -> None:

@@ -1,0 +1,272 @@
+"""The demo's expected-outcome probes on hand-built cluster state: what passes, what fails, what they say."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+
+from gpuwarden.demo import scenario as sc
+from gpuwarden.demo.checks import Checks
+from gpuwarden.demo.observer import ClusterView
+from gpuwarden.demo.processes import ProcessFailed
+from gpuwarden.demo.timeline import Timeline
+from gpuwarden.kube import ObjectList
+from gpuwarden.promtypes import Sample, Vector
+
+FLEET = sc.Fleet(nodes=3)
+
+
+class FakeKube:
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+
+    async def list_objects(self, _resource: Any, *, namespace: str | None = None) -> ObjectList:
+        items = [e for e in self.events if namespace in (None, e["regarding"].get("namespace"))]
+        return ObjectList(items, "1")
+
+
+class FakeProm:
+    def __init__(self, series: dict[str, list[dict[str, str]]]) -> None:
+        self.series = series
+
+    async def query(self, promql: str) -> Vector:
+        metric = next((m for m in self.series if m in promql), "")
+        return Vector([Sample(labels, 0.0, 1.0) for labels in self.series.get(metric, [])])
+
+
+def pod(
+    name: str,
+    ns: str = "t",
+    app: str = "w",
+    node: str = "",
+    gpus: str = "",
+    numa: str = "",
+    nominated: str = "",
+    deleting: bool = False,
+) -> dict[str, Any]:
+    annotations = {k: v for k, v in (("gpuwarden.io/gpu-ids", gpus), ("gpuwarden.io/numa-node", numa)) if v}
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": {"app": app}, "annotations": annotations}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {"phase": "Running" if node else "Pending"}
+    if nominated:
+        status["nominatedNodeName"] = nominated
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": status}
+
+
+def node(name: str, taint: str = "", healthy: str = "", record: bool = False) -> dict[str, Any]:
+    spec = (
+        {"taints": [{"key": "gpuwarden.io/gpu-unhealthy", "value": taint, "effect": "NoSchedule"}]}
+        if taint
+        else {}
+    )
+    annotations = {"gpuwarden.io/quarantine": "{}"} if record else {}
+    conditions = [{"type": "GPUHealthy", "status": healthy}] if healthy else []
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": spec,
+        "status": {"conditions": conditions},
+    }
+
+
+def event(reason: str, name: str, ns: str = "t", note: str = "n") -> dict[str, Any]:
+    return {"reason": reason, "note": note, "regarding": {"name": name, "namespace": ns}}
+
+
+def make(
+    pods: list[dict[str, Any]] = (),
+    nodes: list[dict[str, Any]] = (),
+    events: list[dict[str, Any]] = (),
+    series: dict[str, list[dict[str, str]]] | None = None,
+    hpas: list[dict[str, Any]] = (),
+    alive: Any = lambda: None,
+) -> Checks:
+    view = ClusterView(kube=None)  # type: ignore[arg-type]
+    view.pods.store = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+    view.nodes.store = {n["metadata"]["name"]: n for n in nodes}
+    view.hpas = list(hpas)
+    timeline = Timeline(stream=io.StringIO())
+    return Checks(view, FakeKube(list(events)), FakeProm(series or {}), FLEET, alive, timeline, interval=0.01)  # type: ignore[arg-type]
+
+
+def expect(doc: dict[str, Any]) -> sc.Expect:
+    return sc.Expect.model_validate(doc)
+
+
+CASES = [
+    pytest.param(
+        make(
+            pods=[
+                pod("w-1", node="n0", gpus="0,1,2,3", numa="0"),
+                pod("w-2", node="n1", gpus="4,5,6,7", numa="1"),
+            ]
+        ),
+        {"numa_aligned": {"workload": "w", "namespace": "t", "pods": 2, "gpus": 4}},
+        True,
+        "w-1 on n0 GPUs 0,1,2,3 NUMA 0",
+        id="numa-aligned",
+    ),
+    pytest.param(
+        make(pods=[pod("w-1", node="n0", gpus="2,3,4,5", numa="0,1")]),
+        {"numa_aligned": {"workload": "w", "namespace": "t", "pods": 1, "gpus": 4}},
+        False,
+        "NUMA 0,1",
+        id="numa-split",
+    ),
+    pytest.param(
+        make(nodes=[node("n0", "xid-79", "False", True)], events=[event("GPUQuarantined", "n0", "default")]),
+        {"quarantined": {"node": "n0", "reason": "xid-79"}},
+        True,
+        "xid-79:NoSchedule",
+        id="quarantined",
+    ),
+    pytest.param(
+        make(nodes=[node("n0", "xid-79", "False", True)]),
+        {"quarantined": {"node": "n0"}},
+        False,
+        "no GPUQuarantined Event",
+        id="quarantined-without-event",
+    ),
+    pytest.param(
+        make(nodes=[node("n0", "xid-48", "False", True)]),
+        {"quarantined": {"node": "n0", "reason": "xid-79"}},
+        False,
+        "xid-48",
+        id="quarantined-for-another-reason",
+    ),
+    pytest.param(
+        make(nodes=[node("n0"), node("n1", "xid-13")]),
+        {"not_quarantined": {"nodes": ["n0", "n1"]}},
+        False,
+        "['n1']",
+        id="storm-node-tainted",
+    ),
+    pytest.param(
+        make(nodes=[node("n0", healthy="True")], events=[event("GPUQuarantineReleased", "n0", "default")]),
+        {"released": {"node": "n0"}},
+        True,
+        "GPUHealthy=True",
+        id="released",
+    ),
+    pytest.param(
+        make(nodes=[node("n0")]),
+        {"released": {"node": "n0"}},
+        False,
+        "GPUHealthy=?",
+        id="never-quarantined-is-not-released",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("urgent-worker-0", app="urgent", node="n0")],
+            events=[event("Preempted", "high-1"), event("Preempted", "mid-1")],
+        ),
+        {"preempted": {"namespace": "t", "victims": 1, "preemptor": "urgent"}},
+        False,
+        "2 victim(s)",
+        id="cascade",
+    ),
+    pytest.param(
+        make(pods=[pod("urgent-worker-0", app="urgent", node="n0")], events=[event("Preempted", "high-1")]),
+        {"preempted": {"namespace": "t", "victims": 1, "preemptor": "urgent"}},
+        True,
+        "['high-1']",
+        id="one-victim",
+    ),
+    pytest.param(
+        make(events=[event("PreemptionThrottled", "high-abc-1", note="chain depth 2 > 1")]),
+        {"throttled": {"namespace": "t", "workload": "high"}},
+        True,
+        "chain depth",
+        id="throttled",
+    ),
+    pytest.param(
+        make(events=[event("PreemptionThrottled", "highest-1")]),
+        {"throttled": {"namespace": "t", "workload": "high"}},
+        False,
+        "no PreemptionThrottled",
+        id="throttled-other-workload",
+    ),
+    pytest.param(
+        make(pods=[pod("eval-worker-0", app="eval", nominated="n2")]),
+        {"nominated": {"workload": "eval", "namespace": "t", "node": "n2"}},
+        True,
+        "n2",
+        id="nominated",
+    ),
+    pytest.param(
+        make(pods=[pod("eval-worker-0", app="eval")], events=[event("NominationCleared", "eval-worker-0")]),
+        {"nomination_cleared": {"workload": "eval", "namespace": "t"}},
+        True,
+        "eval-worker-0",
+        id="nomination-cleared",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("eval-worker-0", app="eval", nominated="n2")],
+            events=[event("NominationCleared", "eval-worker-0")],
+        ),
+        {"nomination_cleared": {"workload": "eval", "namespace": "t"}},
+        False,
+        "still n2",
+        id="nomination-back",
+    ),
+    pytest.param(
+        make(pods=[pod("w-1", node="n0"), pod("w-2", node="n0", deleting=True)]),
+        {"running": {"workload": "w", "namespace": "t", "count": 1}},
+        True,
+        "['w-1']",
+        id="terminating-is-not-running",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0", gpus="0"), pod("w-2", node="n1", gpus="0")],
+            series={
+                "DCGM_FI_DEV_GPU_UTIL": [{"pod": "w-1"}, {"pod": "w-2"}],
+                "http_requests_total": [{"pod": "w-1"}],
+            },
+        ),
+        {"series_follow_pods": {"workload": "w", "namespace": "t"}},
+        False,
+        "DCGM_FI_DEV_GPU_UTIL for 2 and http_requests_total for 1",
+        id="series-missing",
+    ),
+    pytest.param(
+        make(series={"DCGM_FI_DEV_XID_ERRORS": [{"Hostname": "n0"}, {"Hostname": "n1"}]}),
+        {"xid_seen": {"code": 13, "nodes": ["n0", "n1"]}},
+        True,
+        "2/2",
+        id="xid-seen",
+    ),
+]
+
+
+@pytest.mark.parametrize(("checks", "doc", "passed", "seen"), CASES)
+async def test_probe(checks: Checks, doc: dict[str, Any], passed: bool, seen: str) -> None:
+    outcome = await checks.check(expect({**doc, "within": 0.05}), 0.05)
+    assert outcome.passed is passed, outcome.detail
+    assert seen in outcome.detail
+
+
+async def test_hold_fails_when_the_outcome_stops_holding() -> None:
+    checks = make(nodes=[node("n0")])
+    e = expect({"not_quarantined": {"nodes": ["n0"]}, "hold": 0.3})
+
+    async def later() -> None:
+        await asyncio.sleep(0.1)
+        checks.view.nodes.store["n0"] = node("n0", "xid-13")
+
+    outcome, _ = await asyncio.gather(checks.check(e, 1.0), later())
+    assert not outcome.passed and outcome.detail.startswith("held 0s, then:")
+
+
+async def test_a_dead_child_process_fails_the_outcome_at_once() -> None:
+    def dead() -> None:
+        raise ProcessFailed("gpuwarden controller exited with status 1; last lines:\n...")
+
+    checks = make(nodes=[node("n0")], alive=dead)
+    outcome = await checks.check(expect({"not_quarantined": {"nodes": ["n0"]}, "hold": 5}), 10)
+    assert not outcome.passed and outcome.detail == "gpuwarden controller exited with status 1; last lines:"
+    assert outcome.took < 1

@@ -1,0 +1,172 @@
+"""The demo scenario file: the default parses, mistakes are all reported with their field, faults fan out."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuwarden.demo.scenario import (
+    DEFAULT_SCENARIO,
+    Expect,
+    Faults,
+    load_demo_scenario,
+    parse_demo_scenario,
+)
+from gpuwarden.errors import ConfigError
+
+MINIMAL: dict[str, Any] = {
+    "name": "t",
+    "fleet": {"nodes": 4, "pools": {"batch": {"nodes": ["gpu-node-03"]}}},
+    "priority_classes": {"low": 1},
+    "steps": [
+        {
+            "name": "one",
+            "title": "a step",
+            "do": [{"deploy": {"name": "w", "gpus": 2, "pool": "batch", "priority_class": "low"}}],
+            "expect": [{"running": {"workload": "w", "count": 1}, "hold": 3}],
+        }
+    ],
+}
+
+
+def test_the_default_scenario_parses_and_tells_the_whole_story() -> None:
+    scenario = load_demo_scenario()
+    assert scenario.name == "default"
+    assert len(scenario.fleet.node_names()) == 16 and scenario.fleet.gpus_per_node == 8
+    keys = {e.key for s in scenario.steps for e in s.expect}
+    assert {
+        "replicas",
+        "hpa_metrics",
+        "series_follow_pods",
+        "numa_aligned",
+        "quarantined",
+        "not_quarantined",
+        "xid_seen",
+        "preempted",
+        "throttled",
+        "nomination_cleared",
+        "released",
+    } <= keys
+    assert DEFAULT_SCENARIO.is_file()
+
+
+def test_a_minimal_scenario_parses() -> None:
+    scenario = parse_demo_scenario(MINIMAL)
+    expect = scenario.steps[0].expect[0]
+    assert expect.key == "running" and expect.hold == 3 and expect.within is None
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(MINIMAL)
+    target: Any = doc
+    parts = path.split(".")
+    for part in parts[:-1]:
+        target = target[int(part)] if part.isdigit() else target[part]
+    last = parts[-1]
+    if last.isdigit():
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "fragment"),
+    [
+        pytest.param(_with("steps.0.name", "Bad Name"), "steps[0].name", "pattern", id="step-name"),
+        pytest.param(
+            _with("steps.0.do.0", {"sleep": 1, "cordon": "x"}),
+            "steps[0].do[0]",
+            "exactly one",
+            id="two-actions",
+        ),
+        pytest.param(
+            _with("steps.0.expect.0", {"hold": 1}), "steps[0].expect[0]", "exactly one", id="no-outcome"
+        ),
+        pytest.param(
+            _with("steps.0.do.0", {"deploy": {"name": "w", "gpu": 1}}),
+            "steps[0].do[0].deploy.gpu",
+            "Extra inputs",
+            id="unknown-key",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.pool", "nope"),
+            "steps[0].do[0].deploy.pool",
+            "unknown pool",
+            id="unknown-pool",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.priority_class", "vip"),
+            "steps[0].do[0].deploy.priority_class",
+            "unknown",
+            id="unknown-priority-class",
+        ),
+        pytest.param(
+            _with("fleet.pools.batch.nodes", ["gpu-node-99"]),
+            "fleet.pools.batch.nodes",
+            "unknown node",
+            id="pool-node",
+        ),
+        pytest.param(
+            _with("steps.0.do.0", {"fault": {"kind": "xid", "nodes": ["gpu-node-00"], "gpus": [1]}}),
+            "steps[0].do[0].fault[0].code",
+            "Field required",
+            id="fault-validated-by-simulator-schema",
+        ),
+        pytest.param(
+            _with("steps.0.do.0", {"fault": {"kind": "xid", "code": 79, "nodes": ["gpu-node-77"]}}),
+            "steps[0].do[0].fault.nodes",
+            "unknown node",
+            id="fault-node",
+        ),
+    ],
+)
+def test_mistakes_name_their_field(doc: dict[str, Any], field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_demo_scenario(doc)
+    problems = dict(err.value.problems)
+    assert field in problems, problems
+    assert fragment in problems[field]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = _with("steps.0.do.0.deploy.pool", "nope")
+    doc["steps"].append(copy.deepcopy(doc["steps"][0]))
+    with pytest.raises(ConfigError) as err:
+        parse_demo_scenario(doc)
+    fields = [f for f, _ in err.value.problems]
+    assert "steps[1].name" in fields  # duplicate step name
+    assert fields.count("steps[0].do[0].deploy.pool") == 1 and "steps[1].do[0].deploy.pool" in fields
+
+
+def test_faults_fan_out_over_nodes_and_gpus() -> None:
+    faults = Faults.model_validate(
+        {"kind": "xid", "code": 13, "count": 2, "nodes": ["a", "b"], "gpus": [0, 7]}
+    )
+    assert faults.expand() == [
+        {"kind": "xid", "code": 13, "count": 2, "node": n, "gpu": g} for n in ("a", "b") for g in (0, 7)
+    ]
+    whole_node = Faults.model_validate({"kind": "exporter_down", "nodes": ["a"]})
+    assert whole_node.expand() == [{"kind": "exporter_down", "node": "a"}]
+
+
+def test_expect_body_and_key() -> None:
+    e = Expect.model_validate({"quarantined": {"node": "n", "reason": "xid-79"}, "within": 5})
+    assert e.key == "quarantined" and e.body.model_dump() == {"node": "n", "reason": "xid-79"}
+
+
+def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_demo_scenario(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_demo_scenario(bad)
+    listed = tmp_path / "list.yaml"
+    listed.write_text(yaml.safe_dump([1, 2]))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_demo_scenario(listed)
