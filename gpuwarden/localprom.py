@@ -16,7 +16,6 @@ import asyncio
 import atexit
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gpuwarden import ports
 from gpuwarden.config.prometheus import PrometheusConfig
 from gpuwarden.errors import GpuwardenError, PrometheusError
 from gpuwarden.promclient import PrometheusClient
@@ -48,11 +48,8 @@ def storage_dir(workdir: Path) -> Path:
 
 
 def find_free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (a race remains; `start()` retries if it loses it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port free on 127.0.0.1, never handed out before in this process (`gpuwarden.ports`)."""
+    return ports.free_port(HOST)
 
 
 def _require(binary: str) -> str:

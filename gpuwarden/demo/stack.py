@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpuwarden import ports
 from gpuwarden.demo import manifests
 from gpuwarden.demo.processes import ManagedProcess, gpuwarden_command, stop_all
 from gpuwarden.demo.scenario import DemoScenario
@@ -54,9 +54,7 @@ APIS = (
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOCALHOST, 0))
-        return int(sock.getsockname()[1])
+    return ports.free_port(LOCALHOST)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

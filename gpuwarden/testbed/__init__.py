@@ -3,7 +3,8 @@
 There is no container runtime, so the test bed runs upstream kube-apiserver, kube-controller-manager,
 kube-scheduler and etcd as host processes through kwokctl's binary runtime, with kwok playing kubelet for fake
 GPU nodes. The binaries come from ``make testbed`` (tests/testbed/build.sh). This package is standalone (it
-imports nothing else from gpuwarden) so the demo and the tests share exactly one way of building a cluster.
+imports nothing else from gpuwarden but the dependency-free `gpuwarden.ports`) so the demo and the tests
+share exactly one way of building a cluster.
 """
 
 from gpuwarden.testbed.apiservice import (

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from gpuwarden import ports
 from gpuwarden.testbed.binaries import Binaries
 from gpuwarden.testbed.pki import FRONT_PROXY_CLIENT_CN, FrontProxyPki, write_front_proxy_pki
 from gpuwarden.testbed.scheduler import scheduler_configuration
@@ -133,9 +133,7 @@ def _kwokctl_line(line: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOCALHOST, 0))
-        return int(sock.getsockname()[1])
+    return ports.free_port(LOCALHOST)
 
 
 def _https_get_insecure(url: str, timeout: float = 2.0) -> tuple[int, str]:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import ssl
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from gpuwarden import ports
 from gpuwarden.testbed import (
     Binaries,
     Cluster,
@@ -52,10 +52,8 @@ GPU_NODES = ("gpu-node-0", "gpu-node-1")
 
 
 def free_port() -> int:
-    """A currently free loopback TCP port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback TCP port, never handed out twice in this process (`gpuwarden.ports`)."""
+    return ports.free_port("127.0.0.1")
 
 
 # ------------------------------------------------------------------------------------------ local servers
