@@ -4,9 +4,10 @@ Why it exists: kube-scheduler hands binding to us (`bindVerb`), so we must recor
 `gpuwarden.io/numa-node` *before* the pods/binding call, never assign a GPU twice under concurrent binding
 cycles or between replicas, and stay correct after a restart. The protocol is in claims.py; this module runs
 it: a live GET (UID check, idempotency), choose from the model plus this replica's own in-flight claims
-(serialised per node), a resourceVersion-conditioned patch, a consistent LIST to catch another replica's
-overlapping claim, then the Binding. A failed bind withdraws its claim (only if the pod is still as we
-left it) so GPUs are not pinned.
+(serialised per node; when the model finds no set, e.g. it has not yet seen preemption victims go, choose
+again from a consistent LIST of the node's claims), a resourceVersion-conditioned patch, a consistent LIST
+to catch another replica's overlapping claim, then the Binding. A failed bind withdraws its claim (only if
+the pod is still as we left it) so GPUs are not pinned.
 
 It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
 scheduler; `KubeError`s never escape. In dry-run it binds without writing the claim.
@@ -18,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from controller.extender.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
@@ -102,9 +103,15 @@ class Binder:
         self._on_conflict = on_conflict
         self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, dict[str, Claim]] = {}
+        self._known: set[str] = set()
+        """Pods with an in-flight claim that the model had when the claim was noted."""
 
     def overlay(self, node: str) -> list[Claim]:
-        """This replica's claims on `node` that the watch has not delivered yet (expired ones dropped)."""
+        """This replica's claims on `node` that the watch has not delivered yet (expired ones dropped).
+
+        A claim whose pod the model had and no longer has is dropped too: the model keeps every live GPU
+        pod, pending ones included, so the pod is gone (typically a preemption victim deleted before the
+        watch showed its claim; kept, the claim would block its GPUs for the whole TTL)."""
         claims = self._inflight.get(node)
         if not claims:
             return []
@@ -114,15 +121,41 @@ class Binder:
             observed = (
                 seen is not None and seen.gpu_ids == claim.ids and node in (seen.node_name, seen.claim_node)
             )
-            if observed or claim.claimed_at is None or now - claim.claimed_at >= ttl:
+            gone = seen is None and key in self._known
+            if observed or gone or claim.claimed_at is None or now - claim.claimed_at >= ttl:
                 del claims[key]
+                self._known.discard(key)
         return list(claims.values())
 
     def _forget(self, node: str, key: str) -> None:
         self._inflight.get(node, {}).pop(key, None)
+        self._known.discard(key)
+
+    def _reserve(self, args: ExtenderBindingArgs) -> Claim | None:
+        """Before any API call: note the set the cache would give the pod as this replica's in-flight claim.
+
+        kube-scheduler has already assumed the pod on `node` and goes on scheduling the next pod while this
+        bind runs; until our claim is written, filter and prioritize would see the node as emptier than it
+        is, and a burst of pods would be spread over empty nodes instead of packed (then a later 8-GPU pod
+        finds no empty node). Only a hint for the other verbs: `_claim` chooses again under the node lock,
+        and the entry is dropped if the bind ends without a claim of its own."""
+        key, node = f"{args.pod_namespace}/{args.pod_name}", args.node
+        pod = self._model.pod(key)
+        if self._dry_run or pod is None or pod.node_name or pod.gpus <= 0 or pod.uid != args.pod_uid:
+            return None
+        if key in self._inflight.get(node, {}):
+            return None
+        choice = self._choose(pod, node).choice
+        if choice is None:
+            return None
+        claim = Claim(key, choice.ids, self._clock())
+        self._inflight.setdefault(node, {})[key] = claim
+        self._known.add(key)
+        return claim
 
     async def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
         ns, name, node = args.pod_namespace, args.pod_name, args.node
+        provisional = self._reserve(args)
         try:
             for _ in range(self._attempts):
                 outcome = await self._attempt(args)
@@ -133,6 +166,9 @@ class Binder:
         except KubeError as exc:
             log.warning("bind failed", extra={"pod": f"{ns}/{name}", "node": node, "error": str(exc)})
             return BindOutcome("error", f"binding {ns}/{name} to {node} failed: {exc.message}")
+        finally:
+            if provisional is not None and self._inflight.get(node, {}).get(provisional.pod) is provisional:
+                self._forget(node, provisional.pod)
 
     async def _attempt(self, args: ExtenderBindingArgs) -> BindOutcome | None:
         """One try; None means the pod changed under us (409) and the caller should start over."""
@@ -161,11 +197,15 @@ class Binder:
             choice, rv = claimed
         return await self._finish(pod, node, choice, rv)
 
-    def _choose(self, pod: PodInfo, node: str) -> BindOutcome:
-        view = self._model.view(node)
+    def _choose(self, pod: PodInfo, node: str, listed: list[PodInfo] | None = None) -> BindOutcome:
+        """The GPU set from the watch cache or, given `listed` (a consistent LIST), from fresh data.
+
+        Strict: the allowance decide.py makes a nominated pod for GPUs its preemption is freeing does not
+        apply here (the nomination is dropped), so bind only hands out GPUs nobody holds."""
+        view = self._model.view(node) if listed is None else self._model.fresh_view(node, listed)
         if view is not None:
             view = view.with_claims(c for c in self.overlay(node) if c.pod != pod.key)
-        verdict = choose_gpus(pod, view, self._settings(), self._clock(), node=node)
+        verdict = choose_gpus(replace(pod, nominated=""), view, self._settings(), self._clock(), node=node)
         if verdict.choice is None:
             return BindOutcome("rejected", f"no GPU set for {pod.key} on {node}: {verdict.reason}")
         return BindOutcome("bound", choice=verdict.choice)
@@ -187,6 +227,12 @@ class Binder:
         else:
             chosen = self._choose(pod, node)
             if chosen.choice is None:
+                # The cache may lag (typically: preemption victims deleted a moment ago, the scheduler
+                # already saw it and calls bind): decide again from a consistent read before giving up.
+                self._on_conflict("cache_stale")
+                fresh = await self._api.list_pods(claim_selector(node))
+                chosen = self._choose(pod, node, [pod_info(o, self._model.resource) for o in fresh])
+            if chosen.choice is None:
                 return chosen
             choice = chosen.choice
             try:
@@ -196,6 +242,8 @@ class Binder:
                 return None
             rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
             self._inflight.setdefault(node, {})[pod.key] = Claim(pod.key, choice.ids, now)
+            if self._model.pod(pod.key) is not None:
+                self._known.add(pod.key)
         try:
             listed = await self._api.list_pods(claim_selector(node))
         except KubeError:

@@ -8,6 +8,8 @@ nominated pods, pods whose GPUs we cannot see) needs a table test with a reason 
   an empty node, GPUs quarantined, node unknown, bad annotation) and *resolvable* when freeing GPUs would;
 * pods whose GPU set we cannot see (count-only) are placed adversarially: a node passes a single-NUMA
   request only if a fitting NUMA node exists wherever those GPUs actually are;
+* a pod nominated to a node (it preempted there) counts the GPUs of terminating and lower-priority pods on
+  that node as free: the scheduler is removing them, and our watch may not have seen it yet (`_yielding`);
 * `single-numa` asks for one NUMA node. A pod asking for more GPUs than *any* NUMA node in the fleet holds
   (`Settings.fleet_max_numa_gpus`) gets the fewest whole NUMA nodes instead: nothing better exists.
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from controller.extender.model import NodeView
+from controller.extender.model import Holder, NodeView
 from controller.extender.objects import POLICY_ANNOTATION, PodInfo
 from controller.extender.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
 from controller.extender.topology import TOPOLOGY_ANNOTATION, Gpu
@@ -118,9 +120,12 @@ def _healthy(view: NodeView) -> list[Gpu]:
 
 
 def _memo_key(kind: str, pod: PodInfo, view: NodeView) -> tuple[str, int, str | None] | None:
-    """Answers depend only on (request size, policy, settings) unless claims or nominations are present
-    (then the pod's identity, priority and the clock matter too, and nothing is cached)."""
-    return None if view.claims or view.nominated else (kind, pod.gpus, pod.policy)
+    """Answers depend only on (request size, policy, settings) unless claims or nominations are present or
+    the pod is nominated to this node (then the pod's identity, priority and the clock matter too, and
+    nothing is cached)."""
+    if view.claims or view.nominated or (pod.nominated and pod.nominated == view.name) or view.preempting:
+        return None
+    return (kind, pod.gpus, pod.policy)
 
 
 def _need(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Need:
@@ -167,18 +172,45 @@ def _unresolvable(
     )
 
 
+def _yielding(pod: PodInfo, view: NodeView) -> list[Holder]:
+    """The holders whose GPUs count as free for `pod`: when the scheduler nominated it to this node (so it
+    has already chosen victims here), the pods that are terminating or of lower priority; else only pods of
+    lower priority that the scheduler marked as preemption victims (DisruptionTarget/PreemptionByScheduler).
+
+    Why this is safe: kube-scheduler preempts only pods of strictly lower priority, and its own
+    NodeResourcesFit keeps counting the victims' GPUs until their deletion reaches its cache, so passing
+    here never lets the pod bind early; bind then chooses the exact GPUs without this allowance, from a
+    consistent LIST (bind.py). Why it is needed: victims vanish within milliseconds and the scheduler retries
+    the preemptor at once; our watch may not have seen the deletion yet, and an extender rejection is not
+    requeued by pod-deletion events (the pod would wait for the 5-minute unschedulable flush). A
+    lower-priority pod the scheduler reprieved can make this pass wrongly; bind then fails once and the
+    scheduler, which cleared the nomination, decides again without the allowance."""
+    if pod.nominated and pod.nominated == view.name:
+        return [h for h in view.holders if h.pod != pod.key and (h.terminating or h.priority < pod.priority)]
+    # The scheduler may retry the preemptor before its nomination reaches the pod object it sends us (the
+    # status patch is asynchronous): victims it marked preempted of lower priority still count as free.
+    return [h for h in view.holders if h.preempted and h.priority < pod.priority]
+
+
 def _free(
     pod: PodInfo, view: NodeView, healthy: list[Gpu], s: Settings, now: float
 ) -> tuple[list[Gpu], int, str]:
     """Healthy GPUs not taken, the count held where we cannot see, and a note on what else holds GPUs."""
     taken = set(view.used)
+    unknown = view.used_unknown
+    yielded = _yielding(pod, view)
+    for holder in yielded:
+        taken.difference_update(holder.ids)
+        unknown -= holder.unknown
     for claim in view.claims:
         fresh = claim.claimed_at is None or now - claim.claimed_at < s.claim_ttl_seconds
         if claim.pod != pod.key and fresh:
             taken.update(claim.ids)
     free = [g for g in healthy if g.id not in taken] if taken else healthy
-    unknown = view.used_unknown
     notes = [f"{unknown} held by pods without a recorded GPU set"] if unknown else []
+    if yielded:
+        count = sum(len(h.ids) + h.unknown for h in yielded)
+        notes.append(f"{count} counted free: held by pods being preempted for it on its nominated node")
     # Never promise more than the node's allocatable count (a device plugin may report fewer GPUs).
     missing = len(free) - unknown - max(0, view.allocatable - len(taken) - unknown)
     if missing > 0:

@@ -30,7 +30,8 @@ class ExtenderMetrics:
     placements: Counter
     """`gpuwarden_extender_placements_total{alignment}`: bound pods by how local their GPU set is."""
     bind_conflicts: Counter
-    """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed."""
+    """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed,
+    cache_stale (the watch cache found no GPU set; bind chose again from a consistent LIST)."""
 
 
 def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
@@ -66,7 +67,9 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
         bind_conflicts=Counter(
             "gpuwarden_extender_bind_conflicts_total",
             "Binds that lost a race: pod_changed (resourceVersion conflict, retried) or gpu_claimed "
-            "(another bind claimed an overlapping GPU; the scheduler retries the pod).",
+            "(another bind claimed an overlapping GPU; the scheduler retries the pod) or cache_stale "
+            "(the cache found no GPU set, e.g. preemption victims not yet seen gone; chosen again from a "
+            "consistent LIST).",
             ["kind"],
             registry=registry,
         ),

@@ -14,6 +14,9 @@ GPU occupancy comes from, in this order of certainty:
 * pending pods with `status.nominatedNodeName` - a request that decide.py reserves when its priority is at
   least the incoming pod's (what kube-scheduler's `addGENominatedPods` does for in-tree plugins).
 
+Each bound holder is also kept as a `Holder` (priority, terminating) so that decide.py can tell which GPUs a
+preemption on this node is freeing for the pod nominated there.
+
 Quarantine comes from the health controller's taint and its `gpuwarden.io/quarantine` record (GPU UUIDs).
 This module does no I/O, reads no clock, and must not decide anything: it only describes.
 """
@@ -49,6 +52,20 @@ class Nominated:
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """A pod bound to the node and holding GPUs: its exact ones (`ids`) and those we cannot see (`unknown`).
+
+    Kept so that a pod nominated to this node can see which GPUs its preemption is freeing (decide.py)."""
+
+    pod: str
+    ids: tuple[str, ...]
+    unknown: int
+    priority: int
+    terminating: bool
+    preempted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """Everything decide.py needs about one node, immutable. GPU ids are strings, as in the annotation."""
 
@@ -62,9 +79,16 @@ class NodeView:
     used_unknown: int = 0
     claims: tuple[Claim, ...] = ()
     nominated: tuple[Nominated, ...] = ()
+    holders: tuple[Holder, ...] = ()
+    """The bound pods that make up `used` and `used_unknown`."""
     error_trend: float | None = None
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """decide.py's cache of answers derived from this (immutable) view; dropped with the view."""
+
+    @property
+    def preempting(self) -> bool:
+        """Whether a pod here is a preemption victim (answers then depend on the incoming pod's priority)."""
+        return any(h.preempted for h in self.holders)
 
     def with_claims(self, extra: Iterable[Claim]) -> NodeView:
         """This view plus claims not yet seen by the watch (a replica's own in-flight binds)."""
@@ -101,11 +125,15 @@ def build_view(
     unknown = 0
     claims: list[Claim] = []
     nominated: list[Nominated] = []
+    holders: list[Holder] = []
     for pod in sorted(pods, key=lambda p: p.key):
         if pod.node_name == info.name:
             known = [i for i in pod.gpu_ids or () if i in ids and i not in used]
             used.update(known)
-            unknown += max(pod.gpus, len(pod.gpu_ids or ())) - len(known)
+            hidden = max(pod.gpus, len(pod.gpu_ids or ())) - len(known)
+            unknown += hidden
+            holder = Holder(pod.key, tuple(known), hidden, pod.priority, pod.terminating, pod.preempted)
+            holders.append(holder)
         elif not pod.node_name and pod.claim_node == info.name and pod.gpu_ids:
             claims.append(Claim(pod.key, tuple(i for i in pod.gpu_ids if i in ids), pod.claimed_at))
         elif not pod.node_name and pod.nominated == info.name and pod.gpus > 0:
@@ -121,6 +149,7 @@ def build_view(
         used_unknown=unknown,
         claims=tuple(claims),
         nominated=tuple(nominated),
+        holders=tuple(holders),
         error_trend=error_trend,
     )
 
@@ -263,3 +292,16 @@ class ClusterModel:
         view = build_view(info, self._nrt.get(name), pods, self._trends.get(name))
         self._views[name] = view
         return view
+
+    def fresh_view(self, name: str, listed: Iterable[PodInfo]) -> NodeView | None:
+        """The node's view with every pod that records a GPU set taken from `listed` (a consistent LIST of
+        the node's claim label, see claims.py) instead of the watch cache, which may lag: victims already
+        deleted are gone, claims written a moment ago are there. Pods without a recorded set (count-only
+        holders, nominated pods) still come from the cache, as no LIST by label can find them."""
+        info = self._nodes.get(name)
+        if info is None:
+            return None
+        fresh = {p.key: p for p in listed if p.holds_gpus}
+        cached = (self._pods[k] for k in self._by_node.get(name, ()))
+        pods = [p for p in cached if p.key not in fresh and p.gpu_ids is None]
+        return build_view(info, self._nrt.get(name), [*pods, *fresh.values()], self._trends.get(name))

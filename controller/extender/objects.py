@@ -73,6 +73,10 @@ class PodInfo:
     node_name: str = ""
     nominated: str = ""
     terminated: bool = False
+    terminating: bool = False
+    """Being deleted (deletionTimestamp) or marked for it by scheduler preemption (DisruptionTarget)."""
+    preempted: bool = False
+    """Chosen as a preemption victim (condition DisruptionTarget, reason PreemptionByScheduler)."""
     gpu_ids: tuple[str, ...] | None = None
     claim_node: str = ""
     claimed_at: float | None = None
@@ -102,6 +106,12 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
         claimed_at = None
     policy = annotations.get(POLICY_ANNOTATION)
     priority = spec.get("priority")
+    disruptions = [
+        c
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+    ]
+    disrupted = bool(disruptions)
     return PodInfo(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=str(meta.get("uid", "")),
@@ -111,6 +121,8 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
         node_name=str(spec.get("nodeName") or ""),
         nominated=str(status.get("nominatedNodeName") or ""),
         terminated=status.get("phase") in ("Succeeded", "Failed"),
+        terminating=bool(meta.get("deletionTimestamp")) or disrupted,
+        preempted=any(c.get("reason") == "PreemptionByScheduler" for c in disruptions),
         gpu_ids=parse_gpu_ids(annotations.get(GPU_IDS_ANNOTATION)),
         claim_node=str(annotations.get(CLAIM_NODE_ANNOTATION) or ""),
         claimed_at=claimed_at,

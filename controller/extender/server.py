@@ -17,6 +17,7 @@ its model, binder and registry. It must not decide placements (decide.py) or tal
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -31,7 +32,7 @@ from controller.extender.bind import Binder
 from controller.extender.decide import Settings, filter_nodes, score_nodes
 from controller.extender.metrics import ExtenderMetrics
 from controller.extender.model import ClusterModel, NodeView
-from controller.extender.objects import pod_info
+from controller.extender.objects import PodInfo, pod_info
 from controller.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -92,8 +93,12 @@ class ExtenderService:
         binder: Binder | None = None,
         preempt_hook: PreemptHook = passthrough_preemption,
         clock: Callable[[], float] = time.time,
+        settle_seconds: float = 0.3,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.model = model
+        self.settle_seconds = settle_seconds
+        self._sleep = sleep
         self.settings = settings
         self.metrics = metrics
         self.binder = binder
@@ -123,13 +128,34 @@ class ExtenderService:
             out.append((name, view))
         return out
 
+    def _pod(self, args: ExtenderArgs) -> PodInfo:
+        """The pod as the scheduler sent it; its nomination from our watch when that copy has none yet (the
+        scheduler patches `nominatedNodeName` asynchronously and may retry the preemptor before then)."""
+        pod = pod_info(args.pod, self.model.resource)
+        if not pod.nominated:
+            cached = self.model.pod(pod.key)
+            if cached is not None and cached.uid == pod.uid and cached.nominated and not pod.node_name:
+                pod = dataclasses.replace(pod, nominated=cached.nominated)
+        return pod
+
     async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         try:
             nodes = self._views(args.candidate_names())
         except NotSynced:
             return ExtenderFilterResult(error=NOT_SYNCED)
-        pod = pod_info(args.pod, self.model.resource)
+        pod = self._pod(args)
         result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
+        if self.settle_seconds > 0 and _preemption_settling(pod, nodes, result.failed):
+            # kube-scheduler retries a preemptor within milliseconds of deleting its victims; our watch may
+            # not have delivered the deletions yet, and an extender rejection is not requeued by them (the
+            # pod would wait for the 5-minute flush). Give the watch a moment, then answer from the model.
+            log.debug("filter waits for the watch", extra={"pod": pod.key, "failed": result.failed})
+            await self._sleep(self.settle_seconds)
+            try:
+                nodes = self._views(args.candidate_names())
+            except NotSynced:
+                return ExtenderFilterResult(error=NOT_SYNCED)
+            result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
         for label, count in (
             ("passed", len(result.passed)),
             ("failed", len(result.failed)),
@@ -155,7 +181,7 @@ class ExtenderService:
 
     async def prioritize(self, args: ExtenderArgs) -> Encoded:
         nodes = self._views(args.candidate_names())
-        pod = pod_info(args.pod, self.model.resource)
+        pod = self._pod(args)
         return Encoded(encode_host_priorities(score_nodes(pod, nodes, self.current_settings(), self.clock())))
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
@@ -180,6 +206,21 @@ class ExtenderService:
             },
         )
         return ExtenderBindingResult(error=outcome.error)
+
+
+def _preemption_settling(
+    pod: PodInfo, nodes: list[tuple[str, NodeView | None]], failed: dict[str, str]
+) -> bool:
+    """Whether a rejected node holds GPUs of a pod the incoming one may just have preempted (lower
+    priority, or already terminating): only then is waiting for the watch worth it."""
+    if pod.gpus <= 0 or not failed:
+        return False
+    return any(
+        name in failed
+        and view is not None
+        and any(h.terminating or h.priority < pod.priority for h in view.holders)
+        for name, view in nodes
+    )
 
 
 def _problem(exc: ValidationError) -> str:

@@ -196,11 +196,16 @@ def assert_placements(cluster: Cluster, namespace: str, sizes: dict[str, int]) -
 
 
 def pending_report(cluster: Cluster, namespace: str) -> str:
+    """Why each pending pod waits, and where the bound ones went (fragmentation shows up here)."""
     lines = []
     for obj in pods(cluster, namespace):
-        if not obj["spec"].get("nodeName"):
+        name, node = obj["metadata"]["name"], obj["spec"].get("nodeName")
+        if not node:
             conds = [c.get("message", "") for c in obj.get("status", {}).get("conditions") or []]
-            lines.append(f"{obj['metadata']['name']}: {conds}")
+            lines.append(f"{name}: {conds}")
+        else:
+            ids = (obj["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids")
+            lines.append(f"{name}: bound to {node} on GPUs {ids}")
     return "\n".join(lines)
 
 
@@ -272,5 +277,62 @@ def test_unfit_and_quarantined_nodes_are_rejected_with_a_reason(
             )
             assert reason in message, message
         assert not any(p["spec"].get("nodeName") for p in pods(cluster, namespace))
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def priority_classes(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    low, high = f"ext-{SUFFIX}-low", f"ext-{SUFFIX}-high"
+    kind = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass"}
+    cluster.apply(*({**kind, "metadata": {"name": n}, "value": v} for n, v in ((low, 10), (high, 1000))))
+    try:
+        yield low, high
+    finally:
+        cluster.kubectl("delete", "priorityclass", low, high, "--ignore-not-found", check=False)
+
+
+def test_preemptor_binds_right_after_its_victims_go(
+    cluster: Cluster, namespace: str, extender_at: int, priority_classes: tuple[str, str]
+) -> None:
+    """The preemptor is retried within milliseconds of the victims' deletion, usually before our watch has
+    seen it; the extender must not reject its nominated node then (the pod would wait for the 5-minute
+    unschedulable flush: an extender rejection is not requeued by pod-deletion events)."""
+    low, high = priority_classes
+    target = GOOD[2]
+    poll(
+        lambda: not cluster.get_json("pods", "-A", "--field-selector", f"spec.nodeName={target}")["items"],
+        timeout=60,
+        what=f"{target} empty",
+    )
+    pin = {"nodeSelector": {"kubernetes.io/hostname": target}}
+    running = RunningExtender(cluster, extender_at).start()
+    try:
+        for i in range(2):
+            cluster.apply(gpu_pod(namespace, f"victim-{i}", 4, priorityClassName=low, **pin))
+        wait_all_bound(cluster, namespace, 2, timeout=60)
+        cluster.apply(gpu_pod(namespace, "preemptor", 8, priorityClassName=high, **pin))
+
+        def preemptor_bound() -> bool:
+            obj = cluster.get_json("pod", "preemptor", "-n", namespace)
+            return bool(obj["spec"].get("nodeName") == target)
+
+        try:
+            poll(preemptor_bound, timeout=45, what="preemptor bound")
+        except Exception as exc:
+            assert running.extender is not None
+            service = running.extender.service
+            view = service.model.view(target)
+            binder = service.binder
+            state = (
+                f"extender view of {target}: used={sorted(view.used) if view else None} "
+                f"holders={view.holders if view else None} "
+                f"overlay={binder.overlay(target) if binder else None} "
+                f"cached preemptor={service.model.pod(namespace + '/preemptor')}"
+            )
+            raise AssertionError(f"{exc}\n{pending_report(cluster, namespace)}\n{state}") from None
+        obj = cluster.get_json("pod", "preemptor", "-n", namespace)
+        ids = obj["metadata"]["annotations"]["gpuwarden.io/gpu-ids"].split(",")
+        assert sorted(ids, key=int) == [str(i) for i in range(8)]
     finally:
         running.stop()

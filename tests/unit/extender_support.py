@@ -98,8 +98,12 @@ def pod(
     uid: str | None = None,
     claim: tuple[str, float] | None = None,
     resource_version: str = "100",
+    deleting: bool = False,
+    disrupted: str = "",
 ) -> dict[str, Any]:
-    """A v1.Pod asking for `gpus` GPUs (limits); `claim=(node, claimed_at)` adds an in-flight claim."""
+    """A v1.Pod asking for `gpus` GPUs (limits); `claim=(node, claimed_at)` adds an in-flight claim;
+    `deleting` sets a deletionTimestamp, `disrupted` a DisruptionTarget condition with that reason
+    (PreemptionByScheduler: a preemption victim)."""
     annotations: dict[str, str] = {}
     labels: dict[str, str] = {"app": name}
     if ids is not None:
@@ -121,6 +125,9 @@ def pod(
     status: dict[str, Any] = {"phase": phase or ("Running" if node else "Pending")}
     if nominated:
         status["nominatedNodeName"] = nominated
+    if disrupted:
+        status["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": disrupted}]
+    extra_meta: dict[str, Any] = {"deletionTimestamp": "2023-11-14T22:13:20Z"} if deleting else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -131,6 +138,7 @@ def pod(
             "resourceVersion": resource_version,
             "labels": labels,
             "annotations": annotations,
+            **extra_meta,
         },
         "spec": spec,
         "status": status,

@@ -223,3 +223,75 @@ async def test_failed_verification_read_withdraws_the_claim_and_does_not_bind() 
     assert outcome.kind == "error" and "etcd timeout" in outcome.error
     assert "gpuwarden.io/gpu-ids" not in api.pods["ml/p"]["metadata"]["annotations"]
     assert not api.pods["ml/p"]["spec"].get("nodeName")
+
+
+def victim(name: str, ids: str, **kw: Any) -> dict[str, Any]:
+    """A pod bound to "n" through our bind (so it carries the claim label a LIST by node finds)."""
+    obj = pod(name, len(ids.split(",")), node="n", ids=ids, **kw)
+    obj["metadata"]["labels"]["gpuwarden.io/gpu-node"] = "n"
+    return obj
+
+
+async def test_preemptor_binds_from_a_fresh_list_when_the_cache_still_shows_its_victims() -> None:
+    # the scheduler saw the victims go and calls bind; our watch has not delivered their deletion yet
+    victims = [victim("v1", "0,1,2,3", priority=0), victim("v2", "4,5,6,7", priority=0, deleting=True)]
+    api = FakePodApi([pod("p", 8, priority=10, nominated="n"), *victims])
+    kinds: list[str] = []
+    binder = replica(api, watch=False, on_conflict=kinds.append)
+    del api.pods["ml/v1"], api.pods["ml/v2"]
+    outcome = await binder.bind(args("p"))
+    assert outcome.kind == "bound", outcome.error
+    assert outcome.choice is not None and outcome.choice.ids == tuple(str(i) for i in range(8))
+    listed = "list gpuwarden.io/gpu-node=n"
+    assert api.calls == ["get ml/p", listed, "patch ml/p", listed, "bind ml/p n"]
+    assert kinds == ["cache_stale"]
+
+
+async def test_preemptor_bind_never_takes_gpus_of_a_pod_that_is_still_there() -> None:
+    # filter lets a nominated pod count lower-priority holders as free; bind must not: "keep" was reprieved
+    api = FakePodApi([pod("p", 4, priority=10, nominated="n"), victim("keep", "0,1,2,3", priority=0)])
+    outcome = await replica(api, watch=False).bind(args("p"))
+    assert outcome.kind == "bound" and outcome.choice is not None
+    assert outcome.choice.ids == ("4", "5", "6", "7")
+    assert held(api) == Counter({str(i): 1 for i in range(8)})
+
+
+async def test_preemptor_still_blocked_in_a_fresh_list_is_rejected() -> None:
+    api = FakePodApi([pod("p", 8, priority=10, nominated="n"), victim("hi", "0,1,2,3", priority=10)])
+    outcome = await replica(api, watch=False).bind(args("p"))
+    assert outcome.kind == "rejected" and "no GPU set for ml/p on n" in outcome.error
+    assert "gpuwarden.io/gpu-ids" not in api.pods["ml/p"]["metadata"]["annotations"]
+
+
+async def test_bind_reserves_its_set_for_filter_and_prioritize_before_any_api_call() -> None:
+    # the scheduler has assumed "p" on n and scores the next pod while this bind is still in flight
+    api = FakePodApi([pod("p", 4)])
+    binder = replica(api, watch=False)
+    seen: list[list[tuple[str, tuple[str, ...]]]] = []
+    get = api.get_pod
+
+    async def get_pod(namespace: str, name: str) -> dict[str, Any]:
+        seen.append([(c.pod, c.ids) for c in binder.overlay("n")])
+        return await get(namespace, name)
+
+    api.get_pod = get_pod  # type: ignore[method-assign]
+    assert (await binder.bind(args("p"))).kind == "bound"
+    assert seen == [[("ml/p", ("0", "1", "2", "3"))]]
+
+
+async def test_reservation_is_dropped_when_the_bind_fails() -> None:
+    api = FakePodApi([pod("p", 4)])
+    binder = replica(api, watch=False)
+    api.fail_binding = KubeError("apiserver down", status=503)
+    assert (await binder.bind(args("p"))).kind == "error"
+    assert binder.overlay("n") == []
+
+
+async def test_overlay_drops_the_claim_of_a_pod_deleted_before_the_watch_showed_the_claim() -> None:
+    # a preemption victim bound by this replica and deleted at once: its claim must not pin GPUs for the TTL
+    api = FakePodApi([pod("v", 4)])
+    binder = replica(api, watch=False)
+    assert (await binder.bind(args("v"))).kind == "bound"
+    assert [c.pod for c in binder.overlay("n")] == ["ml/v"]
+    binder._model.delete_pod("ml/v")  # the watch delivers the deletion, never having shown the claim
+    assert binder.overlay("n") == []

@@ -247,6 +247,85 @@ CASES = [
         pods=[pod("x", 8, priority=10, nominated="n")],
         ids=tuple(str(i) for i in range(8)),
     ),
+    # --- a nominated pod and the victims its preemption is removing (watch lagging the deletion) -------
+    Case(
+        "nominated-terminating-victims-on-its-node-count-free",
+        pod("x", 8, priority=10, nominated="n"),
+        pods=[
+            pod("v1", 4, node="n", ids="0,1,2,3", deleting=True),
+            pod("v2", 4, node="n", ids="4,5,6,7", disrupted="PreemptionByScheduler"),
+        ],
+        ids=tuple(str(i) for i in range(8)),
+    ),
+    Case(
+        "nominated-lower-priority-victims-not-yet-seen-terminating-count-free",
+        pod("x", 8, priority=10, nominated="n"),
+        pods=[pod("v1", 4, node="n", ids="0,1,2,3", priority=0), pod("v2", 4, node="n", priority=5)],
+        ids=tuple(str(i) for i in range(8)),
+    ),
+    Case(
+        "nominated-terminating-victim-frees-only-its-own-gpus",
+        pod("x", 4, priority=10, nominated="n"),
+        pods=[
+            pod("v", 2, node="n", ids="0,1", deleting=True),
+            pod("keep", 2, node="n", ids="4,5", priority=10),
+        ],
+        ids=("0", "1", "2", "3"),
+        alignment="numa",
+    ),
+    Case(
+        "not-nominated-pod-does-not-count-terminating-victims-free",
+        pod("x", 8, priority=10),
+        pods=[pod("v1", 4, node="n", ids="0,1,2,3", deleting=True), pod("v2", 4, node="n", ids="4,5,6,7")],
+        reason="no 8 free GPUs on 2 NUMA nodes (none free)",
+        resolvable=True,
+    ),
+    Case(
+        "nominated-elsewhere-does-not-count-terminating-victims-free",
+        pod("x", 8, priority=10, nominated="other"),
+        pods=[pod("v1", 8, node="n", ids="0,1,2,3,4,5,6,7", deleting=True)],
+        reason="no 8 free GPUs on 2 NUMA nodes (none free)",
+        resolvable=True,
+    ),
+    Case(
+        "nomination-not-yet-visible-lower-priority-preempted-victims-count-free",
+        pod("x", 8, priority=10),
+        pods=[
+            pod("v1", 4, node="n", ids="0,1,2,3", disrupted="PreemptionByScheduler"),
+            pod("v2", 4, node="n", ids="4,5,6,7", disrupted="PreemptionByScheduler", deleting=True),
+        ],
+        ids=tuple(str(i) for i in range(8)),
+    ),
+    Case(
+        "not-nominated-preempted-victims-of-equal-priority-still-count",
+        pod("x", 8, priority=0),
+        pods=[pod("v1", 8, node="n", ids="0,1,2,3,4,5,6,7", disrupted="PreemptionByScheduler")],
+        reason="no 8 free GPUs on 2 NUMA nodes (none free)",
+        resolvable=True,
+    ),
+    Case(
+        "not-nominated-evicted-not-preempted-still-counts",
+        pod("x", 8, priority=10),
+        pods=[pod("v1", 8, node="n", ids="0,1,2,3,4,5,6,7", disrupted="EvictionByEvictionAPI")],
+        reason="no 8 free GPUs on 2 NUMA nodes (none free)",
+        resolvable=True,
+    ),
+    Case(
+        "nominated-pod-blocked-by-equal-or-higher-priority-holders",
+        pod("x", 8, priority=10, nominated="n"),
+        pods=[
+            pod("v", 4, node="n", ids="0,1,2,3", priority=0),
+            pod("hi", 4, node="n", ids="4,5,6,7", priority=10),
+        ],
+        reason="no 8 free GPUs on 2 NUMA nodes (NUMA0: 4 free); 4 counted free: held by pods being preempted",
+        resolvable=True,
+    ),
+    Case(
+        "nominated-count-only-lower-priority-victim-counts-free",
+        pod("x", 4, priority=10, nominated="n"),
+        pods=[pod("v", 8, node="n", priority=0)],
+        ids=("0", "1", "2", "3"),
+    ),
     # --- pods whose GPU set we cannot see ----------------------------------------------------------
     Case(
         "count-only-pods-placed-adversarially",

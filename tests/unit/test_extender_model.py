@@ -164,3 +164,29 @@ def test_topology_source_setting(source: str, expected: str) -> None:
 def test_topology_source_is_validated() -> None:
     with pytest.raises(ValueError, match="topology_source"):
         ClusterModel(RESOURCE, topology_source="both")
+
+
+@pytest.mark.parametrize(
+    ("kw", "terminating"),
+    [
+        pytest.param({}, False, id="live"),
+        pytest.param({"deleting": True}, True, id="deletion-timestamp"),
+        pytest.param({"disrupted": "PreemptionByScheduler"}, True, id="preempted-disruption-target"),
+    ],
+)
+def test_pod_info_reads_terminating(kw: dict[str, Any], terminating: bool) -> None:
+    info = pod_info(pod("v", 2, node="n", ids="0,1", **kw), RESOURCE)
+    assert info.terminating is terminating and info.holds_gpus
+    view = model([node("n")], [pod("v", 2, node="n", ids="0,1", **kw)]).view("n")
+    assert view is not None and [(h.pod, h.ids, h.terminating) for h in view.holders] == [
+        ("ml/v", ("0", "1"), terminating)
+    ]
+
+
+def test_fresh_view_takes_recorded_sets_from_the_list_and_the_rest_from_the_cache() -> None:
+    cached = [pod("gone", 2, node="n", ids="0,1"), pod("count-only", 1, node="n")]
+    m = model([node("n")], cached)
+    listed = [pod_info(pod("new", 2, node="n", ids="4,5"), RESOURCE)]
+    view = m.fresh_view("n", listed)
+    assert view is not None and view.used == frozenset({"4", "5"}) and view.used_unknown == 1
+    assert m.fresh_view("unknown", listed) is None

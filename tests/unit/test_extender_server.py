@@ -17,8 +17,10 @@ from controller.extender.decide import Settings
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.model import ClusterModel
 from controller.extender.server import ExtenderService, add_extender_routes
-from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
+from controller.extender.wire import ExtenderArgs, ExtenderPreemptionArgs, ExtenderPreemptionResult
 from tests.unit.extender_support import FakePodApi, pod
+from tests.unit.extender_support import model as support_model
+from tests.unit.extender_support import node as support_node
 
 GOLDEN = Path(__file__).parent / "golden" / "extender"
 NOW = 1_700_000_000.0
@@ -177,3 +179,53 @@ async def test_filter_metrics_by_result() -> None:
     for result in ("passed", "failed", "unresolvable"):
         assert registry.get_sample_value("gpuwarden_extender_filter_nodes_total", {"result": result}) == 1
     assert registry.get_sample_value("gpuwarden_extender_model_nodes") == 3
+
+
+@pytest.mark.parametrize(
+    ("cached_nomination", "passed"),
+    [
+        pytest.param("n", ["n"], id="nomination-seen-by-watch-only-is-used"),
+        pytest.param("", [], id="no-nomination-anywhere-victims-count"),
+    ],
+)
+async def test_filter_takes_the_nomination_from_the_watch_when_the_scheduler_copy_lacks_it(
+    cached_nomination: str, passed: list[str]
+) -> None:
+    # the scheduler retries the preemptor before its asynchronous nominatedNodeName patch reached its copy
+    m = support_model(
+        [support_node("n")], [pod("p", 8, priority=10, nominated=cached_nomination), pod("v", 8, node="n")]
+    )
+    service = ExtenderService(m, Settings(fleet_max_numa_gpus=4), extender_metrics(CollectorRegistry()))
+    args = ExtenderArgs.model_validate({"Pod": pod("p", 8, priority=10), "NodeNames": ["n"]})
+    result = await service.filter(args)
+    assert result.node_names == passed
+
+
+@pytest.mark.parametrize(
+    ("victim_priority", "waits", "passed"),
+    [
+        pytest.param(0, True, ["n"], id="lower-priority-holder-wait-for-the-watch-then-pass"),
+        pytest.param(10, False, [], id="equal-priority-holder-no-wait"),
+    ],
+)
+async def test_filter_gives_the_watch_a_moment_when_a_preemption_may_be_settling(
+    victim_priority: int, waits: bool, passed: list[str]
+) -> None:
+    m = support_model(
+        [support_node("n")], [pod("v", 8, node="n", ids="0,1,2,3,4,5,6,7", priority=victim_priority)]
+    )
+    slept: list[float] = []
+
+    async def watch_delivers_the_deletion(seconds: float) -> None:
+        slept.append(seconds)
+        m.delete_pod("ml/v")
+
+    service = ExtenderService(
+        m,
+        Settings(fleet_max_numa_gpus=4),
+        extender_metrics(CollectorRegistry()),
+        sleep=watch_delivers_the_deletion,
+    )
+    args = ExtenderArgs.model_validate({"Pod": pod("p", 8, priority=10), "NodeNames": ["n"]})
+    result = await service.filter(args)
+    assert result.node_names == passed and bool(slept) is waits
