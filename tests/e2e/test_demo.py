@@ -3,7 +3,7 @@
 
 The demo builds its own control plane (its kube-scheduler is configured with the extender from the start),
 so these tests do not use the session cluster. They run the demo as a subprocess, as a user would, through
-`python -m gpuwarden.demo` (the same entry point `gpuwarden demo` calls).
+`python -m gpuwarden demo` (the CLI a user runs).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def shortened(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def demo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpuwarden.demo", *args]
+    return [sys.executable, "-m", "gpuwarden", "demo", *args]
 
 
 def test_default_scenario_passes_and_writes_the_report(tmp_path: Path) -> None:
