@@ -44,6 +44,7 @@ def _add_common(p: argparse.ArgumentParser, *, config_required: bool = False) ->
         required=config_required,
         help="YAML config file (see docs/configuration.md). Unknown keys are errors.",
     )
+    p.add_argument("--kubeconfig", type=Path, help="overrides kubernetes.kubeconfig (default: in-cluster)")
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="overrides logging.level"
     )
@@ -70,7 +71,12 @@ def _load(args: argparse.Namespace, overrides: dict[str, object]) -> Any:
     from gpuwarden.config.report import format_problems
     from gpuwarden.errors import ConfigError
 
-    overrides = {**overrides, "logging.level": args.log_level, "logging.format": args.log_format}
+    overrides = {
+        **overrides,
+        "kubernetes.kubeconfig": str(args.kubeconfig) if args.kubeconfig else None,
+        "logging.level": args.log_level,
+        "logging.format": args.log_format,
+    }
     try:
         config = load_config(args.config, os.environ, overrides)
     except ConfigError as exc:

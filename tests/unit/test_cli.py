@@ -32,7 +32,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
     [
         pytest.param("adapter", ["--config", "--prometheus-url", "--secure-port"], id="adapter"),
         pytest.param("controller", ["--config", "--prometheus-url", "--dry-run"], id="controller"),
-        pytest.param("plan", ["--config", "--output"], id="plan"),
+        pytest.param("plan", ["--config", "--kubeconfig", "--output"], id="plan"),
         pytest.param("simulate", ["--scenario", "--listen"], id="simulate"),
         pytest.param("demo", ["--scenario", "--keep", "--out"], id="demo"),
     ],
@@ -70,3 +70,20 @@ def test_simulate_rejects_bad_listen(tmp_path: object, capsys: pytest.CaptureFix
         cli.main(["simulate"])  # --scenario is required
     assert exc.value.code == 2
     assert "--scenario" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["plan", "--kubeconfig", "/tmp/kc.yaml"], "/tmp/kc.yaml", id="flag-wins"),
+        pytest.param(["plan"], None, id="default-in-cluster"),
+    ],
+)
+def test_kubeconfig_flag_overrides_the_config(
+    argv: list[str], expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUWARDEN_KUBERNETES__KUBECONFIG", raising=False)
+    config = cli._load(cli.build_parser().parse_args(argv), {})
+    assert config is not None
+    got = config.kubernetes.kubeconfig
+    assert (str(got) if got is not None else None) == expected
