@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,9 @@ def test_kubeconfig_flag_overrides_the_config(
     argv: list[str], expected: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GPUWARDEN_KUBERNETES__KUBECONFIG", raising=False)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", root.handlers[:])  # _load configures logging; undo it afterwards
+    monkeypatch.setattr(root, "level", root.level)
     config = cli._load(cli.build_parser().parse_args(argv), {})
     assert config is not None
     got = config.kubernetes.kubeconfig
