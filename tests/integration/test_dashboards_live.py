@@ -673,6 +673,13 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         runner, controller_port = await serve(controller_app)
         stack.push_async_callback(runner.cleanup)
 
+        # Built (so their self-metrics are registered, at zero) before Prometheus first scrapes the
+        # controller: a counter or histogram first seen already moved has no rate() for the panels to show.
+        health = HealthLoop(
+            config, controller_prom, kube_controller, registry=controller_registry, instance="c-0"
+        )
+        nominations = NominationLoop(config, kube_controller, registry=controller_registry, instance="c-0")
+
         prom.scrape_configs = [
             scrape_target("dcgm-exporter", f"127.0.0.1:{sim.port}", honor_labels=True),
             scrape_target("kube-state-metrics", f"127.0.0.1:{ksm_port}", honor_labels=True),
@@ -702,10 +709,6 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             durations=LeaseDurations(),
             registry=controller_registry,
         )
-        health = HealthLoop(
-            config, controller_prom, kube_controller, registry=controller_registry, instance="c-0"
-        )
-        nominations = NominationLoop(config, kube_controller, registry=controller_registry, instance="c-0")
         stop = asyncio.Event()
         api.faults[("PATCH", "/api/v1/nodes/gpu-node-002")] = 500
         tasks = [
