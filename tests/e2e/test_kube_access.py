@@ -66,7 +66,7 @@ async def kube(cluster: Cluster, registry: CollectorRegistry) -> AsyncIterator[K
 
 @pytest.fixture
 async def node(kube: KubeClient) -> AsyncIterator[str]:
-    """A throw-away Node (kwok marks it Ready), deleted afterwards."""
+    """A throw-away Node (kwok marks it Ready a moment later), deleted afterwards."""
     name = f"kube-e2e-{uuid.uuid4().hex[:6]}"
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"e2e": "kube"}}}
     await kube.create(NODES, body)
@@ -215,6 +215,13 @@ async def test_patch_types_and_status_subresource(kube: KubeClient, node: str) -
     ]
     patched = await kube.patch(NODES, node, ops, patch_type=PatchType.JSON)
     assert patched["metadata"]["annotations"][key] == '{"xid": 79}'
+
+    # kwok marks a new Node Ready asynchronously; the merge below is observable only once that exists.
+    async def kwok_marked_ready() -> bool:
+        current = (await kube.get(NODES, node)).get("status", {})
+        return "Ready" in {c["type"] for c in current.get("conditions") or []}
+
+    await eventually(kwok_marked_ready, within=60.0)
 
     condition = {
         "type": "GPUHealthy",
