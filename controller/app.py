@@ -150,7 +150,13 @@ async def run_controller(
         if config.extender.enabled:
             hook = throttle if config.preemption.enabled else passthrough_preemption
             extender = build_extender(
-                config, kube, prometheus=prom, registry=registry, dry_run=bool(dry_run), preempt_hook=hook
+                config,
+                kube,
+                prometheus=prom,
+                registry=registry,
+                dry_run=bool(dry_run),
+                preempt_hook=hook,
+                instance=identity,
             )
         health = HealthLoop(
             config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes

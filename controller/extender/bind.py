@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from controller.extender.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
-from controller.extender.decide import Choice, Settings, choose_gpus
+from controller.extender.decide import Choice, Policy, Settings, choose_gpus, policy_of
 from controller.extender.model import Claim, ClusterModel
 from controller.extender.objects import JsonObject, PodInfo, pod_info
 from controller.extender.placement import alignment
@@ -73,11 +73,16 @@ class KubePodApi:
 
 @dataclass(frozen=True, slots=True)
 class BindOutcome:
-    """`error` is "" on success; `kind` (for logs): bound, already_bound, rejected, conflict, error."""
+    """`error` is "" on success; `kind` (for logs): bound, already_bound, rejected, conflict, error.
+
+    `cause` says why a bind failed (pod_gone, pod_replaced, bound_elsewhere, no_fit, gpu_claimed,
+    pod_changed, api_error, not_synced); `policy` is the pod's effective topology policy once known."""
 
     kind: str
     error: str = ""
     choice: Choice | None = None
+    cause: str = ""
+    policy: str = ""
 
 
 class Binder:
@@ -162,10 +167,16 @@ class Binder:
                 if outcome is not None:
                     return outcome
                 self._on_conflict("pod_changed")
-            return BindOutcome("conflict", f"pod {ns}/{name} kept changing while binding it to {node}; retry")
+            return BindOutcome(
+                "conflict",
+                f"pod {ns}/{name} kept changing while binding it to {node}; retry",
+                cause="pod_changed",
+            )
         except KubeError as exc:
             log.warning("bind failed", extra={"pod": f"{ns}/{name}", "node": node, "error": str(exc)})
-            return BindOutcome("error", f"binding {ns}/{name} to {node} failed: {exc.message}")
+            return BindOutcome(
+                "error", f"binding {ns}/{name} to {node} failed: {exc.message}", cause="api_error"
+            )
         finally:
             if provisional is not None and self._inflight.get(node, {}).get(provisional.pod) is provisional:
                 self._forget(node, provisional.pod)
@@ -176,20 +187,24 @@ class Binder:
         try:
             pod = pod_info(await self._api.get_pod(ns, name), self._model.resource)
         except KubeNotFound:
-            return BindOutcome("error", f"pod {ns}/{name} not found")
+            return BindOutcome("error", f"pod {ns}/{name} not found", cause="pod_gone")
         if pod.uid != args.pod_uid:
-            return BindOutcome("error", f"pod {ns}/{name} has UID {pod.uid}, not {args.pod_uid}")
+            return BindOutcome(
+                "error", f"pod {ns}/{name} has UID {pod.uid}, not {args.pod_uid}", cause="pod_replaced"
+            )
         if pod.node_name:
             if pod.node_name == node:
                 return BindOutcome("already_bound")
-            return BindOutcome("error", f"pod {ns}/{name} is already bound to {pod.node_name}")
+            return BindOutcome(
+                "error", f"pod {ns}/{name} is already bound to {pod.node_name}", cause="bound_elsewhere"
+            )
         if pod.gpus <= 0 or self._dry_run:
             choice = None
             if self._dry_run and pod.gpus > 0:
                 choice = self._choose(pod, node).choice
                 log.info("dry-run: would claim GPUs", extra={"pod": pod.key, "node": node, "choice": choice})
             await self._api.bind_pod(ns, name, pod.uid, node)
-            return BindOutcome("bound", choice=choice)
+            return BindOutcome("bound", choice=choice, policy=self._policy(pod) if choice else "")
         async with self._locks.setdefault(node, asyncio.Lock()):
             claimed = await self._claim(pod, node)
             if not isinstance(claimed, tuple):
@@ -207,7 +222,9 @@ class Binder:
             view = view.with_claims(c for c in self.overlay(node) if c.pod != pod.key)
         verdict = choose_gpus(replace(pod, nominated=""), view, self._settings(), self._clock(), node=node)
         if verdict.choice is None:
-            return BindOutcome("rejected", f"no GPU set for {pod.key} on {node}: {verdict.reason}")
+            return BindOutcome(
+                "rejected", f"no GPU set for {pod.key} on {node}: {verdict.reason}", cause="no_fit"
+            )
         return BindOutcome("bound", choice=verdict.choice)
 
     def _describe(self, node: str, ids: tuple[str, ...]) -> Choice:
@@ -256,7 +273,9 @@ class Binder:
             await self._release(pod, node, rv)
             held = "; ".join(f"GPU {','.join(gpu_ids)} by {key}" for key, gpu_ids in clash)
             log.info("bind lost a GPU race", extra={"pod": pod.key, "node": node, "held": held})
-            return BindOutcome("conflict", f"GPUs on {node} were claimed concurrently ({held}); retry")
+            return BindOutcome(
+                "conflict", f"GPUs on {node} were claimed concurrently ({held}); retry", cause="gpu_claimed"
+            )
         return choice, rv
 
     async def _finish(self, pod: PodInfo, node: str, choice: Choice, rv: str) -> BindOutcome:
@@ -268,11 +287,20 @@ class Binder:
             if current.node_name == node:
                 return BindOutcome("already_bound", choice=choice)
             await self._release(pod, node, rv)
-            return BindOutcome("error", f"pod {pod.key} could not be bound to {node}: it changed meanwhile")
+            return BindOutcome(
+                "error",
+                f"pod {pod.key} could not be bound to {node}: it changed meanwhile",
+                cause="pod_changed",
+            )
         except KubeError:
             await self._release(pod, node, rv)
             raise
-        return BindOutcome("bound", choice=choice)
+        return BindOutcome("bound", choice=choice, policy=self._policy(pod))
+
+    def _policy(self, pod: PodInfo) -> str:
+        """The pod's effective topology policy, as text for events and logs."""
+        policy = policy_of(pod, self._settings())
+        return policy.value if isinstance(policy, Policy) else ""
 
     async def _release(self, pod: PodInfo, node: str, rv: str) -> None:
         """Withdraw our claim, only if nobody touched the pod since we wrote it (else it is not ours)."""

@@ -1,4 +1,5 @@
-"""Self-metrics of the scheduler extender: requests, latency, filter outcomes, placements, bind conflicts.
+"""Self-metrics of the scheduler extender: requests, latency, filter outcomes, placements, bind conflicts,
+dropped bind Events.
 
 Why a module of its own: the HTTP edge and the binder count into the same series, and a registry must get
 each series exactly once (tests create a fresh `CollectorRegistry` each). The model's size and sync state are
@@ -32,6 +33,8 @@ class ExtenderMetrics:
     bind_conflicts: Counter
     """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed,
     cache_stale (the watch cache found no GPU set; bind chose again from a consistent LIST)."""
+    events_dropped: Counter
+    """`gpuwarden_extender_events_dropped_total`: bind Events not written because the queue was full."""
 
 
 def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
@@ -71,6 +74,12 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
             "(the cache found no GPU set, e.g. preemption victims not yet seen gone; chosen again from a "
             "consistent LIST).",
             ["kind"],
+            registry=registry,
+        ),
+        events_dropped=Counter(
+            "gpuwarden_extender_events_dropped_total",
+            "GPUsAssigned / GPUBindFailed Events dropped because too many were waiting to be written "
+            "(binds never wait for Events).",
             registry=registry,
         ),
     )

@@ -4,13 +4,15 @@ Why it exists: the controller's entry point should need three lines - `build_ext
 `run()` - and every replica must be built the same way (each answers filter/prioritize/bind from its own
 watch-backed model; no leader is needed because bind's claim protocol is safe between replicas).
 
-It reads the `extender`, `kubernetes` and `health` (node labels of DCGM series) config sections and must
-not run a listener itself: the controller owns the HTTP server, /metrics and the probes.
+It reads the `extender` (including `claim_ttl_seconds` and `events`), `kubernetes` and `health` (node
+labels of DCGM series) config sections and must not run a listener itself: the controller owns the HTTP
+server, /metrics and the probes. Bind Events (`events.py`) are written by a task run beside the feed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder, KubePodApi
 from controller.extender.decide import Policy, Settings
+from controller.extender.events import BindEvents, EventSink
 from controller.extender.feed import ErrorTrends, ModelFeed
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.model import ClusterModel
@@ -31,19 +34,18 @@ from controller.extender.server import (
 )
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
-from gpuwarden.kube import KubeClient
+from gpuwarden.kube import EventRecorder, KubeClient
 from gpuwarden.promclient import PrometheusClient
 
-CLAIM_TTL_SECONDS = 60.0
-"""How long an unbound pod's GPU claim holds (not in the config yet): a bind takes milliseconds, a crashed
-binder's claim must not pin GPUs for long, and a pod whose bind failed is retried within seconds."""
+CLAIM_TTL_SECONDS = ExtenderConfig.model_fields["claim_ttl_seconds"].default
+"""The default of `extender.claim_ttl_seconds` (kept for callers that imported the old constant)."""
 
 
 def settings_from_config(cfg: ExtenderConfig, resource: str) -> Settings:
     """The decision knobs from the `extender` section."""
     return Settings(
         default_policy=Policy(cfg.default_policy),
-        claim_ttl_seconds=CLAIM_TTL_SECONDS,
+        claim_ttl_seconds=cfg.claim_ttl_seconds,
         error_trend_threshold=cfg.scoring.error_trend_sbe_per_hour,
         error_trend_penalty=cfg.scoring.error_trend_penalty,
         fit_weight=cfg.scoring.fit_weight,
@@ -62,6 +64,7 @@ class Extender:
     feed: ModelFeed
     trends: ErrorTrends | None
     prefix: str
+    events: BindEvents | None = None
 
     def mount(self, app: web.Application) -> None:
         add_extender_routes(app, self.service, self.prefix)
@@ -75,6 +78,8 @@ class Extender:
         jobs = [self.feed.run()]
         if self.trends is not None:
             jobs.append(self.trends.run())
+        if self.events is not None:
+            jobs.append(self.events.run())
         await asyncio.gather(*jobs)
 
 
@@ -87,8 +92,13 @@ def build_extender(
     dry_run: bool = False,
     preempt_hook: PreemptHook = passthrough_preemption,
     clock: Callable[[], float] = time.time,
+    instance: str = "",
+    recorder: EventSink | None = None,
 ) -> Extender:
-    """Build the extender from config; `prometheus` None disables the error-trend penalty."""
+    """Build the extender from config; `prometheus` None disables the error-trend penalty.
+
+    With `extender.events` on, bind outcomes become Events written by `recorder` (default: an
+    `EventRecorder` reporting as gpuwarden.io/extender, `instance` defaulting to the host name)."""
     cfg = config.extender
     resource = config.kubernetes.gpu_resource_name
     model = ClusterModel(resource, topology_source=cfg.topology_source)
@@ -96,7 +106,14 @@ def build_extender(
     if registry is not None:
         register_model_collectors(registry, model)
     settings = settings_from_config(cfg, resource)
-    service = ExtenderService(model, settings, metrics, preempt_hook=preempt_hook, clock=clock)
+    events = None
+    if cfg.events:
+        events = BindEvents(
+            recorder or EventRecorder(kube, component="extender", instance=instance or socket.gethostname()),
+            on_drop=metrics.events_dropped.inc,
+            dry_run=dry_run,
+        )
+    service = ExtenderService(model, settings, metrics, preempt_hook=preempt_hook, clock=clock, events=events)
     service.binder = Binder(
         KubePodApi(kube),
         model,
@@ -121,4 +138,4 @@ def build_extender(
             label_matchers=config.health.label_matchers,
             interval=cfg.scoring.error_trend_refresh_seconds,
         )
-    return Extender(model, service, feed, trends, cfg.path_prefix)
+    return Extender(model, service, feed, trends, cfg.path_prefix, events)

@@ -28,8 +28,9 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from controller.extender.bind import Binder
+from controller.extender.bind import Binder, BindOutcome
 from controller.extender.decide import Settings, filter_nodes, score_nodes
+from controller.extender.events import BindEvents, bind_event
 from controller.extender.metrics import ExtenderMetrics
 from controller.extender.model import ClusterModel, NodeView
 from controller.extender.objects import PodInfo, pod_info
@@ -95,8 +96,11 @@ class ExtenderService:
         clock: Callable[[], float] = time.time,
         settle_seconds: float = 0.3,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        events: BindEvents | None = None,
     ) -> None:
         self.model = model
+        self.events = events
+        """Where bind outcomes go as Kubernetes Events (None: no Events); `offer` never blocks."""
         self.settle_seconds = settle_seconds
         self._sleep = sleep
         self.settings = settings
@@ -191,8 +195,10 @@ class ExtenderService:
         if self.binder is None:
             return ExtenderBindingResult(error="gpuwarden extender: bind is not enabled on this replica")
         if not self.model.synced:
+            self._notify(args, BindOutcome("error", NOT_SYNCED, cause="not_synced"))
             return ExtenderBindingResult(error=NOT_SYNCED)
         outcome = await self.binder.bind(args)
+        self._notify(args, outcome)
         if outcome.choice is not None and not outcome.error and outcome.kind == "bound":
             self.metrics.placements.labels(outcome.choice.alignment).inc()
         log.info(
@@ -206,6 +212,21 @@ class ExtenderService:
             },
         )
         return ExtenderBindingResult(error=outcome.error)
+
+    def _notify(self, args: ExtenderBindingArgs, outcome: BindOutcome) -> None:
+        if self.events is None:
+            return
+        self.events.offer(
+            bind_event(
+                args,
+                kind=outcome.kind,
+                error=outcome.error,
+                cause=outcome.cause,
+                choice=outcome.choice,
+                policy=outcome.policy,
+                dry_run=self.events.dry_run,
+            )
+        )
 
 
 def _preemption_settling(

@@ -111,6 +111,20 @@ class ExtenderConfig(Section):
         "scheduler sends whole Node objects for up to 500 candidates.",
     )
     scoring: Scoring = Field(default_factory=Scoring, description="Prioritize scoring.")
+    claim_ttl_seconds: Seconds = Field(
+        default=60.0,
+        ge=5,
+        le=3600,
+        description="Seconds an unbound pod's GPU claim (written by bind just before the Binding) holds "
+        "its GPUs against other binds. 60: a bind takes milliseconds and a failed one is retried within "
+        "seconds, while a crashed binder's claim must not pin GPUs for long. Bounds 5-3600: shorter than "
+        "a slow API server's bind risks handing a GPU out twice; longer pins GPUs after a crash.",
+    )
+    events: bool = Field(
+        default=True,
+        description="Write Kubernetes Events on the pod at bind: GPUsAssigned (node, GPU ids, NUMA node, "
+        "topology policy) and GPUBindFailed (why). Written in the background; never delays a bind.",
+    )
 
     @field_validator("path_prefix")
     @classmethod

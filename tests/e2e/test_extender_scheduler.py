@@ -220,6 +220,32 @@ def wait_all_bound(cluster: Cluster, namespace: str, count: int, timeout: float)
         raise AssertionError(f"{exc}\npending:\n{pending_report(cluster, namespace)}") from None
 
 
+def gpus_assigned(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    """The extender's GPUsAssigned Events (events.k8s.io/v1, as `kubectl describe pod` shows them) by pod."""
+    items = cluster.get_json("events.v1.events.k8s.io", "-n", namespace)["items"]
+    return {
+        e["regarding"]["name"]: e
+        for e in items
+        if e.get("reason") == "GPUsAssigned" and e.get("reportingController") == "gpuwarden.io/extender"
+    }
+
+
+def assert_assignment_events(cluster: Cluster, namespace: str, names: list[str]) -> None:
+    """Every bound pod has a GPUsAssigned Event naming its node, its recorded GPU ids and NUMA node."""
+    poll(lambda: set(names) <= set(gpus_assigned(cluster, namespace)), timeout=30, what="GPUsAssigned events")
+    events = gpus_assigned(cluster, namespace)
+    for obj in pods(cluster, namespace):
+        name, node = obj["metadata"]["name"], obj["spec"]["nodeName"]
+        annotations = obj["metadata"]["annotations"]
+        event = events[name]
+        assert event["type"] == "Normal" and event["regarding"]["uid"] == obj["metadata"]["uid"], event
+        assert event["related"] == {"apiVersion": "v1", "kind": "Node", "name": node}, event
+        note = event["note"]
+        assert f"GPUs {annotations['gpuwarden.io/gpu-ids']} on node {node}, " in note, note
+        assert f"NUMA node {annotations['gpuwarden.io/numa-node']}, " in note, note
+        assert "topology policy single-numa satisfied" in note or "topology policy none" in note, note
+
+
 def test_stream_is_numa_aligned_without_double_assignment_across_a_restart(
     cluster: Cluster, namespace: str, extender_at: int
 ) -> None:
@@ -237,6 +263,7 @@ def test_stream_is_numa_aligned_without_double_assignment_across_a_restart(
     try:
         wait_all_bound(cluster, namespace, len(first) + len(second), timeout=90)
         assert_placements(cluster, namespace, first | second)
+        assert_assignment_events(cluster, namespace, [*first, *second])
     finally:
         running.stop()
 

@@ -48,7 +48,8 @@ def held(api: FakePodApi, target: str = "n") -> Counter[str]:
 async def test_bind_writes_claim_before_binding() -> None:
     api = FakePodApi([pod("p", 4)])
     outcome = await replica(api, watch=True).bind(args("p"))
-    assert outcome == BindOutcome("bound", "", outcome.choice) and outcome.choice is not None
+    assert outcome == BindOutcome("bound", "", outcome.choice, policy="single-numa")
+    assert outcome.choice is not None
     assert api.calls == ["get ml/p", "patch ml/p", "list gpuwarden.io/gpu-node=n", "bind ml/p n"]
     meta = api.pods["ml/p"]["metadata"]
     assert meta["annotations"]["gpuwarden.io/gpu-ids"] == "0,1,2,3"
@@ -57,19 +58,20 @@ async def test_bind_writes_claim_before_binding() -> None:
 
 
 @pytest.mark.parametrize(
-    ("objects", "request_", "kind", "error"),
+    ("objects", "request_", "kind", "error", "cause"),
     [
-        ([pod("p", 1)], args("p", uid="other"), "error", "pod ml/p has UID uid-p, not other"),
-        ([pod("p", 1, node="m")], args("p"), "error", "pod ml/p is already bound to m"),
-        ([pod("p", 1, node="n", ids="3")], args("p"), "already_bound", ""),
-        ([], args("p"), "error", "pod ml/p not found"),
+        ([pod("p", 1)], args("p", uid="other"), "error", "pod ml/p has UID uid-p, not other", "pod_replaced"),
+        ([pod("p", 1, node="m")], args("p"), "error", "pod ml/p is already bound to m", "bound_elsewhere"),
+        ([pod("p", 1, node="n", ids="3")], args("p"), "already_bound", "", ""),
+        ([], args("p"), "error", "pod ml/p not found", "pod_gone"),
         (
             [pod("p", 8, policy="single-pcie")],
             args("p"),
             "rejected",
             "no GPU set for ml/p on n: at most 2 healthy",
+            "no_fit",
         ),
-        ([pod("p", 2)], args("p", "unknown"), "rejected", "not (yet) known"),
+        ([pod("p", 2)], args("p", "unknown"), "rejected", "not (yet) known", "no_fit"),
     ],
     ids=[
         "uid-mismatch",
@@ -81,11 +83,11 @@ async def test_bind_writes_claim_before_binding() -> None:
     ],
 )
 async def test_bind_refusals(
-    objects: list[dict[str, Any]], request_: ExtenderBindingArgs, kind: str, error: str
+    objects: list[dict[str, Any]], request_: ExtenderBindingArgs, kind: str, error: str, cause: str
 ) -> None:
     api = FakePodApi(objects)
     outcome = await replica(api, watch=True).bind(request_)
-    assert outcome.kind == kind
+    assert (outcome.kind, outcome.cause) == (kind, cause)
     assert error in outcome.error if error else outcome.error == ""
     assert not [c for c in api.calls if c.startswith(("patch", "bind"))]
 
@@ -116,7 +118,8 @@ async def test_second_replica_with_stale_cache_loses_the_race_cleanly() -> None:
     api.on_write.append(second_binds_during_first_claim)
     first_outcome = await first.bind(args("a"))
     assert first_outcome.kind == "bound"
-    assert results[0].kind == "conflict" and "claimed concurrently (GPU 0,1,2,3 by ml/a)" in results[0].error
+    assert (results[0].kind, results[0].cause) == ("conflict", "gpu_claimed")
+    assert "claimed concurrently (GPU 0,1,2,3 by ml/a)" in results[0].error
     assert "gpuwarden.io/gpu-ids" not in api.pods["ml/b"]["metadata"]["annotations"]  # claim withdrawn
     assert held(api) == Counter({"0": 1, "1": 1, "2": 1, "3": 1})
 

@@ -158,12 +158,12 @@ def test_settings_from_config() -> None:
     cfg = Config.model_validate(
         {"extender": {"default_policy": "prefer-numa", "count_nominated_pods": False,
                       "scoring": {"fit_weight": 1, "locality_weight": 3, "error_trend_penalty": 5,
-                                  "error_trend_sbe_per_hour": 20}}}
+                                  "error_trend_sbe_per_hour": 20}, "claim_ttl_seconds": 15}}
     )  # fmt: skip
     s = settings_from_config(cfg.extender, "example.com/gpu")
     assert s.default_policy is Policy.PREFER_NUMA and not s.count_nominated
     assert (s.fit_weight, s.locality_weight, s.error_trend_penalty, s.error_trend_threshold) == (1, 3, 5, 20)
-    assert s.resource == "example.com/gpu"
+    assert s.resource == "example.com/gpu" and s.claim_ttl_seconds == 15
 
 
 async def test_build_extender_mounts_routes_under_the_configured_prefix() -> None:

@@ -1,0 +1,273 @@
+"""Bind Events: which outcome becomes which Event (pure), the bounded queue and its writer, and the verb's
+wiring (an Event per bind, never a bind waiting on one), with the real `EventRecorder` over a fake API."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller.extender.bind import Binder
+from controller.extender.decide import Choice, Settings
+from controller.extender.events import ASSIGNED, FAILED, BindEvent, BindEvents, bind_event, policy_verdict
+from controller.extender.metrics import extender_metrics
+from controller.extender.runtime import build_extender
+from controller.extender.server import NOT_SYNCED, ExtenderService
+from controller.extender.wire import ExtenderBindingArgs
+from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeForbidden
+from gpuwarden.kube import EventRecorder, EventType, KubeClient, ObjectRef
+from tests.unit.extender_support import FakePodApi, model, node, pod
+from tests.unit.test_kube_events import FakeEvents
+
+NOW = 1_700_000_000.0
+ARGS = ExtenderBindingArgs(pod_name="p", pod_namespace="ml", pod_uid="uid-p", node="n")
+ONE_NUMA = Choice(("0", "1", "2", "3"), (0,), "nvlink", 9)
+TWO_NUMA = Choice(tuple(str(i) for i in range(8)), (0, 1), "whole-numa", 7)
+SPREAD = Choice(("3", "4"), (0, 1), "cross-numa", 3)
+
+
+@pytest.mark.parametrize(
+    ("policy", "choice", "verdict"),
+    [
+        pytest.param("single-numa", ONE_NUMA, "single-numa satisfied", id="single-numa-one-node"),
+        pytest.param(
+            "single-numa",
+            TWO_NUMA,
+            "single-numa satisfied with the fewest whole NUMA nodes (0,1); no NUMA node holds the request",
+            id="single-numa-spread-over-whole-nodes",
+        ),
+        pytest.param("single-pcie", ONE_NUMA, "single-pcie satisfied", id="single-pcie"),
+        pytest.param("prefer-numa", ONE_NUMA, "prefer-numa satisfied", id="prefer-numa-met"),
+        pytest.param(
+            "prefer-numa",
+            SPREAD,
+            "prefer-numa not met: spans NUMA nodes 0,1 (no single NUMA node had room)",
+            id="prefer-numa-not-met",
+        ),
+        pytest.param("none", SPREAD, "none (no constraint)", id="none"),
+        pytest.param("", ONE_NUMA, "none (no constraint)", id="unknown-policy-text"),
+    ],
+)
+def test_policy_verdict(policy: str, choice: Choice, verdict: str) -> None:
+    assert policy_verdict(policy, choice) == verdict
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        pytest.param(
+            {"kind": "bound", "choice": ONE_NUMA, "policy": "single-numa"},
+            (
+                ASSIGNED,
+                EventType.NORMAL,
+                "GPUs 0,1,2,3 on node n, NUMA node 0, alignment nvlink; "
+                "topology policy single-numa satisfied",
+            ),
+            id="bound",
+        ),
+        pytest.param(
+            {"kind": "bound", "choice": ONE_NUMA, "policy": "single-numa", "dry_run": True},
+            (
+                ASSIGNED,
+                EventType.NORMAL,
+                "[dry-run] claim not written; would assign GPUs 0,1,2,3 on node n, "
+                "NUMA node 0, alignment nvlink; topology policy single-numa satisfied",
+            ),
+            id="dry-run",
+        ),
+        pytest.param(
+            {
+                "kind": "conflict",
+                "error": "GPUs on n were claimed concurrently (GPU 0 by ml/q); retry",
+                "cause": "gpu_claimed",
+            },
+            (
+                FAILED,
+                EventType.WARNING,
+                "binding to node n failed: GPUs on n were claimed concurrently (GPU 0 by ml/q); retry",
+            ),
+            id="conflicting-claim",
+        ),
+        pytest.param(
+            {
+                "kind": "rejected",
+                "error": "no GPU set for ml/p on n: GPUs quarantined by gpuwarden (xid-79)",
+                "cause": "no_fit",
+            },
+            (
+                FAILED,
+                EventType.WARNING,
+                "binding to node n failed: no GPU set for ml/p on n: GPUs quarantined by gpuwarden (xid-79)",
+            ),
+            id="quarantined",
+        ),
+        pytest.param(
+            {"kind": "error", "error": "binding ml/p to n failed: forbidden", "cause": "api_error"},
+            (FAILED, EventType.WARNING, "binding to node n failed: binding ml/p to n failed: forbidden"),
+            id="api-error",
+        ),
+        pytest.param(
+            {"kind": "error", "error": NOT_SYNCED, "cause": "not_synced"},
+            (FAILED, EventType.WARNING, f"binding to node n failed: {NOT_SYNCED}"),
+            id="not-synced",
+        ),
+        pytest.param(
+            {"kind": "error", "error": "pod ml/p not found", "cause": "pod_gone"}, None, id="pod-gone"
+        ),
+        pytest.param(
+            {"kind": "error", "error": "pod ml/p has UID x, not uid-p", "cause": "pod_replaced"},
+            None,
+            id="pod-replaced",
+        ),
+        pytest.param({"kind": "bound"}, None, id="pod-without-gpus"),
+        pytest.param({"kind": "already_bound", "choice": ONE_NUMA}, None, id="idempotent-repeat"),
+    ],
+)
+def test_bind_event(outcome: dict[str, Any], expected: tuple[str, EventType, str] | None) -> None:
+    event = bind_event(ARGS, **outcome)
+    if expected is None:
+        assert event is None
+        return
+    assert event is not None
+    assert (event.reason, event.type, event.note) == expected
+    assert event.regarding() == ObjectRef("v1", "Pod", "p", "ml", "uid-p")
+    assert event.related() == ObjectRef("v1", "Node", "n")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def mono(self) -> float:
+        return self.t
+
+    def wall(self) -> datetime:
+        return datetime.fromtimestamp(NOW + self.t, UTC)
+
+
+def recorder(sink: FakeEvents, clock: Clock | None = None) -> EventRecorder:
+    clock = clock or Clock()
+    return EventRecorder(sink, component="extender", instance="ctrl-0", monotonic=clock.mono, wall=clock.wall)
+
+
+def failed(note: str = "binding to node n failed: x") -> BindEvent:
+    return BindEvent("ml", "p", "uid-p", "n", FAILED, EventType.WARNING, note)
+
+
+async def test_writer_creates_the_event_and_repeats_become_a_series() -> None:
+    sink, clock = FakeEvents(), Clock()
+    events = BindEvents(recorder(sink, clock))
+    assert events.offer(failed())
+    clock.t += 1
+    assert events.offer(failed())
+    assert await events.drain() == 2
+    [body] = sink.created
+    assert body["reason"] == FAILED and body["type"] == "Warning" and body["action"] == "Bind"
+    assert body["reportingController"] == "gpuwarden.io/extender"
+    assert body["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "p",
+        "namespace": "ml",
+        "uid": "uid-p",
+    }
+    assert body["related"] == {"apiVersion": "v1", "kind": "Node", "name": "n"}
+    assert body["metadata"]["namespace"] == "ml"
+    assert [patch["series"]["count"] for _, patch in sink.patched] == [2]
+
+
+async def test_full_queue_drops_and_counts_instead_of_waiting() -> None:
+    registry = CollectorRegistry()
+    metrics = extender_metrics(registry)
+    events = BindEvents(recorder(FakeEvents()), capacity=2, on_drop=metrics.events_dropped.inc)
+    assert [events.offer(failed(f"n{i}")) for i in range(3)] == [True, True, False]
+    assert events.offer(None) is False  # nothing to tell: not a drop
+    assert events.dropped == 1 and events.queued == 2
+    assert registry.get_sample_value("gpuwarden_extender_events_dropped_total") == 1
+
+
+class Flaky:
+    """A recorder whose first emit raises (as a broken recorder might) and that signals every write."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.written = asyncio.Event()
+        self.flushed = 0
+
+    async def emit(self, regarding: ObjectRef, **kw: Any) -> None:
+        self.notes.append(kw["note"])
+        if len(self.notes) == 1:
+            raise RuntimeError("boom")
+        self.written.set()
+
+    async def flush(self) -> None:
+        self.flushed += 1
+
+
+async def test_run_survives_a_failing_write_and_flushes_on_stop() -> None:
+    sink = Flaky()
+    events = BindEvents(sink, flush_interval=3600)
+    events.offer(failed("first"))
+    events.offer(failed("second"))
+    task = asyncio.create_task(events.run())
+    await sink.written.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [n.rsplit(": ", 1)[-1] for n in sink.notes] == ["first", "second"]
+    assert sink.flushed == 1  # deferred series counts written on the way out
+
+
+def service(api: FakePodApi, events: BindEvents, *, synced: bool = True) -> ExtenderService:
+    m = model([node("n")], api.pods.values())
+    m.nodes_synced = m.pods_synced = synced
+    api.on_write.append(m.upsert_pod)
+    settings = Settings(fleet_max_numa_gpus=4)
+    binder = Binder(api, m, lambda: settings, clock=lambda: NOW)
+    return ExtenderService(
+        m, settings, extender_metrics(None), binder=binder, clock=lambda: NOW, events=events
+    )
+
+
+async def test_bind_verb_queues_gpus_assigned_with_the_placement() -> None:
+    sink = FakeEvents()
+    events = BindEvents(recorder(sink))
+    result = await service(FakePodApi([pod("p", 4)]), events).bind(ARGS)
+    assert result.error == "" and events.queued == 1  # queued by the verb, written later
+    await events.drain()
+    [body] = sink.created
+    assert body["reason"] == ASSIGNED and body["type"] == "Normal"
+    assert body["note"] == (
+        "GPUs 0,1,2,3 on node n, NUMA node 0, alignment numa; topology policy single-numa satisfied"
+    )
+
+
+async def test_bind_verb_reports_refusals_and_answers_even_when_events_cannot_be_written() -> None:
+    sink = FakeEvents()
+    sink.fail_create = KubeForbidden("events is forbidden", status=403)
+    events = BindEvents(recorder(sink))
+    api = FakePodApi([pod("p", 8, policy="single-pcie")])
+    result = await service(api, events).bind(ARGS)
+    assert "no GPU set for ml/p on n" in result.error
+    await events.drain()  # the recorder logs the 403; nothing raises
+    assert sink.created == []
+    sink.fail_create = None
+    unsynced = await service(FakePodApi([pod("p", 1)]), events, synced=False).bind(ARGS)
+    assert unsynced.error == NOT_SYNCED
+    await events.drain()
+    assert [(b["reason"], b["note"]) for b in sink.created] == [
+        (FAILED, f"binding to node n failed: {NOT_SYNCED}")
+    ]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_build_extender_wires_events_by_config(enabled: bool) -> None:
+    cfg = Config.model_validate({"extender": {"events": enabled}})
+    sink = FakeEvents()
+    ext = build_extender(cfg, cast(KubeClient, object()), recorder=recorder(sink))
+    assert (ext.events is not None) is enabled
+    assert ext.service.events is ext.events
