@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps prometheus testbed lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps prometheus testbed upstream-adapter lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ prometheus: ## install the Debian prometheus package (server + promtool) when mi
 testbed: ## build kube-apiserver, KCM, scheduler, kubectl, etcd, kwok(ctl) into .cache/testbed
 	bash tests/testbed/build.sh
 
+upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench)
+	bash tests/bench/upstream/build.sh
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -57,7 +60,7 @@ e2e: deps prometheus testbed ## against the real control plane (tests/testbed)
 test: lint unit integration rules-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
 
-bench: deps prometheus ## benchmarks, printed numbers
+bench: deps prometheus testbed upstream-adapter ## benchmarks, printed numbers
 	$(PY) -m tests.bench
 
 demo: deps prometheus testbed ## the main job on a local kwok GPU fleet, with a report
