@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from adapter import auth, naming, presets, tls
 from adapter.cache import ValueCache
+from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
 from adapter.provider import Cached, Provider
 from adapter.registry import Discovery
@@ -115,6 +117,8 @@ class Adapter:
         self._register_snapshots()
         self.security: Security | None = None
         self.app: web.Application | None = None
+        self.certificates: CertificateReloader | None = None
+        self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def _register_snapshots(self) -> None:
@@ -181,11 +185,59 @@ class Adapter:
                 self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
         return self.app
 
+    def serving_context(self) -> ssl.SSLContext:
+        """The TLS context of the secure port; with certificate files, kept current by a reloader task."""
+        tcfg = self.config.adapter.tls
+        cas = self.security.authenticator.trusted_cas() if self.security else []
+        pair = None
+        if tcfg.cert_file is not None and tcfg.key_file is not None:
+            pair = tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes()
+        ctx, cert_pem = tls.server_context(
+            None,
+            None,
+            min_version=tcfg.min_version,
+            client_cas=cas,
+            names=["localhost", socket.gethostname()],
+            pair=pair,
+        )
+        expiry = expiry_of(cert_pem)
+        if expiry is not None:
+            self.metrics.certificate_expiry.set(expiry)
+        if pair is not None and tcfg.cert_file is not None and tcfg.key_file is not None:
+            self.certificates = CertificateReloader(
+                ctx,
+                tcfg.cert_file,
+                tcfg.key_file,
+                loaded=pair,
+                metrics=self.metrics,
+                interval=tcfg.reload_interval_seconds,
+            )
+            self._spawn(self.certificates.run(), "certificate reload")
+        return ctx
+
+    async def listen(self) -> None:
+        """Serve `app` (after `start()`) on the secure port, and on the loopback plain port if configured."""
+        assert self.app is not None, "start() first"
+        acfg = self.config.adapter
+        ssl_ctx = self.serving_context()
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, acfg.bind_address, acfg.secure_port, ssl_context=ssl_ctx).start()
+        log.info("adapter serving", extra={"address": acfg.bind_address, "port": acfg.secure_port})
+        if acfg.insecure_port is not None:
+            await web.TCPSite(self._runner, "127.0.0.1", acfg.insecure_port).start()
+            log.warning(
+                "plain-HTTP listener on 127.0.0.1 (local use only)", extra={"port": acfg.insecure_port}
+            )
+
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"adapter {name}"))
 
     async def stop(self) -> None:
-        """Cancel the loops and close the clients this adapter created."""
+        """Stop listening, cancel the loops and close the clients this adapter created."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -198,35 +250,15 @@ class Adapter:
 
 async def run_adapter(config: Config, *, registry: CollectorRegistry | None = None) -> None:
     """Serve the metrics APIs until cancelled (SIGINT/SIGTERM are the caller's business)."""
-    acfg = config.adapter
     kube = kube_client_for(config, registry)
     if kube is None:
         log.warning("no Kubernetes access: labelSelector cannot be resolved and authentication cannot work")
     adapter = Adapter(config, kube=kube, registry=registry)
-    runner: web.AppRunner | None = None
     try:
-        app = await adapter.start()
-        cas = adapter.security.authenticator.trusted_cas() if adapter.security else []
-        ssl_ctx, _ = tls.server_context(
-            acfg.tls.cert_file,
-            acfg.tls.key_file,
-            min_version=acfg.tls.min_version,
-            client_cas=cas,
-            names=["localhost", socket.gethostname()],
-        )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, acfg.bind_address, acfg.secure_port, ssl_context=ssl_ctx).start()
-        log.info("adapter serving", extra={"address": acfg.bind_address, "port": acfg.secure_port})
-        if acfg.insecure_port is not None:
-            await web.TCPSite(runner, "127.0.0.1", acfg.insecure_port).start()
-            log.warning(
-                "plain-HTTP listener on 127.0.0.1 (local use only)", extra={"port": acfg.insecure_port}
-            )
+        await adapter.start()
+        await adapter.listen()
         await asyncio.Event().wait()
     finally:
-        if runner is not None:
-            await runner.cleanup()
         await adapter.stop()
         if kube is not None:
             await kube.aclose()

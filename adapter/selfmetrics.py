@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuwarden.selfmetrics import SnapshotCollector
 
@@ -32,6 +32,8 @@ class AdapterMetrics:
     items: Counter
     value_age: Histogram
     discovery_runs: Counter
+    certificate_reloads: Counter
+    certificate_expiry: Gauge
 
     def observe_query(self, purpose: str, outcome: str, seconds: float) -> None:
         self.queries.labels(purpose, outcome).inc()
@@ -85,6 +87,18 @@ def new_metrics(registry: CollectorRegistry | None) -> AdapterMetrics:
             "gpuwarden_adapter_discovery_runs_total",
             "Series discovery rounds by outcome (success, partial, failed).",
             ["outcome"],
+            registry=registry,
+        ),
+        certificate_reloads=Counter(
+            "gpuwarden_adapter_certificate_reloads_total",
+            "Serving certificate/key file changes by outcome (success; invalid, mismatched, unreadable: "
+            "the previous pair keeps serving).",
+            ["outcome"],
+            registry=registry,
+        ),
+        certificate_expiry=Gauge(
+            "gpuwarden_adapter_serving_certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (unix seconds).",
             registry=registry,
         ),
     )

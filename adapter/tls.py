@@ -55,6 +55,16 @@ def load_certificates(pem: bytes) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem) if pem.strip() else []
 
 
+def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """`ctx.load_cert_chain` from bytes, via a private temporary directory (OpenSSL wants files)."""
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-tls-") as tmp:
+        cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+        cert_path.write_bytes(cert_pem)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key_pem)
+        ctx.load_cert_chain(cert_path, key_path)
+
+
 def server_context(
     cert_file: Path | None,
     key_file: Path | None,
@@ -62,24 +72,20 @@ def server_context(
     min_version: str = "TLSv1.2",
     client_cas: Sequence[x509.Certificate] = (),
     names: Sequence[str] = ("localhost",),
+    pair: tuple[bytes, bytes] | None = None,
 ) -> tuple[ssl.SSLContext, bytes]:
     """(server SSLContext, serving certificate PEM); self-signed when no files are given.
 
-    `client_cas` are offered for optional client-certificate verification.
+    `pair`: (certificate, key) PEM already read from the files, so a caller watching them for rotation
+    knows exactly which bytes were loaded. `client_cas` are offered for optional client-certificate
+    verification.
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
-    if cert_file is not None and key_file is not None:
-        ctx.load_cert_chain(cert_file, key_file)
-        cert_pem = cert_file.read_bytes()
-    else:
-        cert_pem, key_pem = self_signed(names)
-        with tempfile.TemporaryDirectory(prefix="gpuwarden-tls-") as tmp:
-            cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-            cert_path.write_bytes(cert_pem)
-            key_path.touch(mode=0o600)
-            key_path.write_bytes(key_pem)
-            ctx.load_cert_chain(cert_path, key_path)
+    if pair is None and cert_file is not None and key_file is not None:
+        pair = cert_file.read_bytes(), key_file.read_bytes()
+    cert_pem, key_pem = pair if pair is not None else self_signed(names)
+    load_pair(ctx, cert_pem, key_pem)
     if client_cas:
         bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in client_cas)
         ctx.load_verify_locations(cadata=bundle)

@@ -105,6 +105,12 @@ class ServingTLS(Section):
         default="TLSv1.2",
         description="Lowest TLS version accepted. TLSv1.2 because kube-apiserver's aggregator speaks it.",
     )
+    reload_interval_seconds: Seconds = Field(
+        default=10.0,
+        description="Seconds between checks of cert_file/key_file for a rotated pair (cert-manager, "
+        "kubelet). A changed, valid pair serves new handshakes without a restart; an invalid or "
+        "mismatched one is logged and counted and the previous pair keeps serving.",
+    )
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> ServingTLS:
