@@ -126,9 +126,11 @@ class Actuator:
         namespace: str,
         concurrency: int = 8,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        breaker_configmap: str = BREAKER_CONFIGMAP,
     ) -> None:
         self.client, self.events, self.metrics = client, events, metrics
         self.namespace = namespace
+        self.breaker_configmap = breaker_configmap
         self._sem = asyncio.Semaphore(concurrency)
         self._wall = wall
 
@@ -203,7 +205,7 @@ class Actuator:
 
     async def _apply_breaker(self, plan: Plan, result: ActResult) -> None:
         decision = plan.breaker
-        ref = ObjectRef("v1", "ConfigMap", BREAKER_CONFIGMAP, self.namespace)
+        ref = ObjectRef("v1", "ConfigMap", self.breaker_configmap, self.namespace)
         if decision.event is not None:
             await self._event(ref, decision.event, plan.dry_run, result)
         if plan.dry_run or not decision.changed:
@@ -220,12 +222,12 @@ class Actuator:
         data = {BREAKER_DATA_KEY: encode_breaker(state)}
         patch: JsonObject = {"data": data, "metadata": {"annotations": {BREAKER_RESET_ANNOTATION: None}}}
         try:
-            await self.client.patch(CONFIG_MAPS, BREAKER_CONFIGMAP, patch, namespace=self.namespace)
+            await self.client.patch(CONFIG_MAPS, self.breaker_configmap, patch, namespace=self.namespace)
         except KubeNotFound:
             body = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": BREAKER_CONFIGMAP},
+                "metadata": {"name": self.breaker_configmap},
                 "data": data,
             }
             await self.client.create(CONFIG_MAPS, body, namespace=self.namespace)
@@ -233,6 +235,6 @@ class Actuator:
     async def read_breaker(self) -> JsonObject | None:
         """The breaker ConfigMap, or None when it does not exist (closed)."""
         try:
-            return await self.client.get(CONFIG_MAPS, BREAKER_CONFIGMAP, namespace=self.namespace)
+            return await self.client.get(CONFIG_MAPS, self.breaker_configmap, namespace=self.namespace)
         except KubeNotFound:
             return None

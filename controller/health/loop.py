@@ -82,7 +82,13 @@ class HealthLoop:
             watch_timeout=int(config.kubernetes.watch_timeout_seconds),
         )
         recorder = EventRecorder(kube, component="health", instance=instance or socket.gethostname())
-        self.actuator = Actuator(kube, recorder, self.metrics, namespace=self.namespace)
+        self.actuator = Actuator(
+            kube,
+            recorder,
+            self.metrics,
+            namespace=self.namespace,
+            breaker_configmap=config.health.breaker.configmap_name,
+        )
         self.last_plan: Plan | None = None
 
     async def plan(self, nodes: list[JsonObject] | None = None) -> Plan:

@@ -143,7 +143,7 @@ class Observer:
     """Builds snapshots for one config; the queries are built once."""
 
     def __init__(
-        self, cfg: HealthConfig, *, gpu_resource: str = "nvidia.com/gpu", step: float = 15.0
+        self, cfg: HealthConfig, *, gpu_resource: str = "nvidia.com/gpu", step: float | None = None
     ) -> None:
         self.cfg = cfg
         self.gpu_resource = gpu_resource

@@ -87,8 +87,10 @@ class Queries:
         return {n: getattr(self, n) for n in names}
 
 
-def build_queries(cfg: HealthConfig, *, step: float = 15.0) -> Queries:
-    """Fleet-wide queries for the windows and labels in `cfg` (`step`: subquery resolution, ≤ scrape)."""
+def build_queries(cfg: HealthConfig, *, step: float | None = None) -> Queries:
+    """Fleet-wide queries for the windows and labels in `cfg` (`step`: subquery resolution, ≤ scrape;
+    default `cfg.subquery_step_seconds`)."""
+    step = cfg.subquery_step_seconds if step is None else step
     node_keys = ", ".join(cfg.node_labels)
     keys = f"{node_keys}, {cfg.gpu_uuid_label}"
     m = cfg.label_matchers.strip().rstrip(",")

@@ -13,8 +13,9 @@ extender — "not synced" (HTTP 503 -> the scheduler's PostFilter fails and the 
 untouched) — because passing candidates through blind could let a storm through right after a restart.
 
 What it must not do: block the verb on the API. `PreemptionThrottled` Events are written in the background,
-at most one per preemptor and verdict per `event_interval`, and dropped (logged) when too many are queued.
-In dry-run the decision is computed, counted and evented ("[dry-run]") but the candidates go back unchanged.
+at most one per preemptor and verdict per `preemption.event_interval_seconds`, and dropped (logged) when too
+many are queued. In dry-run the decision is computed, counted and evented ("[dry-run]") but the candidates
+go back unchanged.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class PreemptionThrottle:
         instance: str = "",
         clock: Callable[[], float] = time.time,
         recorder: EventRecorder | None = None,
-        event_interval: float = 60.0,
+        event_interval: float | None = None,
         flush_interval: float = 30.0,
     ) -> None:
         self.policy: ThrottlePolicy = policy_from_config(config.preemption, dry_run=dry_run)
@@ -84,7 +85,9 @@ class PreemptionThrottle:
         self.recorder = recorder or EventRecorder(
             kube, component="preemption", instance=instance or socket.gethostname()
         )
-        self._event_interval = event_interval
+        self._event_interval = (
+            config.preemption.event_interval_seconds if event_interval is None else event_interval
+        )
         self._flush_interval = flush_interval
         self._last_event: dict[str, tuple[str, float]] = {}
         self._pending: set[asyncio.Task[Any]] = set()

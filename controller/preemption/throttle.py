@@ -95,7 +95,12 @@ def policy_from_config(cfg: PreemptionConfig, *, dry_run: bool | None = None) ->
         max_chain_depth=cfg.max_chain_depth,
         chain_window=cfg.chain_window_seconds,
         prevent_ping_pong=cfg.prevent_ping_pong,
-        backoff=BackoffSpec(cfg.backoff.base_seconds, cfg.backoff.max_seconds, cfg.backoff.reset_seconds),
+        backoff=BackoffSpec(
+            cfg.backoff.base_seconds,
+            cfg.backoff.max_seconds,
+            cfg.backoff.reset_seconds,
+            cfg.backoff.burst_seconds,
+        ),
         exempt_min_priority=cfg.exempt_min_priority,
     )
 

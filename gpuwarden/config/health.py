@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import (
     Count,
+    DnsLabel,
     FieldError,
     LabelMatchers,
     LabelName,
@@ -175,6 +176,12 @@ class Breaker(Section):
         description="Once open, the breaker closes only after its trip condition has been clear for this "
         "many seconds (or an operator resets it), so it does not flap at the limit.",
     )
+    configmap_name: DnsLabel = Field(
+        default="gpuwarden-quarantine-breaker",
+        description="ConfigMap (in the controller's namespace) holding the breaker's state, shared by every "
+        "replica and reset by operators. Change it only together with the controller Role's resourceNames "
+        "(deploy/base/controller/role.yaml), e.g. for two controllers in one namespace.",
+    )
 
     @model_validator(mode="after")
     def _allows_something(self) -> Breaker:
@@ -205,6 +212,15 @@ class HealthConfig(Section):
         default=120.0,
         description="A GPU whose newest DCGM sample is older than this is unknown (exporter down or stale): "
         "no taint added, none removed. 120 s = four 30 s dcgm-exporter collection intervals.",
+    )
+    subquery_step_seconds: Seconds = Field(
+        default=15.0,
+        ge=1,
+        le=300,
+        description="Resolution of the subqueries that find when an XID / ECC series first appeared "
+        "(min_over_time(timestamp(...)[window:step])). Set it to Prometheus' scrape interval of "
+        "dcgm-exporter or lower: a coarser step can miss a short-lived XID; a finer one only costs query "
+        "time. 15 s is Prometheus' common scrape interval.",
     )
     node_labels: list[LabelName] = Field(
         default_factory=lambda: ["Hostname", "hostname"],

@@ -34,6 +34,13 @@ class Backoff(Section):
         description="Seconds without a preemption after which the back-off starts again from base. "
         "Kueue's default.",
     )
+    burst_seconds: Seconds = Field(
+        default=30.0,
+        le=3600,
+        description="Preemptions within this many seconds of a back-off round's start belong to that "
+        "round instead of doubling the back-off: one scheduling decision evicts several pods over a few "
+        "seconds. 30 s covers kube-scheduler's victim deletions and their Events arriving.",
+    )
 
     @model_validator(mode="after")
     def _base_below_max(self) -> Backoff:
@@ -86,4 +93,11 @@ class PreemptionConfig(Section):
         default=2_000_000_000,
         description="Preemptors with at least this priority are never throttled. 2e9 is "
         "system-cluster-critical: node agents must always fit. null: throttle everyone.",
+    )
+    event_interval_seconds: Seconds = Field(
+        default=60.0,
+        le=86400,
+        description="At most one PreemptionThrottled Event per preemptor and verdict per this many "
+        "seconds; the scheduler retries a throttled pod every few seconds. Repeats within the Event "
+        "recorder's window are counted on the Event (series) rather than written anew.",
     )

@@ -70,3 +70,9 @@ def test_decide_imports_no_io_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
+
+
+def test_subquery_step_comes_from_the_config() -> None:
+    cfg = HealthConfig.model_validate({"subquery_step_seconds": 30})
+    assert build_queries(cfg).all() == build_queries(HealthConfig(), step=30).all()
+    assert build_queries(cfg).all() != build_queries(HealthConfig()).all()

@@ -167,6 +167,25 @@ async def test_veto_answers_an_empty_map_and_events_once(http: Any) -> None:
     )
 
 
+@pytest.mark.parametrize(("interval", "events"), [(None, 1), (5, 2)], ids=["default-60s", "configured-5s"])
+async def test_event_interval_comes_from_the_config(interval: int | None, events: int) -> None:
+    config = NARROWING | ({} if interval is None else {"event_interval_seconds": interval})
+    t, recorder, _ = throttle(config)
+    narrowing_history(t)
+    for uid in ("b-2", "b-3"):
+        t.graph.observe(
+            Preemption(uid, BATCH, "n7", NOW - 20, preemptor_uid="x-pod", preemptor=Workload("ml", "x"))
+        )
+    args = ExtenderPreemptionArgs.model_validate_json(golden("preempt_args_cache.json"))
+    now = NOW
+    t.clock = lambda: now
+    for step in (0, 6):  # the same verdict twice, 6 s apart
+        now = NOW + step
+        assert (await t(args)).node_name_to_meta_victims == {}
+    await asyncio.sleep(0)
+    assert len(recorder.emitted) == events
+
+
 async def test_not_synced_is_503_so_the_scheduler_retries() -> None:
     t, _, _ = throttle(synced=False)
     service = ExtenderService(ClusterModel(), Settings(), extender_metrics(None), preempt_hook=t)

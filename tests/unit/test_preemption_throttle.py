@@ -360,7 +360,11 @@ def test_policy_from_default_config_matches_the_documented_defaults() -> None:
     assert policy.namespace_budget == BudgetSpec(20, 300)
     assert policy.workload_budget == BudgetSpec(16, 600)
     assert policy.max_chain_depth == 2 and policy.chain_window == 900
-    assert policy.backoff == BackoffSpec(60, 3600, 600)
+    assert policy.backoff == BackoffSpec(60, 3600, 600, 30)
+    assert (
+        policy_from_config(PreemptionConfig.model_validate({"backoff": {"burst_seconds": 5}})).backoff.burst
+        == 5
+    )
     assert policy.exempt_min_priority == 2_000_000_000 and policy.horizon == 900
     off = PreemptionConfig.model_validate({"global_budget": None, "dry_run": True})
     assert policy_from_config(off).global_budget is None
