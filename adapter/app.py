@@ -16,7 +16,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,27 @@ def kube_client_for(config: Config, registry: CollectorRegistry | None) -> KubeC
     if fallback.is_file():
         return KubeClient.from_config(kubeconfig=fallback, context=cfg.context, **kwargs)
     return None
+
+
+def validate_config(data: Mapping[str, Any]) -> list[tuple[tuple[Hashable, ...], str]]:
+    """`check-config`'s adapter checks: (data path, reason) for every rule template the adapter would
+    reject at start, in the raw config mapping (after overrides and `rules_file` are merged in).
+
+    On raw data rather than a `Config`, so these problems are reported with the model's own, all at once.
+    """
+    section = data.get("adapter")
+    if not isinstance(section, Mapping):
+        return []
+    problems: list[tuple[tuple[Hashable, ...], str]] = []
+    for key in ("rules", "externalRules", "external_rules"):
+        rules = section.get(key)
+        if not isinstance(rules, list):
+            continue
+        for i, rule in enumerate(rules):
+            if isinstance(rule, Mapping):
+                for path, reason in naming.template_problems(rule):
+                    problems.append((("adapter", key, i, *path), reason))
+    return problems
 
 
 class Adapter:

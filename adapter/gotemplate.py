@@ -24,7 +24,15 @@ _ARG = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`|\S+')
 
 
 class TemplateError(ValueError):
-    """The template cannot be parsed, or uses a construct this subset does not support."""
+    """The template cannot be parsed, or uses a construct this subset does not support.
+
+    `reason` is the problem alone (for a report that already names the field); str() also quotes the source.
+    """
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"template {source!r}: {reason}")
+        self.source = source
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ def _arg(token: str, fields: frozenset[str], source: str) -> _Field | _Literal:
         path = tuple(token[1:].split("."))
         if path[0] not in fields:
             allowed = ", ".join(f".{f}" for f in sorted(fields))
-            raise TemplateError(f"template {source!r}: unknown field .{path[0]} (available: {allowed})")
+            raise TemplateError(source, f"unknown field .{path[0]} (available: {allowed})")
         return _Field(path)
     if token.isdigit():
         return _Literal(token)
@@ -69,7 +77,7 @@ def _arg(token: str, fields: frozenset[str], source: str) -> _Field | _Literal:
     if m:
         raw = m.group(1) if m.group(1) is not None else m.group(2)
         return _Literal(bytes(raw, "utf-8").decode("unicode_escape") if m.group(1) is not None else raw)
-    raise TemplateError(f"template {source!r}: unsupported argument {token!r}")
+    raise TemplateError(source, f"unsupported argument {token!r}")
 
 
 class Template:
@@ -92,7 +100,7 @@ class Template:
                 pos += len(rest) - len(rest.lstrip())
             self._action(m.group(2))
         if "<<" in source[pos:] or ">>" in source[pos:]:
-            raise TemplateError(f"template {source!r}: unclosed or stray delimiter")
+            raise TemplateError(source, "unclosed or stray delimiter")
         if source[pos:]:
             self.nodes.append(source[pos:])
 
@@ -101,22 +109,21 @@ class Template:
             return
         tokens = _ARG.findall(body)
         if not tokens:
-            raise TemplateError(f"template {self.source!r}: empty action")
+            raise TemplateError(self.source, "empty action")
         head = tokens[0]
         if head.startswith(".") or head[0] in '"`':
             if len(tokens) != 1:
-                raise TemplateError(f"template {self.source!r}: unsupported action <<{body}>>")
+                raise TemplateError(self.source, f"unsupported action <<{body}>>")
             arg = _arg(head, self.fields, self.source)
             self.nodes.append(arg if isinstance(arg, _Field) else arg.text)
             return
         if head not in ("index", "len"):
             raise TemplateError(
-                f"template {self.source!r}: unsupported action <<{body}>> (supported: field access, "
-                "index, len, comments)"
+                self.source, f"unsupported action <<{body}>> (supported: field access, index, len, comments)"
             )
         args = tuple(_arg(t, self.fields, self.source) for t in tokens[1:])
         if (head == "len" and len(args) != 1) or (head == "index" and len(args) < 2):
-            raise TemplateError(f"template {self.source!r}: wrong number of arguments in <<{body}>>")
+            raise TemplateError(self.source, f"wrong number of arguments in <<{body}>>")
         self.nodes.append(_Call(head, args))
 
     def render(self, values: Mapping[str, Value]) -> str:

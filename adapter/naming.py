@@ -12,8 +12,9 @@ implicit `is` filter from `name.matches`, `namespaced` only for external rules).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from adapter import resources
 from adapter.gotemplate import Template, TemplateError, compile_template
@@ -157,10 +158,40 @@ def _extractor(template: Template) -> re.Pattern[str]:
         elif getattr(node, "path", None) == ("Resource",):
             parts.append("(?P<resource>.+?)" if "(?P<resource>" not in "".join(parts) else ".+?")
         else:
-            raise TemplateError(
-                f"label template {template.source!r} may only use <<.Group>> and <<.Resource>>"
-            )
+            raise TemplateError(template.source, "a label template may only use <<.Group>> and <<.Resource>>")
     return re.compile("^" + "".join(parts) + "$")
+
+
+def compile_query_template(source: str) -> Template:
+    """A `metricsQuery` as the adapter runs it; raise TemplateError naming the problem."""
+    return compile_template(source, frozenset(QUERY_TEMPLATE_FIELDS))
+
+
+def compile_label_template(source: str) -> tuple[Template, re.Pattern[str]]:
+    """A `resources.template` and the regex that reads group and resource back out of a label name."""
+    template = compile_template(source, frozenset(RESOURCE_TEMPLATE_FIELDS))
+    return template, _extractor(template)
+
+
+def template_problems(rule: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """(key path within the rule, reason) for each template of a raw, not yet validated, rule mapping that
+    `compile_rule` would reject; values that are not strings are left to the config models."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    for key in ("metricsQuery", "metrics_query"):
+        source = rule.get(key)
+        if isinstance(source, str):
+            try:
+                compile_query_template(source)
+            except TemplateError as exc:
+                problems.append(((key,), exc.reason))
+    mapping = rule.get("resources")
+    source = mapping.get("template") if isinstance(mapping, Mapping) else None
+    if isinstance(source, str):
+        try:
+            compile_label_template(source)
+        except TemplateError as exc:
+            problems.append((("resources", "template"), exc.reason))
+    return problems
 
 
 def compile_rule(rule: DiscoveryRule, index: int, *, external: bool) -> CompiledRule:
@@ -169,9 +200,8 @@ def compile_rule(rule: DiscoveryRule, index: int, *, external: bool) -> Compiled
     try:
         template = extractor = None
         if rule.resources.template:
-            template = compile_template(rule.resources.template, frozenset(RESOURCE_TEMPLATE_FIELDS))
-            extractor = _extractor(template)
-        query = compile_template(rule.metrics_query, frozenset(QUERY_TEMPLATE_FIELDS))
+            template, extractor = compile_label_template(rule.resources.template)
+        query = compile_query_template(rule.metrics_query)
     except TemplateError as exc:
         raise RuleError(f"{where}: {exc}") from None
     overrides = {

@@ -56,9 +56,11 @@ def _add_common(p: argparse.ArgumentParser, *, config_required: bool = False) ->
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    from adapter.app import validate_config
     from gpuwarden.config.loader import check_config
 
-    code, text = check_config(args.file, os.environ)
+    # the adapter's own template engine judges metricsQuery / resources.template, as it will at start
+    code, text = check_config(args.file, os.environ, checks=[validate_config])
     stream = sys.stdout if code == EXIT_OK else sys.stderr
     print(text, file=stream, end="" if text.endswith("\n") else "\n")
     return code

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,10 @@ from gpuwarden.config.root import SECTIONS, Config
 from gpuwarden.config.yamlsource import Path as DataPath
 from gpuwarden.config.yamlsource import dotted, parse_yaml
 from gpuwarden.errors import ConfigError
+
+RawCheck = Callable[[Mapping[str, Any]], list[tuple[DataPath, str]]]
+"""A further check on the merged raw config, e.g. the adapter's template compiler for `check-config`:
+(data path, reason) per problem. Injected by the caller, so this kernel module imports no deployable."""
 
 ENV_PREFIX = "GPUWARDEN_"
 CLI_ORIGIN = "from the command line"
@@ -167,11 +171,13 @@ def load_config(
     path: Path | None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
+    checks: Sequence[RawCheck] = (),
 ) -> Config:
     """Read, override and validate the configuration; raise `ConfigError` listing every problem at once.
 
     `path`: the YAML file, or None for defaults only. `env`: the environment (None: `os.environ`).
     `overrides`: dotted field paths → values from command-line flags (None values are ignored).
+    `checks`: further checks of the merged data; a field the models already flagged is not reported twice.
     """
     environ = os.environ if env is None else env
     problems: list[Problem] = []
@@ -207,17 +213,26 @@ def load_config(
         config = Config.model_validate(raw)
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, origins))
+    flagged = {field for field, _ in problems}
+    for check in checks:
+        for data_path, reason in check(raw):
+            field, where = dotted(data_path), origins.get(data_path)
+            if field not in flagged:
+                problems.append((field, f"{reason} ({where})" if where else reason))
     if problems or config is None:
         raise ConfigError(problems)
     return config
 
 
 def check_config(
-    path: Path, env: Mapping[str, str], overrides: Mapping[str, object] | None = None
+    path: Path,
+    env: Mapping[str, str],
+    overrides: Mapping[str, object] | None = None,
+    checks: Sequence[RawCheck] = (),
 ) -> tuple[int, str]:
     """`gpuwarden check-config FILE`: (0, 'FILE: OK ...') or (1, one line per problem)."""
     try:
-        config = load_config(path, env, overrides)
+        config = load_config(path, env, overrides, checks)
     except ConfigError as exc:
         return 1, format_problems(exc.problems, str(path))
     return 0, f"{path}: OK ({summary(config)})\n"
