@@ -41,19 +41,65 @@ log = logging.getLogger(__name__)
 WATCHED = {PODS: KUBE_PODS, NODES: KUBE_NODES}
 
 
-@dataclass
+Postings = dict[tuple[str, str], "str | dict[str, None]"]
+"""`key=value` → the names carrying it: a bare name while there is one (most `pod-template-hash`, `app` and
+`statefulset.kubernetes.io/pod-name` values), from the second on an insertion-ordered dict used as a set
+(about half the size of a `set`; a one-element set would cost 216 bytes)."""
+
+
+@dataclass(slots=True)
 class _Namespace:
     labels: dict[str, Mapping[str, str]]
-    postings: dict[tuple[str, str], set[str]]
+    postings: Postings
     memo: dict[str, list[str]]
 
 
+def _post(postings: Postings, item: tuple[str, str], name: str) -> None:
+    held = postings.get(item)
+    if held is None:
+        postings[item] = name
+    elif isinstance(held, str):
+        if held != name:
+            postings[item] = {held: None, name: None}
+    else:
+        held[name] = None
+
+
+def _unpost(postings: Postings, item: tuple[str, str], name: str) -> None:
+    held = postings.get(item)
+    if isinstance(held, str):
+        if held == name:
+            del postings[item]
+    elif held is not None:
+        held.pop(name, None)
+        if len(held) == 1:
+            postings[item] = next(iter(held))
+        elif not held:
+            del postings[item]
+
+
+def _posted(postings: Postings, item: tuple[str, str]) -> Iterable[str]:
+    held = postings.get(item)
+    if held is None:
+        return ()
+    return (held,) if isinstance(held, str) else held.keys()
+
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
 class LabelIndex:
-    """name → labels per (resource, namespace), with `key=value` postings and memoized selector answers."""
+    """name → labels per (resource, namespace), with `key=value` postings and memoized selector answers.
+
+    Objects with equal labels share one (read-only) mapping: the replicas of a Deployment or Job carry the
+    same labels, so 50,000 pods hold a few thousand label dicts, not 50,000; the informer's objects are
+    handed the same mapping (`apply`). Keys and values are interned.
+    """
 
     def __init__(self, resources: Iterable[GroupResource]) -> None:
         self._spaces: dict[tuple[GroupResource, str], _Namespace] = {}
         self._synced: dict[GroupResource, bool] = dict.fromkeys(resources, False)
+        self._shared: dict[LabelKey, tuple[Mapping[str, str], int]] = {}
 
     def supports(self, gr: GroupResource) -> bool:
         return gr in self._synced
@@ -67,41 +113,62 @@ class LabelIndex:
     def _space(self, gr: GroupResource, namespace: str) -> _Namespace:
         space = self._spaces.get((gr, namespace))
         if space is None:
-            space = self._spaces[(gr, namespace)] = _Namespace({}, {}, {})
+            space = self._spaces[(gr, sys.intern(namespace))] = _Namespace({}, {}, {})
         return space
+
+    def _acquire(self, labels: Mapping[str, str]) -> Mapping[str, str]:
+        key: LabelKey = tuple(sorted((sys.intern(k), sys.intern(v)) for k, v in labels.items()))
+        held = self._shared.get(key)
+        if held is None:
+            mapping: Mapping[str, str] = dict(key)
+            self._shared[key] = (mapping, 1)
+            return mapping
+        self._shared[key] = (held[0], held[1] + 1)
+        return held[0]
+
+    def _release(self, labels: Mapping[str, str]) -> None:
+        key: LabelKey = tuple(sorted(labels.items()))
+        held = self._shared.get(key)
+        if held is None:
+            return
+        if held[1] <= 1:
+            del self._shared[key]
+        else:
+            self._shared[key] = (held[0], held[1] - 1)
 
     def upsert(
         self, gr: GroupResource, namespace: str, name: str, labels: Mapping[str, str]
     ) -> Mapping[str, str]:
-        """Index `name` with `labels`; returns the (interned) mapping kept, for callers to share."""
+        """Index `name` with `labels`; returns the shared, interned mapping kept, for callers to hold."""
         space = self._space(gr, namespace)
         old = space.labels.get(name)
         if old == labels:
             return old
         if old is not None:
-            self._unpost(space, name, old)
-        interned = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
-        space.labels[sys.intern(name)] = interned
-        for item in interned.items():
-            space.postings.setdefault(item, set()).add(name)
+            self._drop(space, name, old)
+        shared = self._acquire(labels)
+        name = sys.intern(name)
+        space.labels[name] = shared
+        for item in shared.items():
+            _post(space.postings, item, name)
         space.memo.clear()
-        return interned
+        return shared
 
     def delete(self, gr: GroupResource, namespace: str, name: str) -> None:
         space = self._spaces.get((gr, namespace))
         if space is None or name not in space.labels:
             return
-        self._unpost(space, name, space.labels.pop(name))
+        self._drop(space, name, space.labels.pop(name))
         space.memo.clear()
 
-    @staticmethod
-    def _unpost(space: _Namespace, name: str, labels: Mapping[str, str]) -> None:
+    def _drop(self, space: _Namespace, name: str, labels: Mapping[str, str]) -> None:
         for item in labels.items():
-            names = space.postings.get(item)
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del space.postings[item]
+            _unpost(space.postings, item, name)
+        self._release(labels)
+
+    def shared_label_sets(self) -> int:
+        """Distinct label mappings held (for tests and benchmarks)."""
+        return len(self._shared)
 
     def names(self, gr: GroupResource, namespace: str, selector: Selector) -> list[str]:
         """Sorted names of `gr` objects in `namespace` ("" for root-scoped) matching `selector`."""
@@ -117,7 +184,7 @@ class LabelIndex:
             if req.op in ("=", "==", "in"):
                 union: set[str] = set()
                 for value in req.values:
-                    union |= space.postings.get((req.key, value), set())
+                    union.update(_posted(space.postings, (req.key, value)))
                 candidates = union if candidates is None else candidates & union
         pool: Iterable[str] = space.labels if candidates is None else candidates
         found = sorted(n for n in pool if selector.matches(space.labels[n]))
@@ -134,6 +201,8 @@ def slim(obj: JsonObject) -> JsonObject:
     """Only what the index and the informer need: name, namespace, labels, resourceVersion."""
     meta = obj.get("metadata") or {}
     keep = {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion") if k in meta}
+    if isinstance(keep.get("namespace"), str):
+        keep["namespace"] = sys.intern(keep["namespace"])  # one string per namespace, not one per pod
     return {"metadata": keep}
 
 

@@ -93,3 +93,55 @@ def test_slim_keeps_only_metadata_the_index_needs() -> None:
     assert slim(pod) == {
         "metadata": {"name": "p", "namespace": "ml", "labels": {"a": "b"}, "resourceVersion": "7"}
     }
+
+
+def test_equal_labels_share_one_mapping_across_namespaces_until_the_last_goes() -> None:
+    idx = LabelIndex([PODS])
+    kept = [idx.upsert(PODS, f"ns-{i}", f"web-{i}", {"app": "web", "hash": "abc"}) for i in range(3)]
+    assert kept[0] is kept[1] is kept[2]
+    other = idx.upsert(PODS, "ns-0", "db-0", {"app": "db"})
+    assert idx.shared_label_sets() == 2
+    idx.upsert(PODS, "ns-0", "web-0", {"app": "web", "hash": "def"})  # relabelled: a third set
+    assert idx.shared_label_sets() == 3
+    idx.delete(PODS, "ns-1", "web-1")
+    idx.delete(PODS, "ns-2", "web-2")  # the last holder of {app: web, hash: abc}
+    assert idx.shared_label_sets() == 2
+    assert other == {"app": "db"}
+    assert idx.upsert(PODS, "ns-5", "web-5", {"app": "web", "hash": "abc"}) == {"app": "web", "hash": "abc"}
+
+
+OPS: list[tuple[str, str, dict[str, str] | None]] = [
+    ("a", "ml", {"app": "x", "tier": "gpu"}),
+    ("b", "ml", {"app": "x", "tier": "gpu"}),
+    ("c", "ml", {"app": "y"}),
+    ("b", "ml", {"app": "y", "tier": "gpu"}),  # moves between postings
+    ("a", "ml", None),  # the posting app=x had one name left, now none
+    ("d", "ml", {"app": "y", "tier": "cpu"}),
+    ("c", "ml", None),
+    ("b", "ml", {"app": "y", "tier": "gpu"}),  # an unchanged upsert
+    ("e", "ml", {"app": "x"}),
+    ("d", "ml", None),
+]
+SELECTORS = ["", "app=x", "app=y", "tier=gpu", "app in (x,y),tier", "app=y,tier!=gpu", "tier=cpu"]
+
+
+@pytest.mark.parametrize("steps", range(1, len(OPS) + 1))
+def test_postings_agree_with_a_full_scan_after_every_change(steps: int) -> None:
+    idx, truth = LabelIndex([PODS]), {}
+    for name, namespace, labels in OPS[:steps]:
+        if labels is None:
+            idx.delete(PODS, namespace, name)
+            truth.pop(name, None)
+        else:
+            idx.upsert(PODS, namespace, name, labels)
+            truth[name] = labels
+    for text in SELECTORS:
+        selector = parse(text)
+        expected = sorted(n for n, labels in truth.items() if selector.matches(labels))
+        assert idx.names(PODS, "ml", selector) == expected, text
+
+
+def test_slim_interns_the_namespace() -> None:
+    a = slim({"metadata": {"name": "p", "namespace": "".join(["team", "-a"])}})
+    b = slim({"metadata": {"name": "q", "namespace": "".join(["team", "-", "a"])}})
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
