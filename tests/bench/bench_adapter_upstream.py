@@ -36,7 +36,9 @@ at once by the next). Reported per adapter: requests/s and p50/p99 latency over 
 answers, and the queries Prometheus itself counted (`prometheus_http_requests_total` for /api/v1/query,
 query_range, series, labels and label values, read from its /metrics before and after the measured rounds),
 per round and per minute at one round per 15 s — which includes series discovery (relists) and, for ours,
-the background refresh of its cache; RSS (VmRSS) and peak RSS (VmHWM) of each adapter process after the load.
+the background refresh of its cache; RSS (VmRSS) and peak RSS (VmHWM) of each adapter process after the load;
+seconds from process start to /readyz + discovery, and to the first 200 answer to an HPA request (the load
+waits for the latter: an adapter may report ready before its pod index is synced and answer 503 meanwhile).
 
 Adaptations, stated: prometheus-adapter is started with `--client-qps`/`--client-burst` raised (client-go's
 default of 5 QPS would otherwise throttle its per-request pod LIST to ~5 requests/s and its latency would
@@ -283,6 +285,7 @@ class AdapterProcess:
     port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    started: float | None = None
 
     @property
     def pid(self) -> int:
@@ -293,6 +296,7 @@ class AdapterProcess:
         return f"https://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.started = time.perf_counter()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -418,24 +422,37 @@ async def hpa_session(cluster: Cluster) -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def wait_serving(session: aiohttp.ClientSession, adapter: AdapterProcess, budget: float = 180) -> float:
-    """Seconds until discovery lists both metrics for pods (the adapter relisted and is ready)."""
-    started = time.perf_counter()
+async def wait_serving(
+    session: aiohttp.ClientSession, adapter: AdapterProcess, probe: str, budget: float = 180
+) -> tuple[float, float]:
+    """Seconds from start until (a) /readyz is 200 and discovery lists both pod metrics, (b) `probe` is 200.
+
+    (b) can come later than (a): an adapter may declare itself ready before its pod index is synced and
+    answer 503 meanwhile (the HPA then keeps its scale); the load starts only after (b).
+    """
+    assert adapter.started is not None
     wanted = {f"pods/{m}" for m in METRICS}
     last = ""
-    while time.perf_counter() - started < budget:
+    ready_at: float | None = None
+    while time.perf_counter() - adapter.started < budget:
         if not adapter.alive():
             raise RuntimeError(f"{adapter.name} exited:\n{adapter.log_tail()}")
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with session.get(f"{adapter.base}/apis/custom.metrics.k8s.io/v1beta2") as response:
-                last = f"{response.status} {(await response.text())[:200]}"
-                if response.status == 200:
-                    names = {r["name"] for r in (await response.json())["resources"]}
-                    if wanted <= names:
-                        async with session.get(f"{adapter.base}/readyz") as ready:
-                            if ready.status == 200:
-                                return time.perf_counter() - started
-        await asyncio.sleep(0.5)
+            if ready_at is None:
+                async with session.get(f"{adapter.base}/apis/custom.metrics.k8s.io/v1beta2") as response:
+                    last = f"discovery {response.status} {(await response.text())[:200]}"
+                    listed = (await response.json()).get("resources", []) if response.status == 200 else []
+                    names = {r["name"] for r in listed}
+                async with session.get(f"{adapter.base}/readyz") as ready:
+                    if wanted <= names and ready.status == 200:
+                        ready_at = time.perf_counter()
+            if ready_at is not None:
+                async with session.get(adapter.base + probe) as response:
+                    last = f"{probe}: {response.status} {(await response.text())[:200]}"
+                    if response.status == 200:
+                        now = time.perf_counter()
+                        return ready_at - adapter.started, now - adapter.started
+        await asyncio.sleep(0.25)
     raise RuntimeError(f"{adapter.name} not serving {sorted(wanted)} after {budget:.0f}s (last: {last})")
 
 
@@ -496,6 +513,7 @@ async def sample_values(
 class Result:
     name: str
     ready_s: float = 0.0
+    answers_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
     errors: dict[int, int] = field(default_factory=dict)
     elapsed: float = 0.0
@@ -555,9 +573,13 @@ async def measure(
     fleet: Fleet,
 ) -> Result:
     result = Result(adapter.name)
-    result.ready_s = await wait_serving(session, adapter)
-    print(f"  {adapter.name}: serving both metrics {result.ready_s:.1f}s after start (pid {adapter.pid})")
     paths = hpa_paths(fleet)
+    result.ready_s, result.answers_s = await wait_serving(session, adapter, paths[0])
+    print(
+        f"  {adapter.name} (pid {adapter.pid}): /readyz and discovery OK {result.ready_s:.1f}s after start,"
+        f" first HPA answer 200 after {result.answers_s:.1f}s",
+        flush=True,
+    )
     checks = [paths[0], paths[1], paths[len(paths) // 2], paths[len(paths) // 2 + 1], paths[-2], paths[-1]]
     result.samples = await sample_values(session, adapter, checks)
     took = await hpa_round(session, adapter.base, paths, None)
@@ -634,6 +656,9 @@ def report(results: list[Result], fleet: Fleet) -> None:
     for r in results:
         detail = ", ".join(f"{h} {v:.0f}" for h, v in sorted(r.queries.items()))
         print(f"  {r.name}: Prometheus requests in the {r.window:.0f}s window: {detail or 'none'}")
+        print(
+            f"  {r.name}: ready {r.ready_s:.1f}s after start, first HPA answer 200 after {r.answers_s:.1f}s"
+        )
     ours, upstream = results
     if ours.queries_per_min:
         print(
