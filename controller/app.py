@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -83,6 +83,26 @@ def _tls_context(config: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+class PeriodicLoop(Protocol):
+    """A leader-gated loop whose passes `PassScheduler` runs (`HealthLoop`, `NominationLoop`)."""
+
+    def interval(self) -> float | None:
+        """Seconds between passes; None: disabled in the config."""
+        ...
+
+    async def run_once(self, leading: asyncio.Event | None = None) -> object: ...
+
+    def ready(self) -> bool:
+        """Whether a pass may run now (its caches listed)."""
+        ...
+
+    async def wait_ready(self) -> None: ...
+
+    def caches(self) -> list[Informer]:
+        """Informers the loop created itself; whoever runs it runs them."""
+        ...
+
+
 class PassScheduler:
     """Periodic passes of the mutating loops on APScheduler, gated on leadership and synced caches.
 
@@ -120,6 +140,47 @@ class PassScheduler:
             misfire_grace_time=max(1, int(seconds)),
             next_run_time=datetime.now(UTC),
         )
+
+    def add(self, name: str, loop: PeriodicLoop) -> bool:
+        """Schedule `loop`'s passes at its interval; False (nothing scheduled) when it is disabled."""
+        interval = loop.interval()
+        if interval is None:
+            return False
+        self.every(name, interval, loop.run_once, loop.ready)
+        return True
+
+
+async def run_loops(leading: asyncio.Event, stop: asyncio.Event, **loops: PeriodicLoop) -> None:
+    """Run the given loops (by name) without the rest of the controller, until `stop` is set or cancelled:
+    their own caches, then - once every loop is ready, so the first pass comes straight after the first
+    list - their passes on one `PassScheduler`, only while `leading` is set. For tests and tools that run
+    a loop on its own; `run_controller` schedules the same way."""
+    active = {name: loop for name, loop in loops.items() if loop.interval() is not None}
+    if not active:
+        return
+    caches = [asyncio.ensure_future(i.run()) for loop in active.values() for i in loop.caches()]
+    passes = PassScheduler(leading)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        synced = asyncio.ensure_future(asyncio.gather(*(loop.wait_ready() for loop in active.values())))
+        waiting: list[asyncio.Future[Any]] = [synced, stopped]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        synced.cancel()
+        if stop.is_set():
+            return
+        for name, loop in active.items():
+            passes.add(name, loop)
+        passes.scheduler.start()
+        await stopped
+    finally:
+        stopped.cancel()
+        if passes.scheduler.running:
+            passes.scheduler.shutdown(wait=False)
+        for task in caches:
+            task.cancel()
+        for task in caches:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def run_controller(
@@ -193,15 +254,8 @@ async def run_controller(
             leading.set()
 
         passes = PassScheduler(leading)
-        if config.health.enabled:
-            passes.every("health", config.health.loop_interval_seconds, health.run_once, nodes.synced.is_set)
-        if config.nominations.enabled:
-            passes.every(
-                "nominations",
-                config.nominations.loop_interval_seconds,
-                nominations.run_once,
-                lambda: nodes.synced.is_set() and throttle.pods.synced.is_set(),
-            )
+        passes.add("health", health)  # both loops share the `nodes` and throttle's pod caches run here
+        passes.add("nominations", nominations)
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())

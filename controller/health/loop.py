@@ -3,10 +3,11 @@
 Why it exists: wiring. It owns the node informer (a list+watch cache, so a pass costs no LIST of 5,000 nodes),
 the clock, leader gating and self-metrics; everything interesting happens in `observe`, `decide` and `act`.
 `HealthLoop.run_once()` is one pass (tests call it directly instead of sleeping); `plan_once()` is what
-`gpuwarden plan` runs; `run_health_controller()` is a complete leader-elected controller for this loop.
+`gpuwarden plan` runs. Periodic passes are not run here: `controller.app.PassScheduler` runs them (the
+controller process, or `controller.app.run_loops` for a loop on its own), gated on leadership and on
+`ready()`.
 
-What it must not do: mutate anything while not leading, or swallow a pass's failure silently (it is logged
-and the next pass starts on schedule). It never imports `adapter`.
+What it must not do: mutate anything while not leading. It never imports `adapter`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import contextlib
 import logging
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,8 +36,6 @@ from gpuwarden.kube import (
     Informer,
     JsonObject,
     KubeClient,
-    LeaderElector,
-    LeaseDurations,
 )
 from gpuwarden.promclient import PrometheusClient
 
@@ -75,12 +73,16 @@ class HealthLoop:
         self.namespace = controller_namespace(config)
         self.metrics = HealthMetrics(registry)
         self.observer = Observer(config.health, gpu_resource=config.kubernetes.gpu_resource_name)
-        self.informer = informer or Informer(
-            kube,
-            NODES,
-            page_size=config.kubernetes.list_page_size,
-            watch_timeout=int(config.kubernetes.watch_timeout_seconds),
-        )
+        self._owned: list[Informer] = []
+        if informer is None:
+            informer = Informer(
+                kube,
+                NODES,
+                page_size=config.kubernetes.list_page_size,
+                watch_timeout=int(config.kubernetes.watch_timeout_seconds),
+            )
+            self._owned.append(informer)
+        self.informer = informer
         recorder = EventRecorder(kube, component="health", instance=instance or socket.gethostname())
         self.actuator = Actuator(
             kube,
@@ -126,37 +128,22 @@ class HealthLoop:
         self.last_plan = plan
         return plan
 
-    async def run(self, leading: asyncio.Event, stop: asyncio.Event) -> None:
-        """Keep the node cache current; run a pass every interval while `leading` is set, until `stop`."""
-        watcher = asyncio.create_task(self.informer.run(), name="health-node-informer")
-        interval = self.config.health.loop_interval_seconds
-        try:
-            await self.informer.synced.wait()
-            while not stop.is_set():
-                if not leading.is_set():
-                    await _first(leading.wait(), stop.wait())
-                    continue
-                started = time.monotonic()
-                try:
-                    await self.run_once(leading)
-                except Exception:  # one bad pass must not end the loop; the next one starts on time
-                    log.exception("quarantine pass failed")
-                delay = max(0.0, interval - (time.monotonic() - started))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+    # --- scheduling (controller.app.PassScheduler runs the passes; see `run_loops`) --------------------
 
+    def interval(self) -> float | None:
+        """Seconds between passes; None when `health.enabled` is false."""
+        return self.config.health.loop_interval_seconds if self.config.health.enabled else None
 
-async def _first(*aws: object) -> None:
-    tasks = [asyncio.ensure_future(a) for a in aws]  # type: ignore[call-overload]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
+    def ready(self) -> bool:
+        """A pass needs the node cache listed once."""
+        return self.informer.synced.is_set()
+
+    async def wait_ready(self) -> None:
+        await self.informer.synced.wait()
+
+    def caches(self) -> list[Informer]:
+        """The informers this loop created itself and whoever runs it must run (none when injected)."""
+        return list(self._owned)
 
 
 def _kube(config: Config, kubeconfig: Path | None, registry: CollectorRegistry | None) -> KubeClient:
@@ -177,45 +164,3 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
         loop = HealthLoop(config, prom, kube, registry=registry)
         nodes = await kube.list_objects(NODES, limit=config.kubernetes.list_page_size)
         return await loop.plan(nodes.items)
-
-
-async def run_health_controller(
-    config: Config,
-    *,
-    kubeconfig: Path | None = None,
-    dry_run: bool | None = None,
-    registry: CollectorRegistry | None = None,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """`gpuwarden controller` for the health loop: leader election (unless disabled) + `HealthLoop.run`."""
-    registry = registry if registry is not None else CollectorRegistry()
-    stop = stop or asyncio.Event()
-    le = config.kubernetes.leader_election
-    identity = le.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    async with (
-        PrometheusClient(config.prometheus, registry=registry) as prom,
-        _kube(config, kubeconfig, registry) as kube,
-    ):
-        loop = HealthLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity)
-        if not le.enabled:
-            leading = asyncio.Event()
-            leading.set()
-            await loop.run(leading, stop)
-            return
-        elector = LeaderElector(
-            kube,
-            name=le.lease_name,
-            namespace=le.lease_namespace or loop.namespace,
-            identity=identity,
-            durations=LeaseDurations(
-                le.lease_duration_seconds, le.renew_deadline_seconds, le.retry_period_seconds
-            ),
-            registry=registry,
-        )
-        election = asyncio.create_task(elector.run(), name="health-leader-election")
-        try:
-            await loop.run(elector.is_leader, stop)
-        finally:
-            elector.stop()
-            with contextlib.suppress(asyncio.CancelledError):
-                await election

@@ -5,23 +5,23 @@ Why it exists: wiring. It owns (or borrows) the pod and node informer caches, th
 stand-in for records it could not write, leader gating and self-metrics; everything interesting happens in
 `snapshot`, `decide` and `act`. `NominationLoop.run_once()` is one pass (tests call it instead of sleeping);
 `plan()` is the same without acting (what `gpuwarden plan` prints); `plan_once()` lists once for the CLI.
+Periodic passes are run by `controller.app.PassScheduler` (the controller process, or
+`controller.app.run_loops` for loops on their own), gated on leadership and on `ready()`.
 
 Sharing: pass `pods=throttle.pods` (the preemption throttle's live-pod informer, which it runs) and the
 extender's `model` and `settings` so one watch of every pod serves all three, and "can never fit" is the
 extender's own verdict. Without a model, the never-fits rule is simply not applied (unknown, not stale).
 
-What it must not do: write while not leading, or let one failed pass end the loop (it is logged, and the
-next pass starts on schedule). It never imports `adapter`.
+What it must not do: write while not leading. It never imports `adapter`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -124,46 +124,23 @@ class NominationLoop:
         self.metrics.last_pass.set(plan.now)
         return plan
 
-    async def run(self, leading: asyncio.Event, stop: asyncio.Event) -> None:
-        """Keep the caches current (those this loop owns); a pass every interval while `leading`.
-        Returns at once when `nominations.enabled` is false."""
-        if not self.config.nominations.enabled:
-            log.info("nomination cleanup disabled (nominations.enabled: false)")
-            return
-        watchers = [
-            asyncio.create_task(i.run(), name=f"nominations-{i.resource.plural}") for i in self._owned
-        ]
-        interval = self.config.nominations.loop_interval_seconds
-        try:
-            await self.pods.synced.wait()
-            await self.nodes.synced.wait()
-            while not stop.is_set():
-                if not leading.is_set():
-                    await _first(leading.wait(), stop.wait())
-                    continue
-                started = time.monotonic()
-                try:
-                    await self.run_once(leading)
-                except Exception:  # one bad pass must not end the loop; the next one starts on time
-                    log.exception("nomination pass failed")
-                delay = max(0.0, interval - (time.monotonic() - started))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-        finally:
-            for task in watchers:
-                task.cancel()
-            for task in watchers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    # --- scheduling (controller.app.PassScheduler runs the passes; see `run_loops`) --------------------
 
+    def interval(self) -> float | None:
+        """Seconds between passes; None when `nominations.enabled` is false."""
+        return self.config.nominations.loop_interval_seconds if self.config.nominations.enabled else None
 
-async def _first(*aws: Awaitable[object]) -> None:
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
+    def ready(self) -> bool:
+        """A pass needs both caches listed once."""
+        return self.pods.synced.is_set() and self.nodes.synced.is_set()
+
+    async def wait_ready(self) -> None:
+        await self.pods.synced.wait()
+        await self.nodes.synced.wait()
+
+    def caches(self) -> list[Informer]:
+        """The informers this loop created itself and whoever runs it must run (none when injected)."""
+        return list(self._owned)
 
 
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:

@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from adapter.app import Adapter
+from controller.app import run_loops
 from controller.extender.runtime import build_extender
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
@@ -274,7 +275,7 @@ async def test_controller_runs_under_its_service_account(
         asyncio.create_task(elector.run()),
         asyncio.create_task(extender.run()),
         asyncio.create_task(throttle.run()),
-        asyncio.create_task(nominations.run(elector.is_leader, stop)),
+        asyncio.create_task(run_loops(elector.is_leader, stop, nominations=nominations)),
     ]
     try:
         await until(lambda: elector.is_leader.is_set() and extender.ready() and throttle.ready())

@@ -2,7 +2,8 @@
 
 Six kwok nodes `hq-node-0..5` get DCGM metrics from the simulator, which a real Prometheus scrapes every
 second. Each test injects faults through the simulator's control API and drives the quarantine loop — by
-calling its pass directly, except the leader test, which runs two controllers and SIGKILLs one.
+calling its pass directly, except the leader test, which runs two controller processes (`run_controller`,
+the quarantine loop only: extender and nomination cleanup off) and SIGKILLs one.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
+from controller.app import run_controller
 from controller.health.act import BREAKER_CONFIGMAP
-from controller.health.loop import HealthLoop, run_health_controller
+from controller.health.loop import HealthLoop
 from controller.health.plan import Plan
 from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 from gpuwarden.config.root import Config
@@ -37,7 +39,7 @@ from gpuwarden.promclient import PrometheusClient
 from gpuwarden.simulator import RunningSimulator, parse_scenario, start
 from gpuwarden.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
 from gpuwarden.testbed.nodes import delete_nodes
-from tests.e2e.conftest import pod_manifest
+from tests.e2e.conftest import free_port, pod_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -269,20 +271,28 @@ RUNNER = """
 import asyncio, sys
 from pathlib import Path
 from gpuwarden.config.root import Config
-from controller.health.loop import run_health_controller
+from controller.app import run_controller
 import json
 cfg = Config.model_validate(json.loads(Path(sys.argv[1]).read_text()))
-asyncio.run(run_health_controller(cfg))
+asyncio.run(run_controller(cfg))
 """
+
+
+def controller_doc(doc: dict[str, Any], identity: str) -> dict[str, Any]:
+    """The controller process as the quarantine loop alone, listening on its own loopback port."""
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    out["kubernetes"]["leader_election"]["identity"] = identity
+    out["extender"] = {"enabled": False, "bind_address": "127.0.0.1", "port": free_port()}
+    out["nominations"] = {"enabled": False}
+    return out
 
 
 async def test_killing_the_leader_hands_over_within_the_lease(env: Env) -> None:
     cfg = env.config
     doc = json.loads(cfg.model_dump_json())
     doc["prometheus"]["url"] = env.prom.url
-    doc["kubernetes"]["leader_election"]["identity"] = "leader-subprocess"
     path = env.workdir / "leader.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(controller_doc(doc, "leader-subprocess")))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", RUNNER, str(path), cwd=Path(__file__).parents[2],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -304,9 +314,8 @@ async def test_killing_the_leader_hands_over_within_the_lease(env: Env) -> None:
             await env.fault({"kind": "xid", "node": "hq-node-2", "gpu": 1, "code": 79})
             await eventually(lambda: "hq-node-2" in env.taints(), within=30)
 
-            sdoc = json.loads(json.dumps(doc))
-            sdoc["kubernetes"]["leader_election"]["identity"] = "standby"
-            standby_task = asyncio.create_task(run_health_controller(Config.model_validate(sdoc), stop=stop))
+            standby = Config.model_validate(controller_doc(doc, "standby"))
+            standby_task = asyncio.create_task(run_controller(standby, stop=stop))
             await asyncio.sleep(2)
             assert await holder() == "leader-subprocess"
             os.killpg(proc.pid, signal.SIGKILL)  # a crash: no lease release

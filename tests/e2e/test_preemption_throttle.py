@@ -32,6 +32,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from controller.app import run_loops
 from controller.extender.runtime import Extender, build_extender
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
@@ -100,7 +101,7 @@ class Stack:
         self.tasks = [
             asyncio.ensure_future(self.extender.run()),
             asyncio.ensure_future(self.throttle.run()),
-            asyncio.ensure_future(self.nominations.run(self.leading, self.stopping)),
+            asyncio.ensure_future(run_loops(self.leading, self.stopping, nominations=self.nominations)),
         ]
 
     async def _stop(self) -> None:

@@ -39,6 +39,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from adapter.app import Adapter
+from controller.app import run_loops
 from controller.extender.runtime import build_extender
 from controller.health.loop import HealthLoop
 from controller.nominations.loop import NominationLoop
@@ -715,8 +716,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             asyncio.create_task(elector.run()),
             asyncio.create_task(extender.run()),
             asyncio.create_task(throttle.run()),
-            asyncio.create_task(health.run(elector.is_leader, stop)),
-            asyncio.create_task(nominations.run(elector.is_leader, stop)),
+            asyncio.create_task(run_loops(elector.is_leader, stop, health=health, nominations=nominations)),
         ]
 
         async def shutdown() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.app import run_loops
 from controller.nominations.act import NominationActuator
 from controller.nominations.loop import NominationLoop
 from controller.nominations.metrics import NominationMetrics
@@ -313,18 +314,64 @@ async def test_no_writes_without_leadership() -> None:
     assert registry.oldest.collect()[0].samples[0].value == 0.0
 
 
-async def test_run_passes_only_while_leading() -> None:
+class WatchedEvent(asyncio.Event):
+    """An Event that tells when someone asked whether it is set (the scheduler's leadership gate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    def is_set(self) -> bool:
+        self.asked.set()
+        return super().is_set()
+
+
+def passes_signalled(running: NominationLoop) -> asyncio.Event:
+    done = asyncio.Event()
+    run_once = running.run_once
+
+    async def signalled(leading: asyncio.Event | None = None) -> object:
+        try:
+            return await run_once(leading)
+        finally:
+            done.set()
+
+    running.run_once = signalled  # type: ignore[method-assign]
+    return done
+
+
+async def test_pass_scheduler_runs_passes_while_leading() -> None:
     api, clock = FakeApi(k8s_pod("p")), [NOW]
     running = loop(api, [k8s_node(cordoned=True)], clock)
+    done = passes_signalled(running)
     leading, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(running.run(leading, stop))
-    await asyncio.sleep(0.05)
-    assert running.last_plan is None
     leading.set()
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if running.last_plan is not None:
-            break
+    task = asyncio.create_task(run_loops(leading, stop, nominations=running))
+    await asyncio.wait_for(done.wait(), 10)
     stop.set()
     await asyncio.wait_for(task, 5)
     assert running.last_plan is not None and api.pods["p"]["status"]["nominatedNodeName"] is None
+
+
+async def test_pass_scheduler_skips_passes_while_not_leading() -> None:
+    api, clock = FakeApi(k8s_pod("p")), [NOW]
+    running = loop(api, [k8s_node(cordoned=True)], clock)
+    done = passes_signalled(running)
+    leading, stop = WatchedEvent(), asyncio.Event()
+    task = asyncio.create_task(run_loops(leading, stop, nominations=running))
+    await asyncio.wait_for(leading.asked.wait(), 10)  # the first (immediate) pass was due and gated
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert not done.is_set() and running.last_plan is None and api.writes == []
+
+
+async def test_run_loops_returns_at_once_for_a_disabled_loop() -> None:
+    api = FakeApi(k8s_pod("p"))
+    disabled = NominationLoop(
+        Config.model_validate({"nominations": {"enabled": False}}), api, registry=CollectorRegistry(),  # type: ignore[arg-type]
+        pods=FakeInformer([]), nodes=FakeInformer([]), recorder=FakeRecorder(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    leading = asyncio.Event()
+    leading.set()
+    await asyncio.wait_for(run_loops(leading, asyncio.Event(), nominations=disabled), 5)
+    assert disabled.interval() is None and disabled.last_plan is None
