@@ -77,6 +77,12 @@ class ClusterConfig:
     extra_kcm_args: Mapping[str, str] = field(default_factory=dict)
     ready_timeout: float = 180.0
     progress: bool = True
+    kwokctl_options: Mapping[str, Any] = field(default_factory=dict)
+    """Merged last into ``KwokctlConfiguration.options`` (e.g. ``nodeLeaseDurationSeconds``,
+    ``kubeControllerManagerNodeMonitorGracePeriodMilliseconds``); empty keeps kwokctl's defaults."""
+    kwok_options: Mapping[str, Any] = field(default_factory=dict)
+    """When given, a ``KwokConfiguration`` document with these ``options`` (e.g. ``nodeLeaseParallelism``,
+    ``nodePlayStageParallelism``) is added for the kwok controller; empty keeps kwok's defaults."""
 
 
 def _alive(pid: int) -> bool:
@@ -89,10 +95,10 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _rss_bytes(pid: int) -> int:
+def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -257,7 +263,7 @@ class Cluster:
             {"key": "proxy-client-key-file", "value": str(fp.client_key), "override": True},
         ]
         apiserver_patch += [{"key": k, "value": v} for k, v in apiserver_args.items()]
-        return [
+        docs = [
             {
                 "kind": "KwokctlConfiguration",
                 "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
@@ -278,6 +284,7 @@ class Cluster:
                     "etcdBinary": str(b.path("etcd")),
                     "kubeSchedulerConfig": str(scheduler_path),
                     "disableQPSLimits": True,
+                    **c.kwokctl_options,
                 },
                 "componentsPatches": [
                     {"name": "kube-apiserver", "extraArgs": apiserver_patch},
@@ -288,6 +295,15 @@ class Cluster:
                 ],
             }
         ]
+        if c.kwok_options:
+            docs.append(
+                {
+                    "kind": "KwokConfiguration",
+                    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+                    "options": dict(c.kwok_options),
+                }
+            )
+        return docs
 
     def _create(self) -> None:
         p = self._progress
@@ -395,6 +411,10 @@ class Cluster:
                 return dict(comp)
         raise ClusterError(f"component {name!r} not found in saved kwokctl configuration")
 
+    def component_port(self, name: str) -> int:
+        """The port a component (e.g. kube-scheduler, for its /metrics) serves HTTPS on right now."""
+        return self._component_port(name)
+
     def _component_port(self, name: str) -> int:
         if name in self._port_overrides:
             return self._port_overrides[name]
@@ -423,6 +443,10 @@ class Cluster:
 
     def _remember_pids(self) -> None:
         self._known_pids.update(self.pids().values())
+
+    def control_plane_peak_rss(self) -> dict[str, int]:
+        """Peak resident memory (bytes, ``VmHWM``) per running control-plane process, over its lifetime."""
+        return {name: _rss_bytes(pid, "VmHWM") for name, pid in self.pids().items() if _alive(pid)}
 
     def control_plane_rss(self) -> dict[str, int]:
         """Resident memory (bytes) per running control-plane process."""
@@ -479,6 +503,12 @@ class Cluster:
             if str(arg).startswith("--config="):
                 return Path(str(arg).split("=", 1)[1])
         raise ClusterError("kube-scheduler was started without --config")
+
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler (pods queue up unscheduled); :meth:`restart_scheduler` starts it again."""
+        pid_file = self.pid_files().get("kube-scheduler")
+        if pid_file is not None:
+            _stop_pids([int(pid_file.read_text().strip())])
 
     def restart_scheduler(self, scheduler_config: Mapping[str, Any]) -> None:
         """Stop kube-scheduler, install a new KubeSchedulerConfiguration, start it again, wait for /readyz.

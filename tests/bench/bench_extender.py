@@ -1,6 +1,8 @@
-"""Scheduler-extender benchmark: filter + prioritize latency for 500 candidates out of a 5,000-node fleet.
+"""Scheduler-extender benchmark: filter + prioritize latency for 500 candidates out of a 5,000-node fleet,
+and pods/s of the real kube-scheduler with and without the extender on a 5,000-node kwok fleet.
 
-Prints numbers, asserts nothing about time. Parts:
+Prints numbers, asserts nothing about time. Every latency line gives p50/p90/p99/max and the sample count;
+timed regions say whether (and how long) the garbage collector ran in them. Parts:
 
 1. model build: feeding 5,000 nodes x 8 GPUs (2 NUMA x 4, NVLink pairs) and ~20,000 GPU pods into the model.
 2. in-process: `filter_nodes` on 500 random candidates, then `score_nodes` on the survivors (what the
@@ -8,14 +10,20 @@ Prints numbers, asserts nothing about time. Parts:
    and cached answers are rebuilt), as in a scheduling stream. Cold = the first request of each shape right
    after every view was dropped (a relist).
 3. over HTTP (nodeCacheCapable: true): the same pair as POST /filter + POST /prioritize on loopback through
-   aiohttp, client and server in this process (so the client's own cost is included).
+   aiohttp, (a) with the client in this process, on the server's event loop, and (b) with the client in its
+   own process (`tests.bench.http_client`, as kube-scheduler is). Each also reports the server's handler
+   time for the same requests (a middleware), so the client's share of the client-observed time shows.
 4. the payload size of a nodeCacheCapable: false filter request for 500 candidates, and its parse time.
-
-5. opt-in (`GPUWARDEN_BENCH_E2E_NODES=N`, `GPUWARDEN_BENCH_E2E_PODS=M`): pods/s of the real kube-scheduler
-   on N kwok GPU nodes, default scheduler vs. with our extender filtering, scoring and binding.
+5. end to end (`tests.bench.scheduler_e2e`): a kwok fleet of GPUWARDEN_BENCH_E2E_NODES (default 5,000; 0
+   skips the part) 8-GPU nodes, GPUWARDEN_BENCH_E2E_PODS (default 1,000) 1/2/4/8-GPU pods per run, default
+   scheduler vs. our extender (filter + prioritize + bind, nodeCacheCapable, its own process), each as a
+   stream (pods created while the scheduler runs) and as a backlog (all pods pending, then the scheduler
+   starts); the extender's latency histogram, kube-scheduler's attempt latency and peak RSS of every
+   process. GPUWARDEN_BENCH_E2E_PERCENTAGE sets percentageOfNodesToScore (default: unset, adaptive).
 
 Goals (issue 6): p99 <= 5 ms in-process and <= 15 ms over HTTP at 500 candidates; >= 100 pods/s end to end.
-Run: `python -m tests.bench extender`; `GPUWARDEN_BENCH_NODES=1000` for a quicker run.
+Run: `python -m tests.bench extender`; `GPUWARDEN_BENCH_NODES=1000 GPUWARDEN_BENCH_E2E_NODES=500` for a
+quicker run.
 """
 
 from __future__ import annotations
@@ -23,10 +31,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 import random
+import resource
 import statistics
+import sys
 import time
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +51,8 @@ from controller.extender.model import ClusterModel
 from controller.extender.objects import PodInfo, pod_info
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extender.wire import ExtenderArgs
+from gpuwarden import ports
+from tests.bench.scheduler_e2e import e2e_throughput, settings_from_env
 from tests.unit.extender_support import node, pod
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
@@ -77,17 +91,50 @@ def fleet(rng: random.Random) -> tuple[ClusterModel, list[dict[str, Any]], float
     return model, nodes, time.perf_counter() - started
 
 
+class GcWatch:
+    """Records every garbage collection (generation, pause) while active, via `gc.callbacks`."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses.append((int(info["generation"]), time.perf_counter() - self._began))
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        if not self.pauses:
+            return "no GC ran in the timed region"
+        gens = Counter(g for g, _ in self.pauses)
+        counts = ", ".join(f"gen{g} x{gens[g]}" for g in sorted(gens))
+        total = sum(p for _, p in self.pauses) * 1000
+        longest = max(p for _, p in self.pauses) * 1000
+        return f"GC ran {len(self.pauses)}x ({counts}): {total:.1f} ms in all, longest pause {longest:.2f} ms"
+
+
 def pct(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile of `samples` (seconds), in ms."""
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))] * 1000.0
 
 
-def report(label: str, samples: list[float]) -> None:
+def report(label: str, samples: list[float], watch: GcWatch | None = None) -> None:
     print(
-        f"  {label:<44} p50 {pct(samples, 0.50):6.2f} ms   p99 {pct(samples, 0.99):6.2f} ms   "
-        f"max {max(samples) * 1000:6.2f} ms   (n={len(samples)})",
+        f"  {label:<46} p50 {pct(samples, 0.50):6.2f}  p90 {pct(samples, 0.90):6.2f}  "
+        f"p99 {pct(samples, 0.99):6.2f}  max {max(samples) * 1000:6.2f} ms  (n={len(samples)})",
         flush=True,
     )
+    if watch is not None:
+        print(f"  {'':<46} {watch.summary()}", flush=True)
 
 
 def request(
@@ -100,58 +147,120 @@ def request(
     return time.perf_counter() - start, len(result.passed)
 
 
+def bind_one(model: ClusterModel, rng: random.Random, names: list[str], tag: str) -> None:
+    """The previous pod was bound: one node changed, its view and answers are rebuilt on next use."""
+    model.upsert_pod(pod(tag, 1, node=rng.choice(names), ids=str(rng.randrange(8))))
+
+
 def in_process(model: ClusterModel, rng: random.Random) -> None:
     names = model.node_names()
     settings = Settings(fleet_max_numa_gpus=model.max_numa_gpus())
     shapes = [pod_info(pod(f"shape{k}", k), model.resource) for k in sorted(set(SIZES))]
     for n in names:  # cold: every view rebuilt (after a relist or a restart)
         model._views.pop(n, None)
-    cold = [request(model, settings, shape, rng.sample(names, CANDIDATES))[0] for shape in shapes]
+    with GcWatch() as cold_gc:
+        cold = [request(model, settings, shape, rng.sample(names, CANDIDATES))[0] for shape in shapes]
     for shape in shapes:  # the scheduler has seen every node with every shape once
         request(model, settings, shape, names)
     steady: list[float] = []
     passed: list[int] = []
     filt: list[float] = []
-    for i in range(REQUESTS):
-        incoming = pod_info(pod(f"x{i}", rng.choice(SIZES)), model.resource)
-        candidates = rng.sample(names, CANDIDATES)
-        start = time.perf_counter()
-        filter_nodes(incoming, [(n, model.view(n)) for n in candidates], settings, 0.0)
-        filt.append(time.perf_counter() - start)
-        seconds, count = request(model, settings, incoming, candidates)
-        steady.append(seconds)
-        passed.append(count)
-        # the previous pod was bound: one node changed, its view and answers are rebuilt on next use
-        model.upsert_pod(pod(f"bound{i}", 1, node=rng.choice(names), ids=str(rng.randrange(8))))
+    with GcWatch() as steady_gc:
+        for i in range(REQUESTS):
+            incoming = pod_info(pod(f"x{i}", rng.choice(SIZES)), model.resource)
+            candidates = rng.sample(names, CANDIDATES)
+            start = time.perf_counter()
+            filter_nodes(incoming, [(n, model.view(n)) for n in candidates], settings, 0.0)
+            filt.append(time.perf_counter() - start)
+            seconds, count = request(model, settings, incoming, candidates)
+            steady.append(seconds)
+            passed.append(count)
+            bind_one(model, rng, names, f"bound{i}")
     report("filter only (500 candidates)", filt)
-    report("filter + prioritize, steady stream", steady)
-    report("filter + prioritize, cold (views rebuilt)", cold)
+    report("filter + prioritize, steady stream", steady, steady_gc)
+    report("filter + prioritize, cold (views rebuilt)", cold, cold_gc)
     print(f"  candidates passing filter: median {statistics.median(passed):.0f} of {CANDIDATES}")
 
 
-async def over_http(model: ClusterModel, rng: random.Random) -> None:
+def server_timing(model: ClusterModel, rng: random.Random, by_verb: dict[str, list[float]]) -> Any:
+    """aiohttp middleware: handler time per verb (what the server spends, without the client); after each
+    prioritize one pod is bound, as in a scheduling stream (outside the timed part)."""
     names = model.node_names()
+
+    @web.middleware
+    async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+        start = time.perf_counter()
+        response: web.StreamResponse = await handler(request)
+        verb = request.path.rsplit("/", 1)[-1]
+        by_verb.setdefault(verb, []).append(time.perf_counter() - start)
+        if verb == "prioritize":
+            bind_one(model, rng, names, f"hb{len(by_verb[verb])}-{rng.random()}")
+        return response
+
+    return timed
+
+
+def server_pairs(by_verb: dict[str, list[float]], skip: int) -> list[float]:
+    return [f + p for f, p in zip(by_verb["filter"][skip:], by_verb["prioritize"][skip:], strict=False)]
+
+
+def extender_app(model: ClusterModel, rng: random.Random, by_verb: dict[str, list[float]]) -> web.Application:
     service = ExtenderService(model, Settings(), extender_metrics(CollectorRegistry()), clock=lambda: 0.0)
-    app = web.Application()
+    app = web.Application(middlewares=[server_timing(model, rng, by_verb)])
     add_extender_routes(app, service, "/gpuwarden")
+    return app
+
+
+async def over_http(model: ClusterModel, rng: random.Random) -> None:
+    """Client in this process (on the server's event loop): client-observed vs. server handler time."""
+    names = model.node_names()
+    by_verb: dict[str, list[float]] = {}
     samples: list[float] = []
-    async with TestClient(TestServer(app)) as client:
-        for i in range(REQUESTS // 2 + 10):
-            body = {
-                "Pod": pod(f"h{i}", rng.choice(SIZES)),
-                "Nodes": None,
-                "NodeNames": rng.sample(names, CANDIDATES),
-            }
-            start = time.perf_counter()
-            resp = await client.post("/gpuwarden/filter", data=json.dumps(body))
-            filtered = json.loads(await resp.read())
-            body["NodeNames"] = filtered["NodeNames"]
-            resp = await client.post("/gpuwarden/prioritize", data=json.dumps(body))
-            await resp.read()
-            if i >= 10:  # the first few warm up aiohttp's connection and code paths
-                samples.append(time.perf_counter() - start)
-            model.upsert_pod(pod(f"hb{i}", 1, node=rng.choice(names), ids=str(rng.randrange(8))))
-    report("HTTP filter + prioritize (NodeNames), steady", samples)
+    warmup = 10
+    async with TestClient(TestServer(extender_app(model, rng, by_verb))) as client:
+        with GcWatch() as watch:
+            for i in range(REQUESTS // 2 + warmup):
+                body = {
+                    "Pod": pod(f"h{i}", rng.choice(SIZES)),
+                    "Nodes": None,
+                    "NodeNames": rng.sample(names, CANDIDATES),
+                }
+                start = time.perf_counter()
+                resp = await client.post("/gpuwarden/filter", data=json.dumps(body))
+                filtered = json.loads(await resp.read())
+                body["NodeNames"] = filtered["NodeNames"]
+                resp = await client.post("/gpuwarden/prioritize", data=json.dumps(body))
+                await resp.read()
+                if i >= warmup:  # the first few warm up aiohttp's connection and code paths
+                    samples.append(time.perf_counter() - start)
+    report("HTTP pair, client in-process (client view)", samples, watch)
+    report("  same requests, server handler time", server_pairs(by_verb, warmup))
+
+
+async def over_http_separate_client(model: ClusterModel, rng: random.Random) -> None:
+    """The same pair from a client in its own process (as kube-scheduler is): its JSON and aiohttp work
+    runs beside the server, not on the server's event loop."""
+    by_verb: dict[str, list[float]] = {}
+    runner = web.AppRunner(extender_app(model, rng, by_verb), access_log=None)
+    await runner.setup()
+    port = ports.free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        with GcWatch() as watch:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.bench.http_client", f"http://127.0.0.1:{port}/gpuwarden",
+                str(len(model.node_names())), str(CANDIDATES), str(REQUESTS // 2), "7",
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await child.communicate()
+    finally:
+        await runner.cleanup()
+    if child.returncode != 0:
+        print(f"  HTTP client process failed (rc={child.returncode})")
+        return
+    samples = json.loads(out)
+    report("HTTP pair, client in its own process", samples)
+    report("  same requests, server handler time", server_pairs(by_verb, 10), watch)
 
 
 def payload(nodes: list[dict[str, Any]], rng: random.Random) -> None:
@@ -179,92 +288,27 @@ def payload(nodes: list[dict[str, Any]], rng: random.Random) -> None:
 
 
 async def main() -> None:
+    wall = time.perf_counter()
     rng = random.Random(6)
     model, nodes, build = fleet(rng)
     gc.freeze()  # as the controller does after its first sync: the cache is not rescanned by every gen-2 GC
     print(
-        f"fleet: {NODES} nodes x 8 GPUs, {len(model._pods)} GPU pods; model built in {build:.2f} s",
+        f"fleet: {NODES} nodes x 8 GPUs, {len(model._pods)} GPU pods; model built in {build:.2f} s; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs",
         flush=True,
     )
     in_process(model, rng)
     await over_http(model, rng)
+    await over_http_separate_client(model, rng)
     payload(nodes, rng)
-    e2e_nodes = int(os.environ.get("GPUWARDEN_BENCH_E2E_NODES", "0"))
+    e2e_nodes, e2e_pods, percentage = settings_from_env(os.environ)
     if e2e_nodes:
-        await asyncio.to_thread(
-            e2e_throughput, e2e_nodes, int(os.environ.get("GPUWARDEN_BENCH_E2E_PODS", "1000"))
-        )
+        await asyncio.to_thread(e2e_throughput, e2e_nodes, e2e_pods, percentage)
     else:
-        print(
-            "  e2e pods/s through the real scheduler: set GPUWARDEN_BENCH_E2E_NODES=1000 (starts a cluster)"
-        )
-
-
-def e2e_throughput(nodes: int, pods_per_run: int) -> None:
-    """Pods/s of the real kube-scheduler on `nodes` kwok GPU nodes, without and with the extender binding.
-
-    Opt-in (`GPUWARDEN_BENCH_E2E_NODES=1000`): it starts a control plane, which a shared 2-core machine feels.
-    Time runs from the moment all pods exist (one `kubectl create`) until every pod has a node.
-    """
-    from gpuwarden.testbed import (
-        Cluster,
-        ClusterConfig,
-        ExtenderSpec,
-        GpuNodeSpec,
-        SchedulerSettings,
-        add_gpu_nodes,
-        ensure_namespace,
-        poll,
-        scheduler_configuration,
+        print("  e2e pods/s through the real scheduler: skipped (GPUWARDEN_BENCH_E2E_NODES=0)")
+    print(
+        f"  bench_extender wall time {time.perf_counter() - wall:.0f} s; load average now "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; this process's peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+        flush=True,
     )
-    from tests.e2e.conftest import free_port, pod_manifest
-    from tests.e2e.test_extender_scheduler import PREFIX, RunningExtender, topology
-
-    cluster = Cluster.create(ClusterConfig(name=f"gw-bench-{os.getpid()}", progress=False))
-    try:
-        started = time.perf_counter()
-        specs = [GpuNodeSpec(name=f"bench-{i:05d}", gpus=8, topology=topology(2, 4)) for i in range(nodes)]
-        for i in range(0, nodes, 500):
-            add_gpu_nodes(cluster, specs[i : i + 500], timeout=600)
-        print(f"  e2e: {nodes} kwok nodes ready in {time.perf_counter() - started:.0f} s", flush=True)
-        port = free_port()
-        spec = ExtenderSpec(
-            url_prefix=f"http://127.0.0.1:{port}{PREFIX}", prioritize_verb="prioritize",
-            preempt_verb="preempt", bind_verb="bind", weight=12, node_cache_capable=True,
-            managed_resources=["nvidia.com/gpu"],
-        )  # fmt: skip
-        for mode in ("default scheduler", "with gpuwarden extender"):
-            running = None
-            if mode.startswith("with"):
-                cluster.restart_scheduler(scheduler_configuration(SchedulerSettings(extenders=[spec])))
-                running = RunningExtender(cluster, port).start()
-            namespace = f"bench-{mode.split()[0]}"
-            ensure_namespace(cluster, namespace)
-            items = []
-            for i in range(pods_per_run):
-                body = pod_manifest(f"p{i}", gpus=rng_size(i))
-                body["metadata"]["namespace"] = namespace
-                items.append(body)
-            cluster.kubectl(
-                "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-            )
-            start = time.perf_counter()
-
-            def bound(namespace: str = namespace) -> bool:
-                listed = cluster.get_json("pods", "-n", namespace)["items"]
-                return sum(1 for p in listed if p["spec"].get("nodeName")) == pods_per_run
-
-            poll(bound, timeout=600, interval=0.5, what=f"{pods_per_run} pods bound")
-            elapsed = time.perf_counter() - start
-            print(
-                f"  e2e {mode:<26} {pods_per_run / elapsed:7.1f} pods/s "
-                f"({pods_per_run} pods, {elapsed:.1f} s)"
-            )
-            if running is not None:
-                running.stop()
-    finally:
-        cluster.delete()
-
-
-def rng_size(i: int) -> int:
-    return (1, 1, 2, 4, 1, 2, 8, 1)[i % 8]

@@ -1,0 +1,60 @@
+"""gpuwarden's scheduler extender as its own process, for the end-to-end part of `bench_extender`.
+
+Built exactly as the controller builds it (`build_extender` + watches through `KubeClient`), served on
+127.0.0.1:PORT with the extender's Prometheus series at ``/metrics``, so the bench can read its
+server-side latency and its peak RSS apart from the bench process. Prints ``ready`` once the model has
+synced; stops on SIGTERM or when stdin closes.
+
+Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+
+from controller.extender.runtime import build_extender
+from gpuwarden.config.root import Config
+from gpuwarden.kube import KubeClient
+
+
+async def serve(kubeconfig: str, port: int, prefix: str) -> None:
+    config = Config.model_validate(
+        {"kubernetes": {"kubeconfig": kubeconfig}, "extender": {"path_prefix": prefix}}
+    )
+    kube = KubeClient.from_config(kubeconfig=kubeconfig)
+    registry = CollectorRegistry()
+    extender = build_extender(config, kube, registry=registry)
+    app = web.Application()
+    extender.mount(app)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain")
+
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    feed = asyncio.ensure_future(extender.run())
+    while not extender.ready():
+        if feed.done():
+            feed.result()
+        await asyncio.sleep(0.2)
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.buffer.read1(1) else None)
+    await stop.wait()
+    feed.cancel()
+    await asyncio.gather(feed, return_exceptions=True)
+    await runner.cleanup()
+    await kube.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(sys.argv[1], int(sys.argv[2]), sys.argv[3]))

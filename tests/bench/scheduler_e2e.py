@@ -1,0 +1,472 @@
+"""End-to-end part of `bench_extender`: pods/s of the real kube-scheduler on a kwok GPU fleet, without and
+with gpuwarden's extender (filter + prioritize + bind, nodeCacheCapable), and where the time goes.
+
+One cluster (`quiet_fleet_config`: long kwok leases, so 5,000 fake nodes do not keep the API server busy),
+one fleet of 8-GPU nodes (2 NUMA x 4, NVLink pairs, the `gpuwarden.io/gpu-topology` annotation), then per
+mode: a fresh namespace, a `kubectl --watch` that stamps the moment each pod is first seen with a node, the
+pods created by a few concurrent `kubectl create`, and the clock from the first create to the last bound
+pod. The first run's pods are deleted before the second, so both see an empty fleet. Both runs use the same
+KubeSchedulerConfiguration apart from `extenders` (the same `percentageOfNodesToScore`).
+
+The extender runs as its own process (`tests.bench.extender_process`), built as the controller builds it;
+its Prometheus latency histogram and kube-scheduler's own /metrics say where the time goes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden import ports
+from gpuwarden.testbed import (
+    Cluster,
+    ClusterConfig,
+    ExtenderSpec,
+    GpuNodeSpec,
+    SchedulerSettings,
+    ensure_namespace,
+    scheduler_configuration,
+)
+from gpuwarden.testbed.fleet import create_fleet, quiet_fleet_config
+
+PREFIX = "/gpuwarden"
+SIZES = (1, 1, 2, 4, 1, 2, 8, 1)
+"""GPUs per pod, cycled: mean 2.5 GPUs a pod."""
+CREATORS = 8
+"""Concurrent `kubectl create` processes for the pod stream."""
+
+
+def topology(numa: int, per_numa: int) -> dict[str, Any]:
+    """The `gpuwarden.io/gpu-topology` annotation of one node: NUMA, PCIe switch and NVLink pair per GPU."""
+    return {
+        str(i): {
+            "numa": i // per_numa,
+            "pcie": f"pci{i // 2}",
+            "nvlink": f"nvl{i // 2}",
+            "uuid": f"GPU-b-{i}",
+        }
+        for i in range(numa * per_numa)
+    }
+
+
+def pod_body(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    limits = {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "bench"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/gpuwarden/bench:0",
+                    "resources": {"limits": limits},
+                }
+            ]
+        },
+    }
+
+
+@dataclass
+class RunResult:
+    mode: str
+    kind: str
+    """stream: pods created while the scheduler runs; backlog: all pods pending, then the scheduler starts."""
+    pods: int
+    created_s: float
+    """First create to last create returned."""
+    total_s: float
+    """stream: first create to last pod bound; backlog: scheduler (re)start to last pod bound."""
+    spread_s: float
+    """First pod bound to last pod bound."""
+    bound: int
+    extender: dict[str, str] = field(default_factory=dict)
+    scheduler: dict[str, str] = field(default_factory=dict)
+    peak_rss: dict[str, int] = field(default_factory=dict)
+
+
+class BindWatch:
+    """`kubectl get pods --watch` in a namespace; the first moment each pod is seen with spec.nodeName.
+
+    kubectl's watch sometimes ends cleanly (rc 0) in the middle of a burst; it is then started again, and
+    its initial listing stamps the pods bound meanwhile (late by the restart gap; restarts are counted)."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        template = "jsonpath={.metadata.name} {.spec.nodeName}{'\\n'}"
+        self.cmd = [
+            str(cluster.binaries.path("kubectl")), f"--kubeconfig={cluster.kubeconfig}",
+            "get", "pods", "-n", namespace, "--watch", "-o", template,
+        ]  # fmt: skip
+        self.errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop)
+        self.bound: dict[str, float] = {}
+        self.restarts = 0
+        self.stopping = threading.Event()
+        self.changed = threading.Condition()
+        self.proc = self._start()
+        self.thread = threading.Thread(target=self._read, name="bind-watch", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.errors, text=True)
+
+    def _read(self) -> None:
+        while True:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                parts = line.split()
+                if len(parts) == 2 and parts[0] not in self.bound:
+                    with self.changed:
+                        self.bound[parts[0]] = time.perf_counter()
+                        self.changed.notify_all()
+            self.proc.wait()
+            if self.stopping.is_set():
+                return
+            self.restarts += 1
+            self.proc = self._start()
+
+    def wait(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while len(self.bound) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(min(left, 5.0))
+        return True
+
+    def stop(self) -> str:
+        """Stop the watch; returns a note on restarts and kubectl's stderr (empty when all went well)."""
+        self.stopping.set()
+        self.proc.terminate()
+        self.thread.join(timeout=15)
+        self.proc.wait(timeout=10)
+        self.errors.seek(0)
+        err = self.errors.read().strip()[-300:]
+        self.errors.close()
+        return f"the kubectl watch was restarted {self.restarts}x {err}".strip() if self.restarts else err
+
+
+def _insecure_get(url: str) -> str:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=10, context=ctx) as resp:
+        return str(resp.read().decode())
+
+
+def histogram_summary(text: str, name: str, label: str) -> dict[str, str]:
+    """Per value of `label` of histogram `name`: count, mean and p50/p99 as the bucket bound they fall in."""
+    out: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        groups: dict[str, dict[str, Any]] = {}
+        for sample in family.samples:
+            key = sample.labels.get(label, "")
+            group = groups.setdefault(key, {"buckets": [], "count": 0.0, "sum": 0.0})
+            if sample.name.endswith("_bucket"):
+                group["buckets"].append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_count"):
+                group["count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                group["sum"] = sample.value
+        for key, group in sorted(groups.items()):
+            count = group["count"]
+            if not count:
+                continue
+            buckets = sorted(group["buckets"])
+
+            def bound(q: float, buckets: list[tuple[float, float]] = buckets, count: float = count) -> str:
+                for le, cumulative in buckets:
+                    if cumulative >= q * count:
+                        return "+Inf" if math.isinf(le) else f"{le * 1000:g}"
+                return "?"
+
+            out[key] = (
+                f"n={count:.0f} mean {group['sum'] / count * 1000:.2f} ms, "
+                f"p50 <= {bound(0.5)} ms, p99 <= {bound(0.99)} ms"
+            )
+    return out
+
+
+def scheduler_metrics(cluster: Cluster) -> dict[str, str]:
+    """kube-scheduler's attempt latency (result label) from its /metrics; {} when not readable."""
+    try:
+        text = _insecure_get(f"https://127.0.0.1:{cluster.component_port('kube-scheduler')}/metrics")
+    except OSError as exc:
+        return {"unreadable": repr(exc)}
+    return histogram_summary(text, "scheduler_scheduling_attempt_duration_seconds", "result")
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class ExtenderProcess:
+    """`tests.bench.extender_process` on a free loopback port; `metrics()` and `peak_rss()` while alive."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.port = ports.free_port("127.0.0.1")
+        self.log = cluster.workdir / f"extender-{self.port}.log"
+        self._log = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.extender_process",
+             str(cluster.kubeconfig), str(self.port), PREFIX],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float) -> float:
+        started = time.monotonic()
+        assert self.proc.stdout is not None
+        box: list[str] = []
+        reader = threading.Thread(
+            target=lambda: box.append(self.proc.stdout.readline() if self.proc.stdout else "")
+        )
+        reader.start()
+        reader.join(timeout)
+        if not box or box[0].strip() != "ready":
+            raise RuntimeError(f"extender process not ready after {timeout:.0f} s (rc={self.proc.poll()})")
+        return time.monotonic() - started
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
+    def peak_rss(self) -> int:
+        return _peak_rss(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log_summary(self) -> str:
+        """What the extender logged (warnings and errors: its log goes to stderr), by message."""
+        self._log.flush()
+        counts = Counter(line.strip()[:80] for line in self.log.read_text(errors="replace").splitlines())
+        return "; ".join(f"{text!r} x{n}" for text, n in counts.most_common(4)) or "nothing"
+
+
+def create_pods(cluster: Cluster, namespace: str, pods: int, timeout: float) -> float:
+    """`pods` GPU pods from `CREATORS` concurrent `kubectl create`; returns the seconds it took."""
+    bodies = [pod_body(f"p{i:05d}", namespace, SIZES[i % len(SIZES)]) for i in range(pods)]
+    chunks = [bodies[i::CREATORS] for i in range(CREATORS)]
+    start = time.perf_counter()
+
+    def create(chunk: list[dict[str, Any]]) -> None:
+        doc = {"apiVersion": "v1", "kind": "List", "items": chunk}
+        cluster.kubectl("create", "-f", "-", "-o", "name", input=json.dumps(doc), timeout=timeout)
+
+    with ThreadPoolExecutor(max_workers=CREATORS) as pool:
+        list(pool.map(create, chunks))
+    return time.perf_counter() - start
+
+
+def run_pods(
+    cluster: Cluster,
+    mode: str,
+    namespace: str,
+    pods: int,
+    timeout: float,
+    *,
+    backlog_config: Mapping[str, Any] | None = None,
+) -> RunResult:
+    """Time `pods` GPU pods in `namespace` until every one has a node. Stream (default): created while the
+    scheduler runs, clock from the first create. Backlog (`backlog_config`): the scheduler is stopped, all
+    pods are created, then it starts with that configuration; clock from its start."""
+    ensure_namespace(cluster, namespace)
+    watch = BindWatch(cluster, namespace)
+    time.sleep(2.0)  # the watch is established before the first pod exists
+    try:
+        if backlog_config is None:
+            start = time.perf_counter()
+            created = create_pods(cluster, namespace, pods, timeout)
+        else:
+            cluster.stop_scheduler()
+            created = create_pods(cluster, namespace, pods, timeout)
+            start = time.perf_counter()
+            cluster.restart_scheduler(backlog_config)
+        watch.wait(pods, timeout)
+        bound = dict(watch.bound)
+    finally:
+        trouble = watch.stop()
+    if trouble:
+        print(f"  e2e {mode}: {trouble}", flush=True)
+    first, last = (min(bound.values()), max(bound.values())) if bound else (start, start)
+    kind = "stream" if backlog_config is None else "backlog"
+    return RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
+
+
+def print_result(result: RunResult) -> None:
+    rate = result.bound / result.total_s if result.total_s > 0 else 0.0
+    spread = (result.bound - 1) / result.spread_s if result.spread_s > 0 else 0.0
+    missing = "" if result.bound == result.pods else f"  ONLY {result.bound}/{result.pods} BOUND (timeout)"
+    since = "the first create" if result.kind == "stream" else "the scheduler's start"
+    print(
+        f"  e2e {result.kind:<7} {result.mode:<24} {rate:7.1f} pods/s  ({result.bound} pods bound "
+        f"{result.total_s:.1f} s after {since}; first to last bind {result.spread_s:.1f} s = {spread:.1f} "
+        f"pods/s; creating the pods took {result.created_s:.1f} s){missing}",
+        flush=True,
+    )
+    for verb, line in result.extender.items():
+        print(f"      extender {verb:<11} {line}")
+    for outcome, line in result.scheduler.items():
+        print(f"      scheduler attempt {outcome:<13} {line}")
+
+
+def delete_namespace(cluster: Cluster, namespace: str, timeout: float) -> float:
+    started = time.monotonic()
+    cluster.kubectl(
+        "delete", "namespace", namespace, f"--timeout={int(timeout)}s", check=False, timeout=timeout + 30
+    )
+    return time.monotonic() - started
+
+
+def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
+    """The whole end-to-end part: build the fleet, run both modes, print numbers and peak RSS."""
+    capacity_pods = int(nodes * 8 * 0.5 / (sum(SIZES) / len(SIZES)))
+    if pods > capacity_pods:
+        print(f"  e2e: {pods} pods would fill more than half of {nodes * 8} GPUs; using {capacity_pods}")
+        pods = capacity_pods
+    extra: dict[str, Any] = {} if percentage is None else {"percentageOfNodesToScore": percentage}
+    to_find = max(100, nodes * (percentage or max(5, 50 - nodes // 125)) // 100)
+    print(
+        "  e2e scheduler config: percentageOfNodesToScore "
+        + (f"{percentage}" if percentage is not None else "unset (adaptive: max(5, 50 - nodes/125) %)")
+        + f" -> stops after {min(nodes, to_find)} feasible nodes of {nodes}; the same in both runs",
+        flush=True,
+    )
+    config = quiet_fleet_config(
+        ClusterConfig(
+            name=f"gw-bench-{os.getpid()}",
+            progress=False,
+            ready_timeout=300,
+            scheduler_config=scheduler_configuration(SchedulerSettings(extra=extra)),
+        )
+    )
+    print(
+        f"  e2e kwok: {json.dumps(dict(config.kwok_options))}; "
+        f"kwokctl: {json.dumps(dict(config.kwokctl_options))}",
+        flush=True,
+    )
+    started = time.monotonic()
+    cluster = Cluster.create(config)
+    timeout = max(300.0, pods * 0.6)
+    try:
+        print(f"  e2e cluster up in {time.monotonic() - started:.0f} s", flush=True)
+        specs = [GpuNodeSpec(name=f"bench-{i:05d}", gpus=8, topology=topology(2, 4)) for i in range(nodes)]
+        took = create_fleet(cluster, specs)
+        print(f"  e2e {nodes} kwok GPU nodes (8 GPUs, 2 NUMA x 4) Ready in {took:.0f} s", flush=True)
+        default = scheduler_configuration(SchedulerSettings(extra=extra))
+        results = [
+            measure(cluster, "default scheduler", pods, timeout, None),
+            measure(cluster, "default scheduler", pods, timeout, default),
+        ]
+        for backlog in (False, True):
+            extender = ExtenderProcess(cluster)
+            try:
+                synced = extender.wait_ready(600)
+                print(f"  e2e extender process synced its model in {synced:.1f} s", flush=True)
+                spec = ExtenderSpec(
+                    url_prefix=f"http://127.0.0.1:{extender.port}{PREFIX}", prioritize_verb="prioritize",
+                    preempt_verb="preempt", bind_verb="bind", weight=12, node_cache_capable=True,
+                    managed_resources=["nvidia.com/gpu"],
+                )  # fmt: skip
+                with_extender = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
+                if not backlog:
+                    cluster.restart_scheduler(with_extender)
+                results.append(
+                    measure(
+                        cluster,
+                        "with gpuwarden extender",
+                        pods,
+                        timeout,
+                        with_extender if backlog else None,
+                        extender,
+                    )
+                )
+            finally:
+                extender.stop()
+        print_peak_rss(results)
+    finally:
+        cluster.delete()
+
+
+def measure(
+    cluster: Cluster,
+    mode: str,
+    pods: int,
+    timeout: float,
+    backlog_config: Mapping[str, Any] | None,
+    extender: ExtenderProcess | None = None,
+) -> RunResult:
+    """One timed run, its latency breakdown and peak RSS printed; its pods deleted afterwards."""
+    namespace = f"bench-{mode.split()[0]}-{'backlog' if backlog_config else 'stream'}"
+    result = run_pods(cluster, mode, namespace, pods, timeout, backlog_config=backlog_config)
+    result.scheduler = scheduler_metrics(cluster)
+    result.peak_rss = cluster.control_plane_peak_rss()
+    if extender is not None:
+        result.extender = histogram_summary(
+            extender.metrics(), "gpuwarden_extender_request_duration_seconds", "verb"
+        )
+        result.extender.update(extender_counters(extender.metrics()))
+        result.peak_rss["gpuwarden extender"] = extender.peak_rss()
+        result.extender["log"] = extender.log_summary()
+    print_result(result)
+    took = delete_namespace(cluster, namespace, 300)
+    print(f"      (its pods deleted in {took:.0f} s)", flush=True)
+    return result
+
+
+def extender_counters(text: str) -> dict[str, str]:
+    """Bind outcomes and conflicts from the extender's counters, as one line."""
+    parts = []
+    for family in text_string_to_metric_families(text):
+        if family.name in ("gpuwarden_extender_requests", "gpuwarden_extender_bind_conflicts"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                    parts.append(
+                        f"{family.name.removeprefix('gpuwarden_extender_')}{{{labels}}} {sample.value:.0f}"
+                    )
+    return {"counters": "; ".join(parts)} if parts else {}
+
+
+def print_peak_rss(results: list[RunResult]) -> None:
+    merged: dict[str, int] = {}
+    for result in results:
+        for name, value in result.peak_rss.items():
+            key = f"kube-scheduler ({result.mode}, {result.kind})" if name == "kube-scheduler" else name
+            merged[key] = max(merged.get(key, 0), value)
+    print("  e2e peak RSS (VmHWM): " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in merged.items()))
+
+
+def settings_from_env(environ: Mapping[str, str]) -> tuple[int, int, int | None]:
+    """(nodes, pods, percentageOfNodesToScore) from GPUWARDEN_BENCH_E2E_NODES / _PODS / _PERCENTAGE."""
+    nodes = int(environ.get("GPUWARDEN_BENCH_E2E_NODES", "5000"))
+    pods = int(environ.get("GPUWARDEN_BENCH_E2E_PODS", "1000"))
+    raw = environ.get("GPUWARDEN_BENCH_E2E_PERCENTAGE", "")
+    return nodes, pods, int(raw) if raw else None
