@@ -39,13 +39,26 @@ class Backoff(Section):
         le=3600,
         description="Preemptions within this many seconds of a back-off round's start belong to that "
         "round instead of doubling the back-off: one scheduling decision evicts several pods over a few "
-        "seconds. 30 s covers kube-scheduler's victim deletions and their Events arriving.",
+        "seconds. 30 s covers kube-scheduler's victim deletions and their Events arriving. Must be less "
+        "than base_seconds, or the next round would join the previous one and the back-off never grow.",
     )
 
     @model_validator(mode="after")
     def _base_below_max(self) -> Backoff:
         if self.base_seconds > self.max_seconds:
             raise FieldError("base_seconds", f"must not exceed max_seconds ({self.max_seconds:g})")
+        return self
+
+    @model_validator(mode="after")
+    def _burst_below_base(self) -> Backoff:
+        # A round waits at least base_seconds; a preemption within burst_seconds of the round's start joins
+        # that round. With burst >= base the next preemption after the wait still joins it: no doubling.
+        if self.burst_seconds >= self.base_seconds:
+            raise FieldError(
+                "burst_seconds",
+                f"must be less than base_seconds ({self.base_seconds:g}), got {self.burst_seconds:g}: "
+                "otherwise the next round counts as the same burst and the back-off never grows",
+            )
         return self
 
 

@@ -270,6 +270,16 @@ BAD = [
     ("health: {subquery_step_seconds: 0.5}", "health.subquery_step_seconds", "must be >= 1"),
     ("health: {breaker: {configmap_name: Breaker_CM}}", "health.breaker.configmap_name", "Breaker_CM"),
     ("preemption: {backoff: {burst_seconds: 0}}", "preemption.backoff.burst_seconds", "must be > 0"),
+    (
+        "preemption: {backoff: {base_seconds: 10, burst_seconds: 30}}",
+        "preemption.backoff.burst_seconds",
+        "must be less than base_seconds (10), got 30",
+    ),
+    (
+        "preemption: {backoff: {base_seconds: 30}}",
+        "preemption.backoff.burst_seconds",
+        "must be less than base_seconds (30), got 30",
+    ),
     ("preemption: {event_interval_seconds: -5}", "preemption.event_interval_seconds", "must be > 0"),
     ("extender: {scoring: {error_trend_penalty: 11}}", "extender.scoring.error_trend_penalty", "<= 10"),
     ("extender: {scoring: {fit_weight: 0, locality_weight: 0}}", "extender.scoring.fit_weight", "both be 0"),
