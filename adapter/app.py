@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -89,8 +90,11 @@ class Adapter:
         registry: CollectorRegistry | None = None,
         index: LabelIndex | None = None,
         clock: Callable[[], float] | None = None,
+        cert_reload_interval: float | None = None,
     ) -> None:
-        """`clock` pins wall time and query evaluation time (tests with backfilled data); None: real time."""
+        """`clock` pins wall time and query evaluation time (tests with backfilled data); None: real time.
+        `cert_reload_interval` overrides `adapter.tls.reload_interval_seconds`, for tests that poll the
+        certificate files faster than the config allows."""
         acfg = config.adapter
         now = clock or time.time
         self.config = config
@@ -139,6 +143,7 @@ class Adapter:
         self.security: Security | None = None
         self.app: web.Application | None = None
         self.certificates: CertificateReloader | None = None
+        self._cert_reload_interval = cert_reload_interval
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -231,7 +236,8 @@ class Adapter:
                 tcfg.key_file,
                 loaded=pair,
                 metrics=self.metrics,
-                interval=tcfg.reload_interval_seconds,
+                make_context=functools.partial(tls.context_for, min_version=tcfg.min_version, client_cas=cas),
+                interval=self._cert_reload_interval or tcfg.reload_interval_seconds,
             )
             self._spawn(self.certificates.run(), "certificate reload")
         return ctx

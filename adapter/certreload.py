@@ -1,11 +1,19 @@
-"""Serving-certificate rotation without a restart: poll the cert/key files, swap a valid new pair in live.
+"""Serving-certificate rotation without a restart: poll the cert/key files, serve a valid new pair.
 
 Why: cert-manager and kubelet rotate certificates by rewriting the mounted files; prometheus-adapter
 (k8s.io/apiserver's dynamiccertificates) notices and serves the new pair, so a drop-in replacement must too.
 Every `interval` the two files are read and hashed (they are a few KiB; reading beats trusting mtime on
 filesystems with coarse timestamps). A new digest is judged by `decide` — pure, table-tested — and only a
-parseable pair whose key matches the certificate is loaded, first into a throw-away context (OpenSSL's own
-verdict) and then into the live `ssl.SSLContext`, where `load_cert_chain` affects every later handshake.
+parseable pair whose key matches the certificate is built into a NEW `ssl.SSLContext` (by the factory the
+listener's own context came from, so versions and client-certificate verification are the same; OpenSSL
+refusing it is a rejection too).
+
+Why a new context rather than `load_cert_chain` into the live one: OpenSSL keeps one certificate per key
+type, so an ECDSA pair loaded over an RSA one leaves the RSA certificate in place, and a client offering only
+RSA cipher suites would go on being served the old (perhaps revoked) certificate. The listener's context
+keeps its place in the socket; its `sni_callback` — which OpenSSL calls on every ClientHello, with or
+without SNI — moves each new connection onto the newest context before a certificate is chosen.
+
 A bad pair (half-written during a rotation, corrupt, mismatched) is logged, counted in
 `gpuwarden_adapter_certificate_reloads_total{outcome}` and otherwise ignored: the old pair keeps serving,
 and the same bad content is not retried until the files change again. The loaded bytes are the validated
@@ -20,6 +28,7 @@ import enum
 import hashlib
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +37,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes, PublicKeyTypes
 
 from adapter.selfmetrics import AdapterMetrics
-from adapter.tls import load_pair
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 10.0
+
+ContextFactory = Callable[[bytes, bytes], ssl.SSLContext]
+"""(certificate PEM, key PEM) -> a new server context serving them, or `ssl.SSLError`/`OSError`."""
 
 
 class Outcome(enum.StrEnum):
@@ -101,7 +112,7 @@ def expiry_of(cert_pem: bytes) -> float | None:
 
 
 class CertificateReloader:
-    """Keeps `ctx` serving the newest valid pair found in `cert_file`/`key_file`."""
+    """Keeps the listener context `ctx` handing every new connection the newest valid pair on disk."""
 
     def __init__(
         self,
@@ -111,20 +122,35 @@ class CertificateReloader:
         *,
         loaded: tuple[bytes, bytes],
         metrics: AdapterMetrics,
+        make_context: ContextFactory,
         interval: float = DEFAULT_INTERVAL,
     ) -> None:
-        """`loaded`: the (cert, key) PEM already in `ctx`, so the first poll does not reload them."""
+        """`ctx`: the listener's context, serving `loaded` (the (cert, key) PEM in it, so the first poll
+        does not reload them); its `sni_callback` is taken over. `make_context` builds each replacement
+        with the listener's settings. `interval` is not bounded here: tests poll faster than the config
+        allows."""
         self.ctx = ctx
+        self.current = ctx  # what new connections are served; replaced whole, never modified
         self.cert_file, self.key_file = cert_file, key_file
         self.interval = interval
+        self._make_context = make_context
         self._metrics = metrics
         self._judged = digest_of(*loaded)  # the last content looked at, good or bad: each is judged once
         expiry = expiry_of(loaded[0])
         if expiry is not None:
             metrics.certificate_expiry.set(expiry)
+        ctx.sni_callback = self._select
+
+    def _select(
+        self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, listener: ssl.SSLContext
+    ) -> None:
+        """OpenSSL's servername callback, on each ClientHello before the certificate is chosen."""
+        current = self.current
+        if conn.context is not current:
+            conn.context = current
 
     def poll(self) -> Outcome:
-        """Look at the files once; load them if they changed and are a valid pair."""
+        """Look at the files once; serve them to new connections if they changed and are a valid pair."""
         try:
             cert_pem, key_pem = self.cert_file.read_bytes(), self.key_file.read_bytes()
         except OSError as exc:
@@ -137,12 +163,12 @@ class CertificateReloader:
         if decision.outcome is not Outcome.SUCCESS:
             return self._reject(decision)
         try:
-            load_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), cert_pem, key_pem)  # OpenSSL's verdict first
+            fresh = self._make_context(cert_pem, key_pem)
         except (ssl.SSLError, OSError) as exc:
             return self._reject(
                 Decision(Outcome.INVALID, decision.digest, f"OpenSSL refused the pair: {exc}")
             )
-        load_pair(self.ctx, cert_pem, key_pem)
+        self.current = fresh
         self._judged = decision.digest
         self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
         assert decision.not_after is not None

@@ -5,6 +5,8 @@ client certificate on that same connection. Like k8s.io/apiserver's `MaybeDefaul
 missing certificate is generated in memory (ECDSA P-256, valid for localhost, 127.0.0.1 and the given names)
 so an APIService with `insecureSkipTLSVerify` works out of the box. Client certificates are optional at the
 TLS layer (probes and token callers have none); which CA signed one is checked in `adapter.auth`.
+Every serving context — the first and each one a certificate rotation builds (`adapter.certreload`) — comes
+from `context_for`, so they agree on protocol versions and client-certificate verification.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import ssl
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 
-def self_signed(names: Sequence[str] = ("localhost",), days: int = 365) -> tuple[bytes, bytes]:
-    """(certificate PEM, private key PEM) for `names` plus 127.0.0.1 and ::1."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def self_signed(
+    names: Sequence[str] = ("localhost",), days: int = 365, *, algorithm: Literal["ecdsa", "rsa"] = "ecdsa"
+) -> tuple[bytes, bytes]:
+    """(certificate PEM, private key PEM) for `names` plus 127.0.0.1 and ::1; ECDSA P-256 or RSA 2048."""
+    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if algorithm == "rsa"
+        else ec.generate_private_key(ec.SECP256R1())
+    )
     now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name(
         [x509.NameAttribute(NameOID.COMMON_NAME, f"gpuwarden-adapter@{int(now.timestamp())}")]
@@ -65,6 +74,28 @@ def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
         ctx.load_cert_chain(cert_path, key_path)
 
 
+def context_for(
+    cert_pem: bytes,
+    key_pem: bytes,
+    *,
+    min_version: str = "TLSv1.2",
+    client_cas: Sequence[x509.Certificate] = (),
+) -> ssl.SSLContext:
+    """A new server SSLContext serving exactly this pair.
+
+    `client_cas` are offered for optional client-certificate verification. Raises `ssl.SSLError` (or
+    `OSError`) when OpenSSL refuses the pair or a CA.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
+    load_pair(ctx, cert_pem, key_pem)
+    if client_cas:
+        bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in client_cas)
+        ctx.load_verify_locations(cadata=bundle)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
 def server_context(
     cert_file: Path | None,
     key_file: Path | None,
@@ -77,17 +108,9 @@ def server_context(
     """(server SSLContext, serving certificate PEM); self-signed when no files are given.
 
     `pair`: (certificate, key) PEM already read from the files, so a caller watching them for rotation
-    knows exactly which bytes were loaded. `client_cas` are offered for optional client-certificate
-    verification.
+    knows exactly which bytes were loaded. `client_cas` as in `context_for`.
     """
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
     if pair is None and cert_file is not None and key_file is not None:
         pair = cert_file.read_bytes(), key_file.read_bytes()
     cert_pem, key_pem = pair if pair is not None else self_signed(names)
-    load_pair(ctx, cert_pem, key_pem)
-    if client_cas:
-        bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in client_cas)
-        ctx.load_verify_locations(cadata=bundle)
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx, cert_pem
+    return context_for(cert_pem, key_pem, min_version=min_version, client_cas=client_cas), cert_pem

@@ -107,9 +107,12 @@ class ServingTLS(Section):
     )
     reload_interval_seconds: Seconds = Field(
         default=10.0,
+        ge=1,
+        le=3600,
         description="Seconds between checks of cert_file/key_file for a rotated pair (cert-manager, "
-        "kubelet). A changed, valid pair serves new handshakes without a restart; an invalid or "
-        "mismatched one is logged and counted and the previous pair keeps serving.",
+        "kubelet). A changed, valid pair serves new handshakes without a restart (connections "
+        "already open keep the pair they started with); an invalid or mismatched one is logged and "
+        "counted and the previous pair keeps serving.",
     )
 
     @model_validator(mode="after")
@@ -131,7 +134,9 @@ class Authentication(Section):
     requestheader_client_ca_file: Path | None = Field(
         default=None,
         description="CA that signs the aggregator's front-proxy client certificate. null: read "
-        "requestheader-client-ca-file from ConfigMap kube-system/extension-apiserver-authentication.",
+        "requestheader-client-ca-file from ConfigMap kube-system/extension-apiserver-authentication. "
+        "Read once at start, from the file or the ConfigMap: a rotated front-proxy CA needs an adapter "
+        "restart (unlike the serving certificate, which tls reloads).",
     )
     requestheader_allowed_names: list[str] | None = Field(
         default=None,
@@ -140,7 +145,8 @@ class Authentication(Section):
     )
     client_ca_file: Path | None = Field(
         default=None,
-        description="CA for ordinary client certificates. null: client-ca-file from the same ConfigMap.",
+        description="CA for ordinary client certificates. null: client-ca-file from the same ConfigMap. "
+        "Read once at start, like requestheader_client_ca_file.",
     )
     token_review: bool = Field(
         default=True,
