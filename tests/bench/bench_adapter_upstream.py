@@ -237,16 +237,17 @@ async def populate(admin: AdminClient, fleet: Fleet) -> None:
             },
         )
         # The ServiceAccount admission plugin rejects pods until the namespace's "default" SA exists.
-        wanted = len({ns for ns, _, _ in fleet})
+        namespaces = {ns for ns, _, _ in fleet}
+        missing = namespaces
         for _ in range(240):
             async with session.get("/api/v1/serviceaccounts?fieldSelector=metadata.name%3Ddefault") as r:
-                have = {i["metadata"]["namespace"] for i in (await r.json())["items"]}
-            if len({ns for ns, _, _ in fleet} - have) == 0:
+                missing = namespaces - {i["metadata"]["namespace"] for i in (await r.json())["items"]}
+            if not missing:
                 break
             await asyncio.sleep(0.5)
         else:
-            raise RuntimeError(f"default ServiceAccounts missing in {wanted - len(have)} namespaces")
-        print(f"  {wanted} namespaces + RBAC in {time.perf_counter() - started:.1f}s", flush=True)
+            raise RuntimeError(f"default ServiceAccounts still missing in {len(missing)} namespaces")
+        print(f"  {len(namespaces)} namespaces + RBAC in {time.perf_counter() - started:.1f}s", flush=True)
 
         queue: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
         for item in fleet:
