@@ -37,6 +37,7 @@ from gpuwarden import ports
 from gpuwarden.testbed import (
     Cluster,
     ClusterConfig,
+    ClusterError,
     ExtenderSpec,
     GpuNodeSpec,
     SchedulerSettings,
@@ -99,6 +100,8 @@ class RunResult:
     extender: dict[str, str] = field(default_factory=dict)
     scheduler: dict[str, str] = field(default_factory=dict)
     peak_rss: dict[str, int] = field(default_factory=dict)
+    api: str = ""
+    """kube-apiserver requests during the run (pods, events, leases, nodes)."""
 
 
 class BindWatch:
@@ -214,6 +217,47 @@ def scheduler_metrics(cluster: Cluster) -> dict[str, str]:
     return histogram_summary(text, "scheduler_scheduling_attempt_duration_seconds", "result")
 
 
+API_RESOURCES = ("pods", "events", "leases", "nodes")
+
+
+def api_requests(cluster: Cluster) -> dict[str, tuple[float, float]]:
+    """kube-apiserver's request count and total seconds by "VERB resource[/subresource]" for the resources
+    a scheduling run writes or watches (from its /metrics); {} when not readable."""
+    try:
+        text = cluster.kubectl("get", "--raw", "/metrics", timeout=60)
+    except (ClusterError, subprocess.TimeoutExpired):
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get("resource") not in API_RESOURCES or labels.get("verb") in ("WATCH", "CONNECT"):
+                continue
+            sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+            key = f"{labels['verb']} {labels['resource']}{sub}"
+            count, total = out.get(key, (0.0, 0.0))
+            if sample.name.endswith("_count"):
+                out[key] = (count + sample.value, total)
+            elif sample.name.endswith("_sum"):
+                out[key] = (count, total + sample.value)
+    return out
+
+
+def api_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> str:
+    """The requests made between two `api_requests` snapshots: count and mean latency, busiest first."""
+    rows = []
+    for key, (count, total) in after.items():
+        c0, t0 = before.get(key, (0.0, 0.0))
+        if count - c0 >= 1:
+            rows.append((count - c0, key, (total - t0) / (count - c0)))
+    rows.sort(reverse=True)
+    return (
+        "; ".join(f"{key} {n:.0f} (mean {mean * 1000:.0f} ms)" for n, key, mean in rows[:8]) or "unreadable"
+    )
+
+
 def _peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -298,6 +342,7 @@ def run_pods(
     scheduler runs, clock from the first create. Backlog (`backlog_config`): the scheduler is stopped, all
     pods are created, then it starts with that configuration; clock from its start."""
     ensure_namespace(cluster, namespace)
+    api_before = api_requests(cluster)
     watch = BindWatch(cluster, namespace)
     time.sleep(2.0)  # the watch is established before the first pod exists
     try:
@@ -317,7 +362,9 @@ def run_pods(
         print(f"  e2e {mode}: {trouble}", flush=True)
     first, last = (min(bound.values()), max(bound.values())) if bound else (start, start)
     kind = "stream" if backlog_config is None else "backlog"
-    return RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
+    result = RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
+    result.api = api_delta(api_before, api_requests(cluster))
+    return result
 
 
 def print_result(result: RunResult) -> None:
@@ -335,6 +382,7 @@ def print_result(result: RunResult) -> None:
         print(f"      extender {verb:<11} {line}")
     for outcome, line in result.scheduler.items():
         print(f"      scheduler attempt {outcome:<13} {line}")
+    print(f"      API requests: {result.api}")
 
 
 def delete_namespace(cluster: Cluster, namespace: str, timeout: float) -> float:
