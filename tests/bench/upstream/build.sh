@@ -39,7 +39,7 @@ want=$({ cat "$HERE/go.mod" "$HERE/go.sum"; echo "$GOV $CGO_ENABLED $LDFLAGS -tr
 if [[ "${UPSTREAM_FORCE:-0}" != 1 && -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   echo "==> prometheus-adapter $VERSION ($GOV): up to date ($BIN)"
 else
-  echo "==> building prometheus-adapter $VERSION with $GOV, -p $P (takes ~2-4 min cold; log: $LOG)"
+  echo "==> building prometheus-adapter $VERSION with $GOV, -p $P (~3-4.5 min cold on 2 cores: module downloads plus compile; log: $LOG)"
   t0=$(now)
   rc=0
   (
