@@ -104,13 +104,20 @@ class RunResult:
     """kube-apiserver requests during the run (pods, events, leases, nodes)."""
 
 
+STALL_SECONDS = 5.0
+"""No pod seen bound for this long: check with a LIST (kubectl's watch can stall or end under load)."""
+
+
 class BindWatch:
     """`kubectl get pods --watch` in a namespace; the first moment each pod is seen with spec.nodeName.
 
-    kubectl's watch sometimes ends cleanly (rc 0) in the middle of a burst; it is then started again, and
-    its initial listing stamps the pods bound meanwhile (late by the restart gap; restarts are counted)."""
+    Under load kubectl's watch sometimes ends cleanly (rc 0) or stops printing in the middle of a burst. An
+    ended watch is started again (its initial listing stamps the pods bound meanwhile); when no pod was seen
+    bound for `STALL_SECONDS`, a LIST stamps the bound pods the watch missed with the LIST's end time (late,
+    so the rate comes out low, never high) and the watch is restarted. Both are counted and reported."""
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
         template = "jsonpath={.metadata.name} {.spec.nodeName}{'\\n'}"
         self.cmd = [
             str(cluster.binaries.path("kubectl")), f"--kubeconfig={cluster.kubeconfig}",
@@ -119,6 +126,7 @@ class BindWatch:
         self.errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop)
         self.bound: dict[str, float] = {}
         self.restarts = 0
+        self.late = 0
         self.stopping = threading.Event()
         self.changed = threading.Condition()
         self.proc = self._start()
@@ -138,23 +146,45 @@ class BindWatch:
                         self.bound[parts[0]] = time.perf_counter()
                         self.changed.notify_all()
             self.proc.wait()
-            if self.stopping.is_set():
+            if self.stopping.wait(0.5) or self.restarts >= 100:
                 return
             self.restarts += 1
             self.proc = self._start()
 
+    def _list_bound(self) -> list[str]:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", self.namespace, "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{'\\n'}{end}",
+            check=False, timeout=120,
+        )  # fmt: skip
+        return [p[0] for p in (line.split() for line in out.splitlines()) if len(p) == 2]
+
     def wait(self, count: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        with self.changed:
-            while len(self.bound) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.changed.wait(min(left, 5.0))
-        return True
+        seen, progress = -1, time.monotonic()
+        while True:
+            with self.changed:
+                if len(self.bound) >= count:
+                    return True
+                if len(self.bound) != seen:
+                    seen, progress = len(self.bound), time.monotonic()
+                self.changed.wait(1.0)
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now - progress >= STALL_SECONDS:
+                names = self._list_bound()
+                listed = time.perf_counter()
+                with self.changed:
+                    for name in names:
+                        if name not in self.bound:
+                            self.bound[name] = listed
+                            self.late += 1
+                progress = time.monotonic()
+                self.proc.terminate()  # the reader starts a fresh watch
 
     def stop(self) -> str:
-        """Stop the watch; returns a note on restarts and kubectl's stderr (empty when all went well)."""
+        """Stop the watch; notes on restarts, LIST-stamped pods and kubectl stderr ("" if all went well)."""
         self.stopping.set()
         self.proc.terminate()
         self.thread.join(timeout=15)
@@ -162,7 +192,14 @@ class BindWatch:
         self.errors.seek(0)
         err = self.errors.read().strip()[-300:]
         self.errors.close()
-        return f"the kubectl watch was restarted {self.restarts}x {err}".strip() if self.restarts else err
+        notes = []
+        if self.restarts:
+            notes.append(f"the kubectl watch was restarted {self.restarts}x")
+        if self.late:
+            notes.append(f"{self.late} pods were stamped by a LIST after the watch went quiet (late stamps)")
+        if err:
+            notes.append(f"kubectl: {err}")
+        return "; ".join(notes)
 
 
 def _insecure_get(url: str) -> str:
