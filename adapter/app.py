@@ -17,7 +17,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Callable, Coroutine, Hashable, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
 from adapter.provider import Cached, Provider
 from adapter.registry import Discovery
+from adapter.resources import GroupResource
 from adapter.selfmetrics import new_metrics, register_snapshots
 from adapter.server import AdapterState, Security, build_app
 from gpuwarden.config.root import Config
@@ -163,8 +164,12 @@ class Adapter:
             cache=cache_counts,
             cache_age=cache_ages,
             discovered=discovered,
-            ready=lambda: {(): 1.0 if self.discovery.ready else 0.0},
+            ready=lambda: {(): 1.0 if self.not_ready() is None else 0.0},
         )
+
+    def not_ready(self) -> str | None:
+        """None once every request can be answered, else why not (/readyz and gpuwarden_adapter_ready)."""
+        return not_ready_reason(self.discovery.ready, self.index.unsynced() if self.index is not None else [])
 
     async def _security(self) -> Security | None:
         acfg = self.config.adapter.authentication
@@ -197,7 +202,7 @@ class Adapter:
             AdapterState(
                 provider=self.provider,
                 registry=lambda: self.discovery.registry,
-                ready=lambda: self.discovery.ready,
+                not_ready=self.not_ready,
                 metrics=self.metrics,
                 collector_registry=self.collector_registry,
                 security=self.security,
@@ -273,6 +278,22 @@ class Adapter:
         self._tasks.clear()
         if self._owns_prometheus:
             await self.prometheus.aclose()
+
+
+def not_ready_reason(discovered: bool, unsynced: Sequence[GroupResource]) -> str | None:
+    """Why the adapter cannot answer every request yet (None: it can).
+
+    Series discovery must have succeeded once (else every metric is unknown), and every label cache must
+    have completed its first list: until then a Pods/Nodes request with a labelSelector answers 503, and an
+    aggregator or HPA that saw the adapter ready would get errors instead of values.
+    """
+    reasons = []
+    if not discovered:
+        reasons.append("series discovery has not succeeded yet")
+    if unsynced:
+        names = ", ".join(sorted(str(gr) for gr in unsynced))
+        reasons.append(f"the {names} cache is not synced yet")
+    return "; ".join(reasons) or None
 
 
 async def run_adapter(config: Config, *, registry: CollectorRegistry | None = None) -> None:

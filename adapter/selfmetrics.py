@@ -140,7 +140,7 @@ def register_snapshots(
     registry.register(
         SnapshotCollector(
             "gpuwarden_adapter_ready",
-            "1 once the first series discovery succeeded, else 0.",
+            "1 once /readyz answers 200 (series discovered, label caches synced), else 0.",
             [],
             ready,
         )

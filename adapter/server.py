@@ -6,8 +6,10 @@ unknown metric/object/route, 400 malformed input (message names the problem), 50
 401/403 from authentication/authorization, 500 for anything else with the detail only in the log.
 
 Discovery (`/apis`, `/apis/<group>`, `/apis/<group>/<version>`) never fails: before the first discovery the
-resource lists are simply empty. Probes are answered without authentication; `/readyz` turns 200 after the
-first successful series discovery. Nothing here blocks on Prometheus except value requests.
+resource lists are simply empty. Probes are answered without authentication; `/readyz` turns 200 once requests
+can be answered: after the first successful series discovery and, with Kubernetes access, once the pod and
+node label caches have completed their first list (before that, selector requests would answer 503).
+Nothing here blocks on Prometheus except value requests.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class AdapterState:
 
     provider: Provider
     registry: Callable[[], Registry]
-    ready: Callable[[], bool]
+    not_ready: Callable[[], str | None]
+    """None once requests can be answered, else why not (the body of /readyz's 503)."""
     metrics: AdapterMetrics
     collector_registry: CollectorRegistry
     security: Security | None = None
@@ -206,9 +209,10 @@ async def _dispatch(
     if path in ("/healthz", "/livez"):
         return web.Response(text="ok")
     if path == "/readyz":
-        if state.ready():
+        reason = state.not_ready()
+        if reason is None:
             return web.Response(text="ok")
-        return web.Response(text="not ready: series discovery has not succeeded yet", status=503)
+        return web.Response(text=f"not ready: {reason}", status=503)
     if path == "/metrics":
         result = render_metrics(request)
         assert isinstance(result, Awaitable)

@@ -20,6 +20,7 @@ from gpuwarden.kube.leader import (
     should_step_down,
     snapshot_of,
 )
+from gpuwarden.kube.metadata import MetadataSource
 from gpuwarden.kube.metrics import KubeMetrics, kube_metrics
 from gpuwarden.kube.patch import (
     patch_status,
@@ -78,6 +79,7 @@ __all__ = [
     "LeaseAction",
     "LeaseDurations",
     "LeaseSnapshot",
+    "MetadataSource",
     "ObjectList",
     "ObjectRef",
     "PatchType",

@@ -39,6 +39,16 @@ from gpuwarden.kube.stream import WatchStream
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
+Transform = Callable[[JsonObject], JsonObject]
+"""Reduces one decoded object to what a caller keeps (applied page by page, so full objects never pile up)."""
+
+JSON = "application/json"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+"""Accept headers asking for metadata only (client-go's metadata informers): the API server then sends
+`PartialObjectMetadata` (name, namespace, labels, annotations, ownerReferences, resourceVersion, ...; no
+spec, no status) for list items and watch events; the plain `application/json` after it is the fallback
+for a server that cannot convert."""
 
 
 def load_configuration(
@@ -144,12 +154,13 @@ class KubeClient:
         body: Any,
         content_type: str | None,
         timeout: float | tuple[float, float],
+        accept: str = JSON,
     ) -> Any:
         """Perform one request; return the urllib3 response (2xx, body unread) or raise a `KubeError`."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         try:
@@ -175,11 +186,17 @@ class KubeClient:
         return response
 
     def _request_json(
-        self, method: str, path: str, query: Query | None, body: Any, content_type: str | None
+        self,
+        method: str,
+        path: str,
+        query: Query | None,
+        body: Any,
+        content_type: str | None,
+        accept: str = JSON,
     ) -> JsonObject:
         from urllib3.exceptions import HTTPError
 
-        response = self._send(method, path, query, body, content_type, self.request_timeout)
+        response = self._send(method, path, query, body, content_type, self.request_timeout, accept)
         try:
             data = response.data
         except (HTTPError, OSError) as exc:
@@ -216,9 +233,10 @@ class KubeClient:
         query: Query | None = None,
         body: Any = None,
         content_type: str | None = None,
+        accept: str = JSON,
     ) -> JsonObject:
         """One request to an arbitrary API path, answered as a JSON object; the other methods use this."""
-        call = functools.partial(self._request_json, method, path, query, body, content_type)
+        call = functools.partial(self._request_json, method, path, query, body, content_type, accept)
         return await self._in_pool(verb, resource, call, self._pool)
 
     def _write_query(self, dry_run: bool) -> Query:
@@ -244,8 +262,10 @@ class KubeClient:
         limit: int | None = 500,
         continue_token: str | None = None,
         resource_version: str | None = None,
+        metadata_only: bool = False,
     ) -> JsonObject:
-        """One page of a list (the raw `...List` object with `metadata.continue` when more pages follow)."""
+        """One page of a list (the raw `...List` object with `metadata.continue` when more pages follow);
+        `metadata_only` asks for a `PartialObjectMetadataList` (items without spec and status)."""
         query: Query = []
         for key, value in (
             ("labelSelector", label_selector),
@@ -257,8 +277,9 @@ class KubeClient:
             if value:
                 query.append((key, value))
         return await self.request(
-            "GET", resource.path(namespace), verb="list", resource=resource.plural, query=query
-        )
+            "GET", resource.path(namespace), verb="list", resource=resource.plural, query=query,
+            accept=METADATA_LIST if metadata_only else JSON,
+        )  # fmt: skip
 
     async def list_objects(
         self,
@@ -268,9 +289,16 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int | None = 500,
+        metadata_only: bool = False,
+        transform: Transform | None = None,
     ) -> ObjectList:
         """A consistent list over all pages (items get `apiVersion`/`kind`); an expired continue token
-        surfaces as `KubeGone`."""
+        surfaces as `KubeGone`.
+
+        `metadata_only` lists `PartialObjectMetadata` (see `list_page`); `transform` is applied to each item
+        as soon as its page is decoded, and the page is dropped before the next is fetched, so what a caller
+        does not keep is never held for the whole list (50,000 full pods are hundreds of MiB of dicts).
+        """
         items: list[JsonObject] = []
         token: str | None = None
         while True:
@@ -281,13 +309,15 @@ class KubeClient:
                 field_selector=field_selector,
                 limit=limit,
                 continue_token=token,
+                metadata_only=metadata_only,
             )
             for item in page.get("items") or []:
                 # List items come without apiVersion/kind; watch events and GETs carry them. Make them alike.
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(item)
+                items.append(item if transform is None else transform(item))
             meta = page.get("metadata") or {}
+            del page
             token = meta.get("continue") or None
             if not token:
                 return ObjectList(items=items, resource_version=str(meta.get("resourceVersion", "")))
@@ -354,8 +384,11 @@ class KubeClient:
         field_selector: str | None = None,
         timeout_seconds: int = 300,
         allow_bookmarks: bool = True,
+        metadata_only: bool = False,
     ) -> WatchStream:
-        """A raw watch from `resource_version`: iterate `{"type", "object"}` dicts; close with `aclose()`."""
+        """A raw watch from `resource_version`: iterate `{"type", "object"}` dicts; close with `aclose()`.
+
+        `metadata_only` asks for `PartialObjectMetadata` objects (no spec, no status) in the events."""
         query: Query = [("watch", "true"), ("resourceVersion", resource_version)]
         query.append(("timeoutSeconds", str(timeout_seconds)))
         if allow_bookmarks:
@@ -366,7 +399,10 @@ class KubeClient:
             query.append(("fieldSelector", field_selector))
         # The server ends a watch after timeoutSeconds; a read stalled well beyond that is a dead connection.
         timeout = (self.request_timeout, float(timeout_seconds) + 30.0)
-        opener = functools.partial(self._send, "GET", resource.path(namespace), query, None, None, timeout)
+        accept = METADATA_WATCH if metadata_only else JSON
+        opener = functools.partial(
+            self._send, "GET", resource.path(namespace), query, None, None, timeout, accept
+        )
         counter = self.metrics.requests
 
         def count(outcome: str) -> None:

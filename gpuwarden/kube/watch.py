@@ -228,6 +228,7 @@ class Informer:
                     for change in changes:
                         apply_event(self.store, change)
                         yield change
+                    changes.clear()  # not held while watching: one event per object after a full list
                     self.synced.set()
                     yield WatchEvent(SYNCED, {})
                 progressed = False

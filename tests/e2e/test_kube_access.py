@@ -32,9 +32,11 @@ from gpuwarden.kube import (
     EventRecorder,
     EventType,
     Informer,
+    JsonObject,
     KubeClient,
     LeaderElector,
     LeaseDurations,
+    MetadataSource,
     PatchType,
     WatchEvent,
     json_pointer,
@@ -137,6 +139,42 @@ async def test_informer_lists_and_watches_nodes(kube: KubeClient) -> None:
         )
         assert informer.get(name) is None
         assert informer.lists == 1  # no relist was needed
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(KubeNotFound):
+            await kube.delete(NODES, name)
+
+
+async def test_metadata_informer_sees_partial_objects_through_its_transform(kube: KubeClient) -> None:
+    """The real API server honours the PartialObjectMetadata Accept headers for list and watch."""
+    kinds: list[str] = []
+
+    def keep(obj: JsonObject) -> JsonObject:
+        kinds.append(str(obj.get("kind")))
+        assert "spec" not in obj and "status" not in obj  # metadata only on the wire
+        meta = obj["metadata"]
+        return {"metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta}}
+
+    informer = Informer(MetadataSource(kube, transform=keep), NODES, page_size=2)
+    seen: list[WatchEvent] = []
+    task = asyncio.create_task(informer.run(seen.append))
+    name = f"kube-e2e-{uuid.uuid4().hex[:6]}"
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 20)
+        assert set(GPU_NODES) <= set(informer.store)  # listed over several pages of 2
+        assert set(kinds) == {"PartialObjectMetadata"}
+        await kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        await kube.patch(NODES, name, {"metadata": {"labels": {"watched": "yes"}}})
+        await eventually(
+            lambda: (informer.get(name) or {}).get("metadata", {}).get("labels") == {"watched": "yes"}
+        )
+        assert set((informer.get(name) or {})["metadata"]) == {"name", "labels", "resourceVersion"}
+        await kube.delete(NODES, name)
+        await eventually(
+            lambda: any(e.type == DELETED and e.object["metadata"]["name"] == name for e in seen)
+        )
+        assert set(kinds) == {"PartialObjectMetadata"}  # watch events too
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

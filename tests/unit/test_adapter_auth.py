@@ -224,7 +224,7 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[str, Reviews, Path]]:
         AdapterState(
             adapter.provider,
             lambda: adapter.discovery.registry,
-            lambda: True,
+            lambda: None,  # not_ready: always ready
             adapter.metrics,
             adapter.collector_registry,
             security,

@@ -59,11 +59,16 @@ def test_updates_invalidate_memoized_answers(index: LabelIndex) -> None:
 
 
 def test_sync_state_per_resource() -> None:
-    idx = LabelIndex([PODS])
-    assert idx.supports(PODS) and not idx.supports(NODES)
+    idx = LabelIndex([PODS, NODES])
+    assert idx.supports(PODS) and idx.supports(NODES)
     assert not idx.synced(PODS)
+    assert idx.unsynced() == [PODS, NODES]
     apply(idx, PODS, WatchEvent(SYNCED, {}))
     assert idx.synced(PODS)
+    assert idx.unsynced() == [NODES]
+    apply(idx, NODES, WatchEvent(SYNCED, {}))
+    assert idx.unsynced() == []
+    assert not LabelIndex([PODS]).supports(NODES)
 
 
 def test_watch_events_feed_the_index() -> None:
@@ -145,3 +150,22 @@ def test_slim_interns_the_namespace() -> None:
     a = slim({"metadata": {"name": "p", "namespace": "".join(["team", "-a"])}})
     b = slim({"metadata": {"name": "q", "namespace": "".join(["team", "-", "a"])}})
     assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+
+
+def test_canonical_labels_are_the_ones_upsert_shares_and_unused_ones_go_at_sync() -> None:
+    idx = LabelIndex([PODS])
+    first = idx.canonical({"app": "llm", "tier": "gpu"})
+    assert idx.canonical({"tier": "gpu", "app": "llm"}) is first  # registered before any upsert
+    pod = slim(
+        {"metadata": {"name": "p", "namespace": "ml", "labels": {"app": "llm", "tier": "gpu"}}}, idx.canonical
+    )
+    assert pod["metadata"]["labels"] is first
+    apply(idx, PODS, WatchEvent(ADDED, pod))
+    assert pod["metadata"]["labels"] is first
+    idx.canonical({"app": "gone"})  # e.g. a listed object that never became an event
+    assert idx.shared_label_sets() == 2
+    apply(idx, PODS, WatchEvent(SYNCED, {}))
+    assert idx.shared_label_sets() == 1  # the unreferenced set is dropped, the held one stays
+    assert idx.canonical({"app": "llm", "tier": "gpu"}) is first
+    apply(idx, PODS, WatchEvent(DELETED, pod))
+    assert idx.shared_label_sets() == 0

@@ -19,9 +19,9 @@ import respx
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from adapter.app import Adapter
+from adapter.app import Adapter, not_ready_reason
 from adapter.objects import LabelIndex
-from adapter.resources import PODS
+from adapter.resources import NODES, PODS, GroupResource
 from gpuwarden.config.root import Config
 from gpuwarden.promclient import PrometheusClient
 
@@ -42,7 +42,7 @@ LABELS_OK = httpx.Response(
 
 
 class Env:
-    def __init__(self, mode: str = "cache") -> None:
+    def __init__(self, mode: str = "cache", index: LabelIndex | None = None) -> None:
         self.router = respx.MockRouter(assert_all_called=False)
         self.labels = self.router.post(f"{BASE}/api/v1/labels")
         self.labels.mock(return_value=LABELS_OK)
@@ -59,11 +59,12 @@ class Env:
             registry=self.registry,
             transport=httpx.MockTransport(self.router.async_handler),
         )
-        index = LabelIndex([PODS])
-        for pod in ("llm-0", "llm-1", "llm-2"):
-            index.upsert(PODS, "ml", pod, {"app": "llm"})
-            index.upsert(PODS, "prod", pod, {"app": "llm"})
-        index.mark_synced(PODS)
+        if index is None:
+            index = LabelIndex([PODS])
+            for pod in ("llm-0", "llm-1", "llm-2"):
+                index.upsert(PODS, "ml", pod, {"app": "llm"})
+                index.upsert(PODS, "prod", pod, {"app": "llm"})
+            index.mark_synced(PODS)
         self.adapter = Adapter(config, prometheus=client, index=index, registry=self.registry)
 
 
@@ -225,6 +226,52 @@ async def test_discovery_never_fails_and_readiness_follows_first_discovery() -> 
         }
         body = await call(client, "/apis/custom.metrics.k8s.io", 200)
         assert body["preferredVersion"]["version"] == "v1beta2"
+    await e.adapter.stop()
+    await e.adapter.prometheus.aclose()
+
+
+@pytest.mark.parametrize(
+    ("discovered", "unsynced", "reason"),
+    [
+        pytest.param(True, [], None, id="ready"),
+        pytest.param(False, [], "series discovery has not succeeded yet", id="no-discovery"),
+        pytest.param(True, [PODS], "the pods cache is not synced yet", id="pods-unsynced"),
+        pytest.param(
+            False,
+            [NODES, PODS],
+            "series discovery has not succeeded yet; the nodes, pods cache is not synced yet",
+            id="both",
+        ),
+    ],
+)
+def test_not_ready_reason(discovered: bool, unsynced: list[GroupResource], reason: str | None) -> None:
+    assert not_ready_reason(discovered, unsynced) == reason
+
+
+async def test_readiness_waits_for_the_label_caches() -> None:
+    """Discovery alone is not enough: a selector request before the pod cache synced answers 503."""
+    index = LabelIndex([PODS, NODES])
+    index.upsert(PODS, "ml", "llm-0", {"app": "llm"})
+    e = Env(index=index)
+    assert await e.adapter.discovery.relist()
+    app = await e.adapter.start()
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/readyz")
+        assert response.status == 503
+        assert "the nodes, pods cache is not synced yet" in await response.text()
+        assert "gpuwarden_adapter_ready 0.0" in await (await client.get("/metrics")).text()
+        assert (await call(client, PODS_URL, 503))["reason"] == "ServiceUnavailable"
+        index.mark_synced(PODS)
+        response = await client.get("/readyz")
+        assert (response.status, await response.text()) == (
+            503,
+            "not ready: the nodes cache is not synced yet",
+        )
+        index.mark_synced(NODES)
+        assert (await client.get("/readyz")).status == 200
+        assert "gpuwarden_adapter_ready 1.0" in await (await client.get("/metrics")).text()
+        e.query.mock(return_value=vector(({"pod": "llm-0", "namespace": "ml"}, "1")))
+        await call(client, PODS_URL, 200)
     await e.adapter.stop()
     await e.adapter.prometheus.aclose()
 

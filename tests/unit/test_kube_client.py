@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.errors import ConfigError, KubeError, KubeNotFound, KubeUnreachable
-from gpuwarden.kube.client import KubeClient, load_configuration
+from gpuwarden.kube.client import METADATA_LIST, METADATA_WATCH, KubeClient, load_configuration
 from gpuwarden.kube.resources import NODES, PatchType
 
 
@@ -91,6 +91,7 @@ def status(code: int, reason: str, message: str) -> web.Response:
 class FakeApi:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict[str, str], str, Any]] = []
+        self.accepts: list[str] = []
         self.watch_open = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -105,6 +106,7 @@ class FakeApi:
             )
         )
         assert request.headers["Authorization"] == "Bearer s3cret"
+        self.accepts.append(request.headers.get("Accept", ""))
         name = request.path.rsplit("/", 1)[-1]
         if request.query.get("watch") == "true":
             return await self.watch(request)
@@ -252,6 +254,35 @@ async def test_list_objects_follows_continue(api: tuple[KubeClient, FakeApi, Col
         {"labelSelector": "gpu=true", "limit": "1"},
         {"labelSelector": "gpu=true", "limit": "1", "continue": "page2"},
     ]
+
+
+async def test_metadata_only_list_asks_for_partial_metadata_and_transforms_page_by_page(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+) -> None:
+    client, fake, _ = api
+    pages_seen: list[int] = []
+
+    def keep_name(obj: dict[str, Any]) -> dict[str, Any]:
+        pages_seen.append(len(fake.seen))  # requests sent so far when this item is transformed
+        return {"metadata": {"name": obj["metadata"]["name"]}}
+
+    listed = await client.list_objects(NODES, limit=1, metadata_only=True, transform=keep_name)
+    assert listed.items == [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
+    assert pages_seen == [1, 2]  # each item transformed before the next page was requested
+    assert fake.accepts == [METADATA_LIST, METADATA_LIST]
+    assert METADATA_LIST.startswith("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,")
+    await client.list_objects(NODES, limit=1)
+    assert fake.accepts[-1] == "application/json"  # full objects unless asked
+
+
+async def test_metadata_only_watch_sends_the_partial_metadata_accept_header(
+    api: tuple[KubeClient, FakeApi, CollectorRegistry],
+) -> None:
+    client, fake, _ = api
+    async with client.watch(NODES, resource_version="3", timeout_seconds=1, metadata_only=True) as stream:
+        assert [e["type"] async for e in stream] == ["ADDED", "ERROR"]
+    assert fake.accepts == [METADATA_WATCH]
+    assert "as=PartialObjectMetadata;" in METADATA_WATCH
 
 
 @pytest.mark.parametrize(
