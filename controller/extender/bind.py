@@ -83,6 +83,8 @@ class BindOutcome:
     choice: Choice | None = None
     cause: str = ""
     policy: str = ""
+    would_fail: str = ""
+    """Dry-run only: the error a real run would have returned (the pod was bound anyway, unclaimed)."""
 
 
 class Binder:
@@ -198,19 +200,33 @@ class Binder:
             return BindOutcome(
                 "error", f"pod {ns}/{name} is already bound to {pod.node_name}", cause="bound_elsewhere"
             )
-        if pod.gpus <= 0 or self._dry_run:
-            choice = None
-            if self._dry_run and pod.gpus > 0:
-                choice = self._choose(pod, node).choice
-                log.info("dry-run: would claim GPUs", extra={"pod": pod.key, "node": node, "choice": choice})
+        if pod.gpus <= 0:
             await self._api.bind_pod(ns, name, pod.uid, node)
-            return BindOutcome("bound", choice=choice, policy=self._policy(pod) if choice else "")
+            return BindOutcome("bound")
+        if self._dry_run:
+            return await self._bind_dry(pod, node)
         async with self._locks.setdefault(node, asyncio.Lock()):
             claimed = await self._claim(pod, node)
             if not isinstance(claimed, tuple):
                 return claimed
             choice, rv = claimed
         return await self._finish(pod, node, choice, rv)
+
+    async def _bind_dry(self, pod: PodInfo, node: str) -> BindOutcome:
+        """Dry-run: decide as a real run would (a consistent read when the cache finds no set), write no
+        claim, bind; what a real run would have refused is reported in `would_fail`."""
+        chosen = self._choose(pod, node)
+        if chosen.choice is None:
+            self._on_conflict("cache_stale")
+            fresh = await self._api.list_pods(claim_selector(node))
+            chosen = self._choose(pod, node, [pod_info(o, self._model.resource) for o in fresh])
+        ns, name = pod.key.split("/", 1)
+        await self._api.bind_pod(ns, name, pod.uid, node)
+        if chosen.choice is None:
+            log.info("dry-run: would fail", extra={"pod": pod.key, "node": node, "error": chosen.error})
+            return BindOutcome("bound", cause=chosen.cause, policy=self._policy(pod), would_fail=chosen.error)
+        log.info("dry-run: would claim GPUs", extra={"pod": pod.key, "node": node, "choice": chosen.choice})
+        return BindOutcome("bound", choice=chosen.choice, policy=self._policy(pod))
 
     def _choose(self, pod: PodInfo, node: str, listed: list[PodInfo] | None = None) -> BindOutcome:
         """The GPU set from the watch cache or, given `listed` (a consistent LIST), from fresh data.

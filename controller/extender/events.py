@@ -7,7 +7,8 @@ get any; the scheduler's own `Scheduled` event names only the node. What happene
 What it must not do: slow or fail a bind. The verb only `offer()`s an event to a bounded queue (never
 blocking); a background task (`run()`, started with the extender's feed) writes them through the shared
 `EventRecorder`, whose series mechanism turns a pod's repeated identical failures into one Event with a
-count. When the queue is full the event is dropped and counted (`gpuwarden_extender_events_dropped_total`).
+count. When the queue is full, or the writer has stopped (shutdown: `close()` lets it write what is queued
+first), the event is dropped and counted (`gpuwarden_extender_events_dropped_total`), never lost silently.
 Preemption verdicts are not evented here: the throttle already writes `PreemptionThrottled`.
 """
 
@@ -78,14 +79,22 @@ def bind_event(
     choice: Choice | None = None,
     policy: str = "",
     dry_run: bool = False,
+    would_fail: str = "",
 ) -> BindEvent | None:
-    """The event for one bind outcome, or None (a non-GPU pod, an idempotent repeat, a vanished pod)."""
+    """The event for one bind outcome, or None (a non-GPU pod, an idempotent repeat, a vanished pod).
+
+    `would_fail` (dry-run): the pod was bound without a claim, but a real run would have failed it."""
     if error:
         if cause in SILENT_CAUSES:
             return None
         return BindEvent(
             args.pod_namespace, args.pod_name, args.pod_uid, args.node, FAILED, EventType.WARNING,
             f"binding to node {args.node} failed: {error}",
+        )  # fmt: skip
+    if kind == "bound" and would_fail:
+        return BindEvent(
+            args.pod_namespace, args.pod_name, args.pod_uid, args.node, FAILED, EventType.WARNING,
+            f"[dry-run] would fail: {would_fail}",
         )  # fmt: skip
     if kind != "bound" or choice is None:
         return None
@@ -137,23 +146,35 @@ class BindEvents:
         self._flush_interval = flush_interval
         self._on_drop = on_drop
         self.dropped = 0
+        self._closed = False
+        """No writer will take further events: `offer` counts them as dropped."""
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def offer(self, event: BindEvent | None) -> bool:
-        """Queue `event` without waiting; False (and counted) when the queue is full."""
+        """Queue `event` without waiting; False (and counted) when the queue is full or the writer stopped."""
         if event is None:
+            return False
+        if self._closed:
+            self._drop(event, "writer stopped")
             return False
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
-            self.dropped += 1
-            self._on_drop()
-            log.debug("bind event dropped: queue full", extra={"pod": f"{event.namespace}/{event.name}"})
+            self._drop(event, "queue full")
             return False
         return True
+
+    def _drop(self, event: BindEvent, why: str) -> None:
+        self.dropped += 1
+        self._on_drop()
+        log.debug("bind event dropped", extra={"why": why, "pod": f"{event.namespace}/{event.name}"})
 
     async def _write(self, event: BindEvent) -> None:
         try:
@@ -168,17 +189,37 @@ class BindEvents:
         except Exception:  # the recorder logs API errors itself; nothing may end the writer
             log.exception("bind event not recorded", extra={"pod": f"{event.namespace}/{event.name}"})
 
+    async def _flush(self) -> None:
+        try:
+            await self.recorder.flush()
+        except Exception:  # as for writes: a broken flush must not end the writer (and the controller)
+            log.exception("bind event series counts not flushed")
+
     async def drain(self) -> int:
         """Write every queued event now; returns how many (tests, shutdown)."""
         written = 0
         while not self._queue.empty():
-            await self._write(self._queue.get_nowait())
+            event = self._queue.get_nowait()
+            try:
+                await self._write(event)
+            finally:
+                self._queue.task_done()
             written += 1
         return written
 
+    async def close(self, grace: float) -> None:
+        """Shutdown, once the verb no longer answers: take no more events and give the running writer up
+        to `grace` seconds to write the queued ones (what is left is dropped, counted, when it stops)."""
+        self._closed = True
+        try:
+            async with asyncio.timeout(grace):
+                await self._queue.join()
+        except TimeoutError:
+            log.warning("bind events not all written before shutdown", extra={"queued": self.queued})
+
     async def run(self) -> None:
         """Write queued events as they come, flush deferred series counts periodically, until cancelled;
-        on cancellation the events already queued get a short last chance."""
+        on cancellation the events already queued get a short last chance, then count as dropped."""
         loop = asyncio.get_running_loop()
         next_flush = loop.time() + self._flush_interval
         try:
@@ -187,12 +228,19 @@ class BindEvents:
                 try:
                     event = await asyncio.wait_for(self._queue.get(), timeout)
                 except TimeoutError:
-                    await self.recorder.flush()
+                    await self._flush()
                     next_flush = loop.time() + self._flush_interval
                     continue
-                await self._write(event)
+                try:
+                    await self._write(event)
+                finally:
+                    self._queue.task_done()
         finally:
+            self._closed = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 async with asyncio.timeout(2.0):
                     await self.drain()
-                    await self.recorder.flush()
+                    await self._flush()
+            while not self._queue.empty():
+                self._drop(self._queue.get_nowait(), "writer stopped")
+                self._queue.task_done()

@@ -74,13 +74,26 @@ class Extender:
         return self.model.synced
 
     async def run(self) -> None:
-        """Feed the model (and the error trends) until cancelled."""
-        jobs = [self.feed.run()]
-        if self.trends is not None:
-            jobs.append(self.trends.run())
+        """Feed the model, refresh the error trends and write bind Events until cancelled.
+
+        The jobs live and die together: when one fails the others are cancelled (none may outlive the
+        Kubernetes client the controller closes next) and its error is raised; a bind Event offered after
+        that is counted as dropped."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.feed.run(), name="extender-feed")
+                if self.trends is not None:
+                    group.create_task(self.trends.run(), name="extender-error-trends")
+                if self.events is not None:
+                    group.create_task(self.events.run(), name="extender-events")
+        except BaseExceptionGroup as failed:  # the first failure; the rest are usually its consequences
+            raise failed.exceptions[0] from failed
+
+    async def close_events(self, grace: float) -> None:
+        """Shutdown, after the listener stopped (no bind can queue another Event): give the Events writer up
+        to `grace` seconds to write what is queued, before `run` is cancelled."""
         if self.events is not None:
-            jobs.append(self.events.run())
-        await asyncio.gather(*jobs)
+            await self.events.close(grace)
 
 
 def build_extender(

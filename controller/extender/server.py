@@ -225,6 +225,7 @@ class ExtenderService:
                 choice=outcome.choice,
                 policy=outcome.policy,
                 dry_run=self.events.dry_run,
+                would_fail=outcome.would_fail,
             )
         )
 

@@ -203,6 +203,16 @@ async def test_dry_run_binds_without_writing_a_claim() -> None:
     assert api.calls == ["get ml/p", "bind ml/p n"]
 
 
+async def test_dry_run_reports_what_a_real_run_would_refuse() -> None:
+    """No fitting set in dry-run: decided from a consistent read as a real run would, then bound unclaimed
+    with the refusal in `would_fail` (the verb turns it into a Warning Event)."""
+    api = FakePodApi([pod("p", 8, policy="single-pcie")])
+    outcome = await replica(api, watch=True, dry_run=True).bind(args("p"))
+    assert outcome.kind == "bound" and outcome.choice is None and outcome.error == ""
+    assert outcome.cause == "no_fit" and outcome.would_fail.startswith("no GPU set for ml/p on n: ")
+    assert api.calls == ["get ml/p", "list gpuwarden.io/gpu-node=n", "bind ml/p n"]
+
+
 async def test_overlay_forgets_claims_once_the_watch_shows_them() -> None:
     api = FakePodApi([pod("a", 2)])
     m = ClusterModel("nvidia.com/gpu")

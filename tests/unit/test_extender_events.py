@@ -106,6 +106,21 @@ def test_policy_verdict(policy: str, choice: Choice, verdict: str) -> None:
             id="quarantined",
         ),
         pytest.param(
+            {
+                "kind": "bound",
+                "cause": "no_fit",
+                "policy": "single-pcie",
+                "dry_run": True,
+                "would_fail": "no GPU set for ml/p on n: no PCIe switch holds 8 free GPUs",
+            },
+            (
+                FAILED,
+                EventType.WARNING,
+                "[dry-run] would fail: no GPU set for ml/p on n: no PCIe switch holds 8 free GPUs",
+            ),
+            id="dry-run-would-fail",
+        ),
+        pytest.param(
             {"kind": "error", "error": "binding ml/p to n failed: forbidden", "cause": "api_error"},
             (FAILED, EventType.WARNING, "binding to node n failed: binding ml/p to n failed: forbidden"),
             id="api-error",
@@ -222,12 +237,81 @@ async def test_run_survives_a_failing_write_and_flushes_on_stop() -> None:
     assert sink.flushed == 1  # deferred series counts written on the way out
 
 
-def service(api: FakePodApi, events: BindEvents, *, synced: bool = True) -> ExtenderService:
+class Gated:
+    """A recorder whose writes wait for `gate` and whose first flush raises (a non-KubeError bug)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.notes: list[str] = []
+        self.flushes = 0
+        self.flushed_again = asyncio.Event()
+
+    async def emit(self, regarding: ObjectRef, **kw: Any) -> None:
+        await self.gate.wait()
+        self.notes.append(kw["note"])
+
+    async def flush(self) -> None:
+        self.flushes += 1
+        if self.flushes == 1:
+            raise RuntimeError("flush bug")
+        self.flushed_again.set()
+
+
+async def test_a_failing_flush_does_not_end_the_writer() -> None:
+    sink = Gated()
+    sink.gate.set()
+    events = BindEvents(sink, flush_interval=0.001)
+    task = asyncio.create_task(events.run())
+    await sink.flushed_again.wait()  # the first flush raised; the writer went on
+    assert not task.done()
+    events.offer(failed("after"))
+    await events.close(grace=30)
+    assert sink.notes == ["after"]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_close_lets_the_writer_finish_then_offers_count_as_drops() -> None:
+    """Shutdown: the verb has stopped answering; queued events are written, later offers are counted."""
+    registry = CollectorRegistry()
+    metrics = extender_metrics(registry)
+    sink = Gated()
+    events = BindEvents(sink, flush_interval=3600, on_drop=metrics.events_dropped.inc)
+    events.offer(failed("one"))
+    events.offer(failed("two"))
+    task = asyncio.create_task(events.run())
+    closing = asyncio.create_task(events.close(grace=30))
+    await asyncio.sleep(0)
+    assert not closing.done() and events.closed  # waiting for the writer, which waits for the API
+    sink.gate.set()
+    await closing
+    assert [n.rsplit(": ", 1)[-1] for n in sink.notes] == ["one", "two"]
+    assert events.offer(failed("late")) is False
+    assert registry.get_sample_value("gpuwarden_extender_events_dropped_total") == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_offer_after_the_writer_ended_is_counted_not_lost() -> None:
+    registry = CollectorRegistry()
+    metrics = extender_metrics(registry)
+    events = BindEvents(Flaky(), flush_interval=3600, on_drop=metrics.events_dropped.inc)
+    task = asyncio.create_task(events.run())
+    await asyncio.sleep(0)
+    task.cancel()  # e.g. the extender's job ended
+    await asyncio.gather(task, return_exceptions=True)
+    assert events.offer(failed()) is False and events.queued == 0
+    assert registry.get_sample_value("gpuwarden_extender_events_dropped_total") == 1
+
+
+def service(
+    api: FakePodApi, events: BindEvents, *, synced: bool = True, dry_run: bool = False
+) -> ExtenderService:
     m = model([node("n")], api.pods.values())
     m.nodes_synced = m.pods_synced = synced
     api.on_write.append(m.upsert_pod)
     settings = Settings(fleet_max_numa_gpus=4)
-    binder = Binder(api, m, lambda: settings, clock=lambda: NOW)
+    binder = Binder(api, m, lambda: settings, clock=lambda: NOW, dry_run=dry_run)
     return ExtenderService(
         m, settings, extender_metrics(None), binder=binder, clock=lambda: NOW, events=events
     )
@@ -262,6 +346,22 @@ async def test_bind_verb_reports_refusals_and_answers_even_when_events_cannot_be
     assert [(b["reason"], b["note"]) for b in sink.created] == [
         (FAILED, f"binding to node n failed: {NOT_SYNCED}")
     ]
+
+
+async def test_dry_run_bind_events_what_a_real_run_would_refuse() -> None:
+    """DESIGN.md: dry-run actions are computed and evented. The pod is bound (no claim written), and the
+    refusal a real run would have answered becomes a Warning Event."""
+    sink = FakeEvents()
+    events = BindEvents(recorder(sink), dry_run=True)
+    api = FakePodApi([pod("p", 8, policy="single-pcie")])
+    result = await service(api, events, dry_run=True).bind(ARGS)
+    assert result.error == ""
+    assert api.pods["ml/p"]["spec"].get("nodeName") == "n"
+    assert "gpuwarden.io/gpu-ids" not in (api.pods["ml/p"]["metadata"].get("annotations") or {})
+    await events.drain()
+    [body] = sink.created
+    assert (body["reason"], body["type"]) == (FAILED, "Warning")
+    assert body["note"].startswith("[dry-run] would fail: no GPU set for ml/p on n: ")
 
 
 @pytest.mark.parametrize("enabled", [True, False])
