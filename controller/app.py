@@ -40,6 +40,16 @@ from gpuwarden.selfmetrics import metrics_handler, new_registry
 
 log = logging.getLogger(__name__)
 
+PASS_GRACE_SECONDS = 12.0
+"""Stopping: how long a running pass may go on (a taint written, its Event not yet) before it is cancelled."""
+HTTP_GRACE_SECONDS = 5.0
+"""Stopping: how long requests being answered (a bind mid-way) may go on once the listener is closed."""
+EVENTS_GRACE_SECONDS = 5.0
+"""Stopping: how long the extender's queued bind Events may take to be written."""
+LEASE_GRACE_SECONDS = 5.0
+"""Stopping: how long releasing the Lease may take. The four graces add up to under Kubernetes' default
+terminationGracePeriodSeconds (30 s)."""
+
 
 def kube_client(config: Config, kubeconfig: Path | None, registry: CollectorRegistry | None) -> KubeClient:
     """The controller's one Kubernetes client, from the `kubernetes` section (in-cluster when unset)."""
@@ -108,12 +118,18 @@ class PassScheduler:
 
     APScheduler gives us what hand-rolled sleep loops get wrong: a pass never overlaps itself
     (`max_instances=1`), missed runs after a stall are coalesced into one, and one failing pass is logged
-    without ending the schedule.
+    without ending the schedule. What it does not give: its asyncio executor's shutdown cancels a running
+    pass without waiting for it, so `stop()` pauses the schedule and lets running passes finish first
+    (bounded by `grace`) - a pass stopped between writing a taint and writing its Event loses the Event.
     """
 
-    def __init__(self, leading: asyncio.Event) -> None:
+    def __init__(self, leading: asyncio.Event, *, grace: float = PASS_GRACE_SECONDS) -> None:
         self.leading = leading
+        self.grace = grace
         self.scheduler = AsyncIOScheduler(timezone="UTC")
+        self.inflight: dict[asyncio.Task[Any], str] = {}
+        """Running passes (their APScheduler tasks) by loop name."""
+        self._loops: list[PeriodicLoop] = []
 
     def every(
         self,
@@ -125,10 +141,16 @@ class PassScheduler:
         async def gated() -> None:
             if not self.leading.is_set() or not ready():
                 return
+            task = asyncio.current_task()
+            if task is not None:
+                self.inflight[task] = name
             try:
                 await run_once(self.leading)
             except Exception:  # the next pass starts on schedule
                 log.exception("pass failed", extra={"loop": name})
+            finally:
+                if task is not None:
+                    self.inflight.pop(task, None)
 
         self.scheduler.add_job(
             gated,
@@ -147,35 +169,71 @@ class PassScheduler:
         if interval is None:
             return False
         self.every(name, interval, loop.run_once, loop.ready)
+        self._loops.append(loop)
         return True
 
+    async def start_when_ready(self) -> None:
+        """Start the schedule once every added loop is ready, so the first pass comes straight after the
+        first list (started earlier, the first due pass would find the caches empty and be skipped)."""
+        await asyncio.gather(*(loop.wait_ready() for loop in self._loops))
+        if not self.scheduler.running:
+            self.scheduler.start()
 
-async def run_loops(leading: asyncio.Event, stop: asyncio.Event, **loops: PeriodicLoop) -> None:
+    async def stop(self) -> None:
+        """No new pass; running passes get `grace` seconds to finish, then are cancelled (and logged)."""
+        if not self.scheduler.running:
+            return
+        self.scheduler.pause()
+        running = set(self.inflight)
+        late: set[asyncio.Task[Any]] = set()
+        if running:
+            _, late = await asyncio.wait(running, timeout=self.grace)
+        for task in late:
+            log.warning(
+                "pass still running at shutdown; cancelling it",
+                extra={"loop": self.inflight.get(task, ""), "grace_seconds": self.grace},
+            )
+            task.cancel()
+        self.scheduler.shutdown(wait=False)
+        await asyncio.sleep(0)  # AsyncIOScheduler shuts down on the event loop's next turn
+        if late:
+            await asyncio.wait(late, timeout=LEASE_GRACE_SECONDS)  # let the cancellations unwind
+
+
+def _ended(task: asyncio.Future[Any]) -> BaseException:
+    """Why a job that should run until cancelled ended: its error, or one saying it returned."""
+    error = None if task.cancelled() else task.exception()
+    return error if error is not None else RuntimeError("a cache or loop ended unexpectedly")
+
+
+async def run_loops(
+    leading: asyncio.Event, stop: asyncio.Event, *, grace: float = PASS_GRACE_SECONDS, **loops: PeriodicLoop
+) -> None:
     """Run the given loops (by name) without the rest of the controller, until `stop` is set or cancelled:
     their own caches, then - once every loop is ready, so the first pass comes straight after the first
-    list - their passes on one `PassScheduler`, only while `leading` is set. For tests and tools that run
-    a loop on its own; `run_controller` schedules the same way."""
+    list - their passes on one `PassScheduler`, only while `leading` is set. A cache that fails (before or
+    after its first list) ends the run with its error. On stop a running pass gets `grace` seconds to
+    finish. For tests and tools that run a loop on its own; `run_controller` schedules the same way."""
     active = {name: loop for name, loop in loops.items() if loop.interval() is not None}
     if not active:
         return
+    passes = PassScheduler(leading, grace=grace)
+    for name, loop in active.items():
+        passes.add(name, loop)
     caches = [asyncio.ensure_future(i.run()) for loop in active.values() for i in loop.caches()]
-    passes = PassScheduler(leading)
+    starting = asyncio.ensure_future(passes.start_when_ready())
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        synced = asyncio.ensure_future(asyncio.gather(*(loop.wait_ready() for loop in active.values())))
-        waiting: list[asyncio.Future[Any]] = [synced, stopped]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        synced.cancel()
-        if stop.is_set():
-            return
-        for name, loop in active.items():
-            passes.add(name, loop)
-        passes.scheduler.start()
-        await stopped
+        await asyncio.wait([stopped, *caches], return_when=asyncio.FIRST_COMPLETED)
+        for task in caches:
+            if task.done():
+                error = _ended(task)
+                log.error("loop cache failed; stopping the loops", exc_info=error)
+                raise error
     finally:
         stopped.cancel()
-        if passes.scheduler.running:
-            passes.scheduler.shutdown(wait=False)
+        starting.cancel()
+        await passes.stop()
         for task in caches:
             task.cancel()
         for task in caches:
@@ -253,14 +311,19 @@ async def run_controller(
         else:
             leading.set()
 
-        passes = PassScheduler(leading)
+        passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS)
         passes.add("health", health)  # both loops share the `nodes` and throttle's pod caches run here
         passes.add("nominations", nominations)
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())
 
-        runner = web.AppRunner(build_app(registry, extender), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            build_app(registry, extender),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=HTTP_GRACE_SECONDS,
+        )
         await runner.setup()
         ext = config.extender
         await web.TCPSite(runner, ext.bind_address, ext.port, ssl_context=_tls_context(config)).start()
@@ -269,7 +332,7 @@ async def run_controller(
             extra={"address": ext.bind_address, "port": ext.port, "identity": identity, "dry_run": dry_run},
         )
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(job) for job in jobs]
-        passes.scheduler.start()
+        starting = asyncio.ensure_future(passes.start_when_ready())
         try:
             stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
             watched: list[asyncio.Future[Any]] = [*tasks, stopped]
@@ -277,13 +340,21 @@ async def run_controller(
                 watched.append(election)
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                error = None if task is stopped or task.cancelled() else task.exception()
-                if error is not None:
-                    log.error("controller loop failed; stopping", exc_info=error)
-                    raise error
+                if task is stopped:
+                    continue
+                error = _ended(task)
+                log.error("controller loop failed; stopping", exc_info=error)
+                raise error
         finally:
+            # In this order: mutations end first (passes finish, bounded) while the Lease is still held;
+            # then the listener, so no bind queues another Event; then the Events writer drains; then the
+            # caches and feeds; then the Lease goes; the clients close last (leaving `async with`).
             stop.set()
-            passes.scheduler.shutdown(wait=False)
+            starting.cancel()
+            await passes.stop()
+            await runner.cleanup()
+            if extender is not None:
+                await extender.close_events(EVENTS_GRACE_SECONDS)
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -292,8 +363,7 @@ async def run_controller(
             if elector is not None and election is not None:
                 elector.stop()  # the mutating loops are stopped: release the Lease so a standby takes over
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(election, timeout=5)
-            await runner.cleanup()
+                    await asyncio.wait_for(election, timeout=LEASE_GRACE_SECONDS)
 
 
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> ControllerPlan:
