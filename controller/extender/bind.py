@@ -3,11 +3,14 @@
 Why it exists: kube-scheduler hands binding to us (`bindVerb`), so we must record `gpuwarden.io/gpu-ids` and
 `gpuwarden.io/numa-node` *before* the pods/binding call, never assign a GPU twice under concurrent binding
 cycles or between replicas, and stay correct after a restart. The protocol is in claims.py; this module runs
-it: a live GET (UID check, idempotency), choose from the model plus this replica's own in-flight claims
-(serialised per node; when the model finds no set, e.g. it has not yet seen preemption victims go, choose
-again from a consistent LIST of the node's claims), a resourceVersion-conditioned patch, a consistent LIST
-to catch another replica's overlapping claim, then the Binding. A failed bind withdraws its claim (only if
-the pod is still as we left it) so GPUs are not pinned.
+it: read the pod (from the watch cache when it has it unbound with the same UID, else a live GET; the
+claim's resourceVersion precondition catches a stale cache and the bind starts over with a GET), choose from
+the model plus this replica's own in-flight claims and record the choice as a new in-flight claim in one
+step with no await in between (so concurrent binds in this replica never pick overlapping GPUs, and no
+lock is held across a round trip; when the model finds no set, e.g. it has not yet seen preemption victims
+go, choose again from a consistent LIST of the node's claims), a resourceVersion-conditioned patch, a
+consistent LIST to catch another replica's overlapping claim, then the Binding. A failed bind withdraws its
+claim (only if the pod is still as we left it) so GPUs are not pinned.
 
 It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
 scheduler; `KubeError`s never escape. In dry-run it binds without writing the claim.
@@ -15,7 +18,6 @@ scheduler; `KubeError`s never escape. In dry-run it binds without writing the cl
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -87,6 +89,16 @@ class BindOutcome:
     """Dry-run only: the error a real run would have returned (the pod was bound anyway, unclaimed)."""
 
 
+def _shows(seen: PodInfo, node: str, claim: Claim) -> bool:
+    """Whether the watch's `seen` pod carries `claim` on `node`: bound there, or this very claim (same
+    claimed-at, to the annotation's millisecond; an older claim of the pod with the same GPUs is not it)."""
+    if seen.node_name:
+        return seen.node_name == node
+    if seen.claim_node != node or seen.claimed_at is None or claim.claimed_at is None:
+        return False
+    return abs(seen.claimed_at - claim.claimed_at) < 0.001
+
+
 class Binder:
     """Runs the claim-verify-bind protocol; one per process, shared by all bind requests."""
 
@@ -108,7 +120,6 @@ class Binder:
         self._attempts = attempts
         self._dry_run = dry_run
         self._on_conflict = on_conflict
-        self._locks: dict[str, asyncio.Lock] = {}
         self._inflight: dict[str, dict[str, Claim]] = {}
         self._known: set[str] = set()
         """Pods with an in-flight claim that the model had when the claim was noted."""
@@ -125,9 +136,7 @@ class Binder:
         ttl, now = self._settings().claim_ttl_seconds, self._clock()
         for key, claim in list(claims.items()):
             seen = self._model.pod(key)
-            observed = (
-                seen is not None and seen.gpu_ids == claim.ids and node in (seen.node_name, seen.claim_node)
-            )
+            observed = seen is not None and seen.gpu_ids == claim.ids and _shows(seen, node, claim)
             gone = seen is None and key in self._known
             if observed or gone or claim.claimed_at is None or now - claim.claimed_at >= ttl:
                 del claims[key]
@@ -138,37 +147,42 @@ class Binder:
         self._inflight.get(node, {}).pop(key, None)
         self._known.discard(key)
 
-    def _reserve(self, args: ExtenderBindingArgs) -> Claim | None:
-        """Before any API call: note the set the cache would give the pod as this replica's in-flight claim.
+    def _drop(self, node: str, claim: Claim, prior: Claim | None) -> None:
+        """Forget `claim` if it is still the pod's in-flight entry, putting back the `prior` one it replaced
+        (a concurrent bind of the same pod, e.g. the scheduler's retry, whose claim may have been written)."""
+        if self._inflight.get(node, {}).get(claim.pod) is not claim:
+            return
+        if prior is None:
+            self._forget(node, claim.pod)
+        else:
+            self._inflight[node][claim.pod] = prior
 
-        kube-scheduler has already assumed the pod on `node` and goes on scheduling the next pod while this
-        bind runs; until our claim is written, filter and prioritize would see the node as emptier than it
-        is, and a burst of pods would be spread over empty nodes instead of packed (then a later 8-GPU pod
-        finds no empty node). Only a hint for the other verbs: `_claim` chooses again under the node lock,
-        and the entry is dropped if the bind ends without a claim of its own."""
-        key, node = f"{args.pod_namespace}/{args.pod_name}", args.node
-        pod = self._model.pod(key)
-        if self._dry_run or pod is None or pod.node_name or pod.gpus <= 0 or pod.uid != args.pod_uid:
+    def _cached(self, args: ExtenderBindingArgs) -> PodInfo | None:
+        """The pod from the watch cache when bind may act on it without a GET: same UID, unbound, asking
+        for GPUs and without a claim of its own to reuse (reuse writes nothing, so it must start from a
+        live read). The claim patch carries its resourceVersion: a stale cache ends in a 409, then a GET."""
+        pod = self._model.pod(f"{args.pod_namespace}/{args.pod_name}")
+        if self._dry_run or pod is None or pod.uid != args.pod_uid or pod.node_name or pod.gpus <= 0:
             return None
-        if key in self._inflight.get(node, {}):
+        if not pod.resource_version:
             return None
-        choice = self._choose(pod, node).choice
-        if choice is None:
+        settings = self._settings()
+        if reusable_claim(pod, args.node, self._clock(), settings.claim_ttl_seconds) is not None:
             return None
-        claim = Claim(key, choice.ids, self._clock())
-        self._inflight.setdefault(node, {})[key] = claim
-        self._known.add(key)
-        return claim
+        return pod
 
     async def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
         ns, name, node = args.pod_namespace, args.pod_name, args.node
-        provisional = self._reserve(args)
         try:
-            for _ in range(self._attempts):
-                outcome = await self._attempt(args)
+            cached, tries = self._cached(args), 0
+            while tries < self._attempts:
+                outcome = await self._attempt(args, cached)
                 if outcome is not None:
                     return outcome
                 self._on_conflict("pod_changed")
+                if cached is None:  # a stale cache costs no attempt: the next try reads the pod live
+                    tries += 1
+                cached = None
             return BindOutcome(
                 "conflict",
                 f"pod {ns}/{name} kept changing while binding it to {node}; retry",
@@ -179,37 +193,37 @@ class Binder:
             return BindOutcome(
                 "error", f"binding {ns}/{name} to {node} failed: {exc.message}", cause="api_error"
             )
-        finally:
-            if provisional is not None and self._inflight.get(node, {}).get(provisional.pod) is provisional:
-                self._forget(node, provisional.pod)
 
-    async def _attempt(self, args: ExtenderBindingArgs) -> BindOutcome | None:
-        """One try; None means the pod changed under us (409) and the caller should start over."""
+    async def _attempt(self, args: ExtenderBindingArgs, cached: PodInfo | None) -> BindOutcome | None:
+        """One try, from `cached` (see `_cached`) or a live GET; None means the pod changed under us (409)
+        and the caller should start over."""
         ns, name, node = args.pod_namespace, args.pod_name, args.node
-        try:
-            pod = pod_info(await self._api.get_pod(ns, name), self._model.resource)
-        except KubeNotFound:
-            return BindOutcome("error", f"pod {ns}/{name} not found", cause="pod_gone")
-        if pod.uid != args.pod_uid:
-            return BindOutcome(
-                "error", f"pod {ns}/{name} has UID {pod.uid}, not {args.pod_uid}", cause="pod_replaced"
-            )
-        if pod.node_name:
-            if pod.node_name == node:
-                return BindOutcome("already_bound")
-            return BindOutcome(
-                "error", f"pod {ns}/{name} is already bound to {pod.node_name}", cause="bound_elsewhere"
-            )
-        if pod.gpus <= 0:
-            await self._api.bind_pod(ns, name, pod.uid, node)
-            return BindOutcome("bound")
-        if self._dry_run:
-            return await self._bind_dry(pod, node)
-        async with self._locks.setdefault(node, asyncio.Lock()):
-            claimed = await self._claim(pod, node)
-            if not isinstance(claimed, tuple):
-                return claimed
-            choice, rv = claimed
+        if cached is not None:
+            pod = cached
+        else:
+            try:
+                pod = pod_info(await self._api.get_pod(ns, name), self._model.resource)
+            except KubeNotFound:
+                return BindOutcome("error", f"pod {ns}/{name} not found", cause="pod_gone")
+            if pod.uid != args.pod_uid:
+                return BindOutcome(
+                    "error", f"pod {ns}/{name} has UID {pod.uid}, not {args.pod_uid}", cause="pod_replaced"
+                )
+            if pod.node_name:
+                if pod.node_name == node:
+                    return BindOutcome("already_bound")
+                return BindOutcome(
+                    "error", f"pod {ns}/{name} is already bound to {pod.node_name}", cause="bound_elsewhere"
+                )
+            if pod.gpus <= 0:
+                await self._api.bind_pod(ns, name, pod.uid, node)
+                return BindOutcome("bound")
+            if self._dry_run:
+                return await self._bind_dry(pod, node)
+        claimed = await self._claim(pod, node)
+        if not isinstance(claimed, tuple):
+            return claimed
+        choice, rv = claimed
         return await self._finish(pod, node, choice, rv)
 
     async def _bind_dry(self, pod: PodInfo, node: str) -> BindOutcome:
@@ -235,13 +249,40 @@ class Binder:
         apply here (the nomination is dropped), so bind only hands out GPUs nobody holds."""
         view = self._model.view(node) if listed is None else self._model.fresh_view(node, listed)
         if view is not None:
-            view = view.with_claims(c for c in self.overlay(node) if c.pod != pod.key)
+            # our in-flight claims win over what the cache shows for the same pod (an older claim of it)
+            mine = [c for c in self.overlay(node) if c.pod != pod.key]
+            keys = {c.pod for c in mine}
+            if keys & {c.pod for c in view.claims}:
+                view = replace(view, claims=tuple(c for c in view.claims if c.pod not in keys), memo={})
+            view = view.with_claims(mine)
         verdict = choose_gpus(replace(pod, nominated=""), view, self._settings(), self._clock(), node=node)
         if verdict.choice is None:
             return BindOutcome(
                 "rejected", f"no GPU set for {pod.key} on {node}: {verdict.reason}", cause="no_fit"
             )
         return BindOutcome("bound", choice=verdict.choice)
+
+    def _pick(
+        self, pod: PodInfo, node: str, now: float, listed: list[PodInfo] | None = None
+    ) -> tuple[Choice, Claim, Claim | None] | BindOutcome:
+        """Choose (see `_choose`) and note the set as this replica's in-flight claim, or why there is none.
+
+        The critical section of concurrent binds to one node, kept synchronous on purpose: no await between
+        reading the overlay and recording the claim, so the next chooser in this replica sees it and never
+        picks an overlapping set, and no bind waits on another's round trips. The claim is noted before it
+        is written, so filter and prioritize already count it while the bind runs (kube-scheduler assumed
+        the pod on `node` and scores the next pod meanwhile; a burst is packed, not spread). Also returns the
+        pod's in-flight claim this one replaces, if any."""
+        chosen = self._choose(pod, node, listed)
+        if chosen.choice is None:
+            return chosen
+        claim = Claim(pod.key, chosen.choice.ids, now)
+        claims = self._inflight.setdefault(node, {})
+        prior = claims.get(pod.key)
+        claims[pod.key] = claim
+        if self._model.pod(pod.key) is not None:
+            self._known.add(pod.key)
+        return chosen.choice, claim, prior
 
     def _describe(self, node: str, ids: tuple[str, ...]) -> Choice:
         """A `Choice` for a set claimed earlier (a retried bind reusing its own claim)."""
@@ -258,25 +299,30 @@ class Binder:
         if ids is not None:
             choice = self._describe(node, ids)
         else:
-            chosen = self._choose(pod, node)
-            if chosen.choice is None:
+            picked = self._pick(pod, node, now)
+            if isinstance(picked, BindOutcome):
                 # The cache may lag (typically: preemption victims deleted a moment ago, the scheduler
                 # already saw it and calls bind): decide again from a consistent read before giving up.
                 self._on_conflict("cache_stale")
                 fresh = await self._api.list_pods(claim_selector(node))
-                chosen = self._choose(pod, node, [pod_info(o, self._model.resource) for o in fresh])
-            if chosen.choice is None:
-                return chosen
-            choice = chosen.choice
+                now = self._clock()
+                picked = self._pick(pod, node, now, [pod_info(o, self._model.resource) for o in fresh])
+            if isinstance(picked, BindOutcome):
+                return picked
+            choice, mine, prior = picked
             try:
                 ns, name = pod.key.split("/", 1)
                 patched = await self._api.patch_pod(ns, name, claim_patch(node, choice, now, rv))
             except KubeConflict:
+                self._drop(node, mine, prior)
                 return None
+            except KubeNotFound:
+                self._drop(node, mine, prior)
+                return BindOutcome("error", f"pod {pod.key} not found", cause="pod_gone")
+            except BaseException:  # unwritten or unknown: the watch shows it if it was written
+                self._drop(node, mine, prior)
+                raise
             rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
-            self._inflight.setdefault(node, {})[pod.key] = Claim(pod.key, choice.ids, now)
-            if self._model.pod(pod.key) is not None:
-                self._known.add(pod.key)
         try:
             listed = await self._api.list_pods(claim_selector(node))
         except KubeError:

@@ -50,7 +50,8 @@ async def test_bind_writes_claim_before_binding() -> None:
     outcome = await replica(api, watch=True).bind(args("p"))
     assert outcome == BindOutcome("bound", "", outcome.choice, policy="single-numa")
     assert outcome.choice is not None
-    assert api.calls == ["get ml/p", "patch ml/p", "list gpuwarden.io/gpu-node=n", "bind ml/p n"]
+    # the watch cache has the pod unbound with this UID: no GET, its resourceVersion guards the claim
+    assert api.calls == ["patch ml/p", "list gpuwarden.io/gpu-node=n", "bind ml/p n"]
     meta = api.pods["ml/p"]["metadata"]
     assert meta["annotations"]["gpuwarden.io/gpu-ids"] == "0,1,2,3"
     assert meta["annotations"]["gpuwarden.io/numa-node"] == "0"
@@ -170,7 +171,8 @@ async def test_retry_after_timeout_reuses_its_own_claim() -> None:
     outcome = await replica(api, watch=True).bind(args("p"))
     assert outcome.kind == "bound" and outcome.choice is not None and outcome.choice.ids == ("6", "7")
     assert outcome.choice.alignment == "nvlink"
-    assert not [c for c in api.calls if c.startswith("patch")]
+    # a claim to reuse is never taken from the cache: reuse writes nothing, so it starts from a live read
+    assert api.calls == ["get ml/p", "list gpuwarden.io/gpu-node=n", "bind ml/p n"]
 
 
 async def test_expired_claim_of_another_pod_does_not_block() -> None:
@@ -183,6 +185,7 @@ async def test_pod_changing_during_bind_is_retried_then_given_up() -> None:
     api = FakePodApi([pod("p", 1)])
     conflicts: list[str] = []
     binder = replica(api, watch=False, on_conflict=conflicts.append, attempts=2)
+    api.add(api.pods["ml/p"])  # written after the cache saw it: the cached try conflicts, then live reads
 
     original = FakePodApi.get_pod
 
@@ -193,7 +196,10 @@ async def test_pod_changing_during_bind_is_retried_then_given_up() -> None:
 
     api.get_pod = stale_get  # type: ignore[method-assign]
     outcome = await binder.bind(args("p"))
-    assert outcome.kind == "conflict" and conflicts == ["pod_changed", "pod_changed"]
+    # the stale-cache try costs no attempt: two live tries follow it
+    assert outcome.kind == "conflict" and conflicts == ["pod_changed"] * 3
+    assert api.calls == ["patch ml/p", "get ml/p", "patch ml/p", "get ml/p", "patch ml/p"]
+    assert binder.overlay("n") == []
 
 
 async def test_dry_run_binds_without_writing_a_claim() -> None:
@@ -256,7 +262,7 @@ async def test_preemptor_binds_from_a_fresh_list_when_the_cache_still_shows_its_
     assert outcome.kind == "bound", outcome.error
     assert outcome.choice is not None and outcome.choice.ids == tuple(str(i) for i in range(8))
     listed = "list gpuwarden.io/gpu-node=n"
-    assert api.calls == ["get ml/p", listed, "patch ml/p", listed, "bind ml/p n"]
+    assert api.calls == [listed, "patch ml/p", listed, "bind ml/p n"]  # pod from the cache: no GET
     assert kinds == ["cache_stale"]
 
 
@@ -277,17 +283,18 @@ async def test_preemptor_still_blocked_in_a_fresh_list_is_rejected() -> None:
 
 
 async def test_bind_reserves_its_set_for_filter_and_prioritize_before_any_api_call() -> None:
-    # the scheduler has assumed "p" on n and scores the next pod while this bind is still in flight
+    # the scheduler has assumed "p" on n and scores the next pod while this bind is still in flight;
+    # the pod comes from the cache, so the claim patch is the first API call
     api = FakePodApi([pod("p", 4)])
     binder = replica(api, watch=False)
     seen: list[list[tuple[str, tuple[str, ...]]]] = []
-    get = api.get_pod
+    patch = api.patch_pod
 
-    async def get_pod(namespace: str, name: str) -> dict[str, Any]:
+    async def patch_pod(namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         seen.append([(c.pod, c.ids) for c in binder.overlay("n")])
-        return await get(namespace, name)
+        return await patch(namespace, name, body)
 
-    api.get_pod = get_pod  # type: ignore[method-assign]
+    api.patch_pod = patch_pod  # type: ignore[method-assign]
     assert (await binder.bind(args("p"))).kind == "bound"
     assert seen == [[("ml/p", ("0", "1", "2", "3"))]]
 
