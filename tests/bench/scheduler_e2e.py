@@ -47,6 +47,8 @@ from gpuwarden.testbed import (
 from gpuwarden.testbed.fleet import create_fleet, quiet_fleet_config
 
 PREFIX = "/gpuwarden"
+BIND = os.environ.get("GPUWARDEN_BENCH_E2E_BIND", "1") != "0"
+"""`GPUWARDEN_BENCH_E2E_BIND=0`: the extender filters and scores but the scheduler binds (where time goes)."""
 SIZES = (1, 1, 2, 4, 1, 2, 8, 1)
 """GPUs per pod, cycled: mean 2.5 GPUs a pod."""
 CREATORS = 8
@@ -483,8 +485,8 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
                 print(f"  e2e extender process synced its model in {synced:.1f} s", flush=True)
                 spec = ExtenderSpec(
                     url_prefix=f"http://127.0.0.1:{extender.port}{PREFIX}", prioritize_verb="prioritize",
-                    preempt_verb="preempt", bind_verb="bind", weight=12, node_cache_capable=True,
-                    managed_resources=["nvidia.com/gpu"],
+                    preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
+                    node_cache_capable=True, managed_resources=["nvidia.com/gpu"],
                 )  # fmt: skip
                 with_extender = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
                 if not backlog:
@@ -492,7 +494,7 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
                 results.append(
                     measure(
                         cluster,
-                        "with gpuwarden extender",
+                        "with gpuwarden extender" if BIND else "with gpuwarden extender, no bind verb",
                         pods,
                         timeout,
                         with_extender if backlog else None,
