@@ -38,7 +38,8 @@ query_range, series, labels and label values, read from its /metrics before and 
 per round and per minute at one round per 15 s — which includes series discovery (relists) and, for ours,
 the background refresh of its cache; RSS (VmRSS) and peak RSS (VmHWM) of each adapter process after the load;
 seconds from process start to /readyz + discovery, and to the first 200 answer to an HPA request (the load
-waits for the latter: an adapter may report ready before its pod index is synced and answer 503 meanwhile).
+waits for the latter, in case an adapter reports ready before its pod index is synced — ours did until its
+/readyz learnt to wait for its label caches; the two times are now equal for it).
 
 Adaptations, stated: prometheus-adapter is started with `--client-qps`/`--client-burst` raised (client-go's
 default of 5 QPS would otherwise throttle its per-request pod LIST to ~5 requests/s and its latency would
@@ -428,8 +429,8 @@ async def wait_serving(
 ) -> tuple[float, float]:
     """Seconds from start until (a) /readyz is 200 and discovery lists both pod metrics, (b) `probe` is 200.
 
-    (b) can come later than (a): an adapter may declare itself ready before its pod index is synced and
-    answer 503 meanwhile (the HPA then keeps its scale); the load starts only after (b).
+    (b) can come later than (a) if an adapter declares itself ready before its pod index is synced and
+    answers 503 meanwhile (the HPA then keeps its scale); the load starts only after (b).
     """
     assert adapter.started is not None
     wanted = {f"pods/{m}" for m in METRICS}
