@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from adapter import auth, naming, presets, tls
@@ -216,33 +217,57 @@ class Adapter:
                 self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
         return self.app
 
+    def _ca_sources(self) -> tuple[dict[str, tuple[x509.Certificate, ...]], dict[str, Path]]:
+        """(trusted client CAs by kind, the kinds read from a file and so watched for changes)."""
+        if self.security is None:
+            return {}, {}
+        trust = self.security.authenticator.trust
+        cas = {
+            "requestheader": trust.requestheader.ca if trust.requestheader else (),
+            "client": trust.client_cas,
+        }
+        acfg = self.config.adapter.authentication
+        files = {"requestheader": acfg.requestheader_client_ca_file, "client": acfg.client_ca_file}
+        return cas, {kind: path for kind, path in files.items() if path is not None}
+
+    def _trust_cas(self, cas: Mapping[str, Sequence[x509.Certificate]]) -> None:
+        """Hand reloaded CA sets to the authenticator (called by the reloader with the new context)."""
+        assert self.security is not None
+        authenticator = self.security.authenticator
+        names = self.config.adapter.authentication.requestheader_allowed_names or ()
+        authenticator.replace_trust(
+            auth.retrust(authenticator.trust, cas.get("requestheader", ()), cas.get("client", ()), names)
+        )
+
     def serving_context(self) -> ssl.SSLContext:
-        """The TLS context of the secure port; with certificate files, kept current by a reloader task."""
+        """The TLS context of the secure port; with certificate or CA files, kept current by a reloader."""
         tcfg = self.config.adapter.tls
-        cas = self.security.authenticator.trusted_cas() if self.security else []
-        pair = None
-        if tcfg.cert_file is not None and tcfg.key_file is not None:
-            pair = tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes()
+        cas, ca_files = self._ca_sources()
+        trusted = [ca for group in cas.values() for ca in group]
+        watched = tcfg.cert_file is not None and tcfg.key_file is not None
+        pair = (
+            (tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes())
+            if tcfg.cert_file is not None and tcfg.key_file is not None
+            else tls.self_signed(["localhost", socket.gethostname()])
+        )
         ctx, cert_pem = tls.server_context(
-            None,
-            None,
-            min_version=tcfg.min_version,
-            client_cas=cas,
-            names=["localhost", socket.gethostname()],
-            pair=pair,
+            None, None, min_version=tcfg.min_version, client_cas=trusted, pair=pair
         )
         expiry = expiry_of(cert_pem)
         if expiry is not None:
             self.metrics.certificate_expiry.set(expiry)
-        if pair is not None and tcfg.cert_file is not None and tcfg.key_file is not None:
+        if watched or ca_files:
             self.certificates = CertificateReloader(
                 ctx,
-                tcfg.cert_file,
-                tcfg.key_file,
+                tcfg.cert_file if watched else None,
+                tcfg.key_file if watched else None,
                 loaded=pair,
                 metrics=self.metrics,
-                make_context=functools.partial(tls.context_for, min_version=tcfg.min_version, client_cas=cas),
+                make_context=functools.partial(tls.context_for, min_version=tcfg.min_version),
                 interval=self._cert_reload_interval or tcfg.reload_interval_seconds,
+                client_cas=cas,
+                ca_files=ca_files,
+                on_cas=self._trust_cas,
             )
             self._spawn(self.certificates.run(), "certificate reload")
         return ctx

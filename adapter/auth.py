@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -222,21 +222,71 @@ class KubeReviews:
 
 
 @dataclass(frozen=True)
-class Authenticator:
-    """Everything needed to authenticate a request; built once at start."""
+class Trust:
+    """Which CAs the authenticator trusts: replaced whole when a CA file changes (`adapter.certreload`)."""
 
     requestheader: RequestHeaderConfig | None
     client_cas: tuple[x509.Certificate, ...]
-    token_review: Callable[[str], Awaitable[UserInfo | None]] | None
+
+    def cas(self) -> list[x509.Certificate]:
+        """Every trusted CA, for the TLS layer's client-certificate verification."""
+        return [*(self.requestheader.ca if self.requestheader else ()), *self.client_cas]
+
+
+def retrust(
+    trust: Trust,
+    requestheader_ca: Sequence[x509.Certificate],
+    client_cas: Sequence[x509.Certificate],
+    allowed_names: Sequence[str] = (),
+) -> Trust:
+    """Pure: `trust` with these CA sets, keeping the front-proxy header settings.
+
+    No front-proxy CA: no front-proxy trust. A front-proxy CA where there was none gets the default headers
+    and `allowed_names`.
+    """
+    requestheader = None
+    if requestheader_ca:
+        requestheader = (
+            replace(trust.requestheader, ca=tuple(requestheader_ca))
+            if trust.requestheader is not None
+            else RequestHeaderConfig(ca=tuple(requestheader_ca), allowed_names=tuple(allowed_names))
+        )
+    return Trust(requestheader, tuple(client_cas))
+
+
+class Authenticator:
+    """Everything needed to authenticate a request; the trusted CAs may be replaced while serving."""
+
+    def __init__(
+        self,
+        requestheader: RequestHeaderConfig | None,
+        client_cas: tuple[x509.Certificate, ...],
+        token_review: Callable[[str], Awaitable[UserInfo | None]] | None,
+    ) -> None:
+        self.trust = Trust(requestheader, client_cas)  # read once per request, replaced whole
+        self.token_review = token_review
+
+    @property
+    def requestheader(self) -> RequestHeaderConfig | None:
+        return self.trust.requestheader
+
+    @property
+    def client_cas(self) -> tuple[x509.Certificate, ...]:
+        return self.trust.client_cas
+
+    def replace_trust(self, trust: Trust) -> None:
+        """Trust these CAs from the next request on (one assignment: atomic on the event loop)."""
+        self.trust = trust
 
     async def authenticate(self, cert_der: bytes | None, headers: Headers) -> UserInfo | None:
         if cert_der:
+            trust = self.trust
             cert = x509.load_der_x509_certificate(cert_der)
-            if self.requestheader is not None:
-                user = requestheader_user(self.requestheader, cert, headers)
+            if trust.requestheader is not None:
+                user = requestheader_user(trust.requestheader, cert, headers)
                 if user is not None:
                     return user
-            if issued_by(cert, self.client_cas):
+            if issued_by(cert, trust.client_cas):
                 return cert_user(cert)
         auth = next(iter(headers.get("authorization", ())), "")
         if auth.lower().startswith("bearer ") and self.token_review is not None:
@@ -247,7 +297,7 @@ class Authenticator:
         return None
 
     def trusted_cas(self) -> list[x509.Certificate]:
-        return [*(self.requestheader.ca if self.requestheader else ()), *self.client_cas]
+        return self.trust.cas()
 
 
 def _json_list(data: Mapping[str, str], key: str, default: tuple[str, ...]) -> tuple[str, ...]:

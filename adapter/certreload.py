@@ -18,6 +18,14 @@ A bad pair (half-written during a rotation, corrupt, mismatched) is logged, coun
 `gpuwarden_adapter_certificate_reloads_total{outcome}` and otherwise ignored: the old pair keeps serving,
 and the same bad content is not retried until the files change again. The loaded bytes are the validated
 bytes (through a private temporary copy), never a second read that could race the rotation.
+
+The trusted client CA files (front-proxy `requestheader_client_ca_file`, `client_ca_file`) are watched on the
+same interval, as dynamiccertificates does: a file whose certificates changed (judged by `decide_cas`: it
+must hold at least one PEM certificate) goes into the next serving context, so the TLS layer verifies
+client certificates against it, and `on_cas` hands the same sets to the authenticator — both in one step
+of the event loop, so no handshake or request sees one without the other. A bad CA file keeps the previous
+CAs and is counted as `outcome="invalid"` like a bad pair (the log names the file). CAs read from the
+extension-apiserver-authentication ConfigMap are not watched: they stay as read at start.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import enum
 import hashlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -42,8 +51,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 10.0
 
-ContextFactory = Callable[[bytes, bytes], ssl.SSLContext]
-"""(certificate PEM, key PEM) -> a new server context serving them, or `ssl.SSLError`/`OSError`."""
+
+class ContextFactory(Protocol):
+    """(certificate PEM, key PEM, trusted client CAs) -> a new server context, or `ssl.SSLError`/`OSError`."""
+
+    def __call__(
+        self, cert_pem: bytes, key_pem: bytes, /, *, client_cas: Sequence[x509.Certificate]
+    ) -> ssl.SSLContext: ...
+
+
+CaSets = Mapping[str, tuple[x509.Certificate, ...]]
+"""Trusted client CAs by kind ("requestheader", "client"), in the order the TLS layer is given them."""
 
 
 class Outcome(enum.StrEnum):
@@ -102,6 +120,40 @@ def decide(loaded_digest: str | None, cert_pem: bytes, key_pem: bytes) -> Decisi
     )
 
 
+@dataclass(frozen=True)
+class CaDecision:
+    """The verdict on a CA file: trust `cas` from now on (SUCCESS) or keep trusting what is loaded."""
+
+    outcome: Outcome
+    digest: str
+    reason: str = ""
+    cas: tuple[x509.Certificate, ...] = ()
+
+
+def _ders(cas: Sequence[x509.Certificate]) -> tuple[bytes, ...]:
+    return tuple(c.public_bytes(serialization.Encoding.DER) for c in cas)
+
+
+def decide_cas(judged_digest: str | None, loaded: Sequence[x509.Certificate], pem: bytes) -> CaDecision:
+    """Pure: whether the CA bundle `pem` should replace the CAs trusted now (`loaded`).
+
+    `judged_digest`: the sha256 of the file content last looked at (None: none yet). Content holding the
+    very certificates loaded (the first look, a comment or whitespace edit) is UNCHANGED, not a reload.
+    """
+    digest = hashlib.sha256(pem).hexdigest()
+    if digest == judged_digest:
+        return CaDecision(Outcome.UNCHANGED, digest)
+    try:
+        cas = tuple(x509.load_pem_x509_certificates(pem)) if pem.strip() else ()
+    except ValueError as exc:
+        return CaDecision(Outcome.INVALID, digest, f"CA file is not PEM certificates: {exc}")
+    if not cas:
+        return CaDecision(Outcome.INVALID, digest, "CA file holds no certificate")
+    if _ders(cas) == _ders(loaded):
+        return CaDecision(Outcome.UNCHANGED, digest, cas=cas)
+    return CaDecision(Outcome.SUCCESS, digest, cas=cas)
+
+
 def expiry_of(cert_pem: bytes) -> float | None:
     """Unix time the first certificate of a PEM bundle expires, or None if there is none."""
     try:
@@ -112,30 +164,40 @@ def expiry_of(cert_pem: bytes) -> float | None:
 
 
 class CertificateReloader:
-    """Keeps the listener context `ctx` handing every new connection the newest valid pair on disk."""
+    """Keeps the listener context `ctx` handing every new connection the newest valid pair and CAs on disk."""
 
     def __init__(
         self,
         ctx: ssl.SSLContext,
-        cert_file: Path,
-        key_file: Path,
+        cert_file: Path | None,
+        key_file: Path | None,
         *,
         loaded: tuple[bytes, bytes],
         metrics: AdapterMetrics,
         make_context: ContextFactory,
         interval: float = DEFAULT_INTERVAL,
+        client_cas: CaSets | None = None,
+        ca_files: Mapping[str, Path] | None = None,
+        on_cas: Callable[[CaSets], None] | None = None,
     ) -> None:
         """`ctx`: the listener's context, serving `loaded` (the (cert, key) PEM in it, so the first poll
-        does not reload them); its `sni_callback` is taken over. `make_context` builds each replacement
-        with the listener's settings. `interval` is not bounded here: tests poll faster than the config
-        allows."""
+        does not reload them); its `sni_callback` is taken over. `cert_file`/`key_file` None: the pair is
+        not watched (a self-signed one). `make_context` builds each replacement with the listener's
+        settings. `client_cas`: the CAs `ctx` trusts, by kind; `ca_files`: the kinds read from a file, to
+        watch; `on_cas` is told every new CA set (all kinds) as it goes into the serving context.
+        `interval` is not bounded here: tests poll faster than the config allows."""
         self.ctx = ctx
         self.current = ctx  # what new connections are served; replaced whole, never modified
         self.cert_file, self.key_file = cert_file, key_file
         self.interval = interval
         self._make_context = make_context
         self._metrics = metrics
+        self._pair = loaded
         self._judged = digest_of(*loaded)  # the last content looked at, good or bad: each is judged once
+        self.client_cas: CaSets = dict(client_cas or {})
+        self._ca_files = dict(ca_files or {})
+        self._ca_judged: dict[str, str] = {}  # kind -> digest of the CA file content last looked at
+        self._on_cas = on_cas
         expiry = expiry_of(loaded[0])
         if expiry is not None:
             metrics.certificate_expiry.set(expiry)
@@ -149,39 +211,108 @@ class CertificateReloader:
         if conn.context is not current:
             conn.context = current
 
-    def poll(self) -> Outcome:
-        """Look at the files once; serve them to new connections if they changed and are a valid pair."""
+    def _check_pair(self) -> tuple[Outcome, Decision | None, tuple[bytes, bytes]]:
+        """(outcome, the decision if a valid new pair, the pair to serve) — rejections already reported."""
+        if self.cert_file is None or self.key_file is None:
+            return Outcome.UNCHANGED, None, self._pair
         try:
             cert_pem, key_pem = self.cert_file.read_bytes(), self.key_file.read_bytes()
         except OSError as exc:
-            return self._reject(
-                Decision(Outcome.UNREADABLE, f"unreadable:{exc.errno}", exc.strerror or str(exc))
-            )
+            unreadable = Decision(Outcome.UNREADABLE, f"unreadable:{exc.errno}", exc.strerror or str(exc))
+            return self._reject(unreadable), None, self._pair
         decision = decide(self._judged, cert_pem, key_pem)
         if decision.outcome is Outcome.UNCHANGED:
-            return decision.outcome
+            return decision.outcome, None, self._pair
         if decision.outcome is not Outcome.SUCCESS:
-            return self._reject(decision)
+            return self._reject(decision), None, self._pair
+        return Outcome.SUCCESS, decision, (cert_pem, key_pem)
+
+    def _check_cas(self) -> tuple[Outcome, dict[str, CaDecision]]:
+        """(worst outcome, kind -> decision for each CA file with valid new CAs); rejections reported."""
+        outcome, changed = Outcome.UNCHANGED, {}
+        for kind, path in self._ca_files.items():
+            try:
+                pem = path.read_bytes()
+            except OSError as exc:
+                decision = CaDecision(Outcome.UNREADABLE, f"unreadable:{exc.errno}", exc.strerror or str(exc))
+            else:
+                decision = decide_cas(self._ca_judged.get(kind), self.client_cas.get(kind, ()), pem)
+            if decision.outcome is Outcome.SUCCESS:
+                changed[kind] = decision
+                outcome = outcome if outcome is not Outcome.UNCHANGED else Outcome.SUCCESS
+            elif decision.outcome is Outcome.UNCHANGED:
+                self._ca_judged[kind] = decision.digest
+            elif decision.digest != self._ca_judged.get(kind):
+                self._ca_judged[kind] = decision.digest
+                self._report_ca(kind, decision)
+                outcome = decision.outcome
+        return outcome, changed
+
+    def poll(self) -> Outcome:
+        """Look at the files once; serve them to new connections if they changed and are valid.
+
+        The outcome is the pair's, else the CA files' (a rejection before a success)."""
+        pair_outcome, pair_decision, pair = self._check_pair()
+        ca_outcome, ca_changes = self._check_cas()
+        outcome = pair_outcome if pair_outcome is not Outcome.UNCHANGED else ca_outcome
+        if pair_decision is None and not ca_changes:
+            return outcome
+        cas = {**self.client_cas, **{kind: d.cas for kind, d in ca_changes.items()}}
         try:
-            fresh = self._make_context(cert_pem, key_pem)
+            fresh = self._make_context(*pair, client_cas=[ca for group in cas.values() for ca in group])
         except (ssl.SSLError, OSError) as exc:
+            for kind, d in ca_changes.items():
+                self._ca_judged[kind] = d.digest
+                self._report_ca(kind, CaDecision(Outcome.INVALID, d.digest, f"OpenSSL refused: {exc}"))
+            if pair_decision is None:
+                return Outcome.INVALID
             return self._reject(
-                Decision(Outcome.INVALID, decision.digest, f"OpenSSL refused the pair: {exc}")
+                Decision(Outcome.INVALID, pair_decision.digest, f"OpenSSL refused the pair: {exc}")
             )
+        # from here to the end no await and no failure: the context and the authenticator change together
         self.current = fresh
-        self._judged = decision.digest
-        self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
-        assert decision.not_after is not None
-        self._metrics.certificate_expiry.set(decision.not_after.timestamp())
-        log.info(
-            "serving certificate reloaded",
+        if ca_changes:
+            self.client_cas = cas
+            if self._on_cas is not None:
+                self._on_cas(cas)
+            for kind, d in ca_changes.items():
+                self._ca_judged[kind] = d.digest
+                self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
+                log.info(
+                    "client CA file reloaded",
+                    extra={
+                        "kind": kind,
+                        "ca_file": str(self._ca_files[kind]),
+                        "sha256": [c.fingerprint(hashes.SHA256()).hex() for c in d.cas],
+                    },
+                )
+        if pair_decision is not None:
+            self._pair = pair
+            self._judged = pair_decision.digest
+            self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
+            assert pair_decision.not_after is not None
+            self._metrics.certificate_expiry.set(pair_decision.not_after.timestamp())
+            log.info(
+                "serving certificate reloaded",
+                extra={
+                    "cert_file": str(self.cert_file),
+                    "sha256": pair_decision.fingerprint,
+                    "not_after": pair_decision.not_after.isoformat(),
+                },
+            )
+        return outcome
+
+    def _report_ca(self, kind: str, decision: CaDecision) -> None:
+        self._metrics.certificate_reloads.labels(decision.outcome.value).inc()
+        log.error(
+            "client CA file not reloaded; still trusting the previous CAs",
             extra={
-                "cert_file": str(self.cert_file),
-                "sha256": decision.fingerprint,
-                "not_after": decision.not_after.isoformat(),
+                "outcome": decision.outcome.value,
+                "reason": decision.reason,
+                "kind": kind,
+                "ca_file": str(self._ca_files[kind]),
             },
         )
-        return Outcome.SUCCESS
 
     def _reject(self, decision: Decision) -> Outcome:
         if decision.digest == self._judged:
@@ -206,4 +337,4 @@ class CertificateReloader:
             try:
                 self.poll()
             except Exception:  # a reload bug must never take the listener down
-                log.exception("serving certificate check failed")
+                log.exception("certificate check failed")

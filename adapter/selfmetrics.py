@@ -91,8 +91,8 @@ def new_metrics(registry: CollectorRegistry | None) -> AdapterMetrics:
         ),
         certificate_reloads=Counter(
             "gpuwarden_adapter_certificate_reloads_total",
-            "Serving certificate/key file changes by outcome (success; invalid, mismatched, unreadable: "
-            "the previous pair keeps serving).",
+            "Serving certificate/key and client CA file changes by outcome (success; invalid, "
+            "mismatched, unreadable: the previous pair or CAs stay in use).",
             ["outcome"],
             registry=registry,
         ),

@@ -110,9 +110,9 @@ class ServingTLS(Section):
         ge=1,
         le=3600,
         description="Seconds between checks of cert_file/key_file for a rotated pair (cert-manager, "
-        "kubelet). A changed, valid pair serves new handshakes without a restart (connections "
-        "already open keep the pair they started with); an invalid or mismatched one is logged and "
-        "counted and the previous pair keeps serving.",
+        "kubelet), and of the authentication CA files. A changed, valid pair serves new handshakes "
+        "without a restart (connections already open keep the pair they started with); an invalid or "
+        "mismatched one is logged and counted and the previous pair keeps serving.",
     )
 
     @model_validator(mode="after")
@@ -135,8 +135,10 @@ class Authentication(Section):
         default=None,
         description="CA that signs the aggregator's front-proxy client certificate. null: read "
         "requestheader-client-ca-file from ConfigMap kube-system/extension-apiserver-authentication. "
-        "Read once at start, from the file or the ConfigMap: a rotated front-proxy CA needs an adapter "
-        "restart (unlike the serving certificate, which tls reloads).",
+        "A file is re-read every tls.reload_interval_seconds: changed, valid PEM certificates are "
+        "trusted by new handshakes and requests without a restart (an invalid file is logged and "
+        "counted, and the previous CAs stay trusted). From the ConfigMap it is read once at start: a "
+        "rotated front-proxy CA there needs an adapter restart.",
     )
     requestheader_allowed_names: list[str] | None = Field(
         default=None,
@@ -146,7 +148,7 @@ class Authentication(Section):
     client_ca_file: Path | None = Field(
         default=None,
         description="CA for ordinary client certificates. null: client-ca-file from the same ConfigMap. "
-        "Read once at start, like requestheader_client_ca_file.",
+        "Reloaded from a file, read once from the ConfigMap, like requestheader_client_ca_file.",
     )
     token_review: bool = Field(
         default=True,

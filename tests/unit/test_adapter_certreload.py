@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import hashlib
 import logging
 import ssl
@@ -131,9 +130,14 @@ def reloader_for(
 ) -> tuple[CertificateReloader, Files, CollectorRegistry]:
     files = Files(tmp, first)
     registry = CollectorRegistry()
-    make = functools.partial(tls.context_for, client_cas=client_cas)
     reloader = CertificateReloader(
-        make(*first), files.cert, files.key, loaded=first, metrics=new_metrics(registry), make_context=make
+        tls.context_for(*first, client_cas=client_cas),
+        files.cert,
+        files.key,
+        loaded=first,
+        metrics=new_metrics(registry),
+        make_context=tls.context_for,
+        client_cas={"client": client_cas},
     )
     return reloader, files, registry
 
