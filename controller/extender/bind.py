@@ -8,8 +8,9 @@ claim's resourceVersion precondition catches a stale cache and the bind starts o
 the model plus this replica's own in-flight claims and record the choice as a new in-flight claim in one
 step with no await in between (so concurrent binds in this replica never pick overlapping GPUs, and no
 lock is held across a round trip; when the model finds no set, e.g. it has not yet seen preemption victims
-go, choose again from a consistent LIST of the node's claims), a resourceVersion-conditioned patch, a
-consistent LIST to catch another replica's overlapping claim, then the Binding. A failed bind withdraws its
+go, choose again from a consistent LIST of the node's claims), a resourceVersion-conditioned patch, a look
+for another replica's overlapping claim (in the watch cache once the pod watch shows our claim, else a
+consistent LIST), then the Binding. A failed bind withdraws its
 claim (only if the pod is still as we left it) so GPUs are not pinned.
 
 It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
@@ -18,6 +19,7 @@ scheduler; `KubeError`s never escape. In dry-run it binds without writing the cl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -112,6 +114,7 @@ class Binder:
         attempts: int = 3,
         dry_run: bool = False,
         on_conflict: Callable[[str], None] = lambda kind: None,
+        watch_timeout: float = 0.0,
     ) -> None:
         self._api = api
         self._model = model
@@ -120,6 +123,10 @@ class Binder:
         self._attempts = attempts
         self._dry_run = dry_run
         self._on_conflict = on_conflict
+        self._watch_timeout = watch_timeout
+        """How long a bind waits for the pod watch to show its claim before verifying with a LIST (0: never
+        waits, always LISTs). Needs `pod_seen` wired to the feed."""
+        self._waiting: dict[str, list[tuple[str, Claim, asyncio.Future[None]]]] = {}
         self._inflight: dict[str, dict[str, Claim]] = {}
         self._known: set[str] = set()
         """Pods with an in-flight claim that the model had when the claim was noted."""
@@ -142,6 +149,50 @@ class Binder:
                 del claims[key]
                 self._known.discard(key)
         return list(claims.values())
+
+    def pod_seen(self, key: str) -> None:
+        """The feed applied a watch event of pod `key`: wake the binds waiting to see their claim on it."""
+        waiters = self._waiting.get(key)
+        if not waiters:
+            return
+        seen = self._model.pod(key)
+        if seen is None:
+            return
+        for node, claim, done in waiters:
+            if not done.done() and seen.gpu_ids == claim.ids and _shows(seen, node, claim):
+                done.set_result(None)
+
+    async def _watch_shows(self, node: str, claim: Claim) -> bool:
+        """Whether the pod watch delivered `claim` within the timeout."""
+        seen = self._model.pod(claim.pod)
+        if seen is not None and seen.gpu_ids == claim.ids and _shows(seen, node, claim):
+            return True
+        entry = (node, claim, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault(claim.pod, []).append(entry)
+        try:
+            await asyncio.wait_for(entry[2], self._watch_timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiting.get(claim.pod, [])
+            if entry in waiters:
+                waiters.remove(entry)
+            if not waiters:
+                self._waiting.pop(claim.pod, None)
+
+    async def _holders(self, node: str, claim: Claim) -> list[PodInfo]:
+        """The pods that may hold GPUs on `node`, as of a moment after `claim` was written.
+
+        From the watch cache once it shows the claim: a watch delivers changes in the order they were
+        written, so every claim written before ours is in the cache by then - the same guarantee as a
+        consistent LIST, without the request. When the watch lags past the timeout: a consistent LIST."""
+        if self._watch_timeout > 0:
+            if await self._watch_shows(node, claim):
+                return self._model.pods_on(node)
+            self._on_conflict("watch_lag")
+        listed = await self._api.list_pods(claim_selector(node))
+        return [pod_info(o, self._model.resource) for o in listed]
 
     def _forget(self, node: str, key: str) -> None:
         self._inflight.get(node, {}).pop(key, None)
@@ -298,6 +349,7 @@ class Binder:
         rv = pod.resource_version
         if ids is not None:
             choice = self._describe(node, ids)
+            mine = Claim(pod.key, ids, pod.claimed_at)
         else:
             picked = self._pick(pod, node, now)
             if isinstance(picked, BindOutcome):
@@ -324,11 +376,10 @@ class Binder:
                 raise
             rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
-            listed = await self._api.list_pods(claim_selector(node))
+            others = await self._holders(node, mine)
         except KubeError:
             await self._release(pod, node, rv)  # unverified: never bind on it
             raise
-        others = [pod_info(o, self._model.resource) for o in listed]
         clash = conflicts(pod.key, node, choice.ids, others, self._clock(), settings.claim_ttl_seconds)
         if clash:
             self._on_conflict("gpu_claimed")

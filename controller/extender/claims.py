@@ -2,14 +2,17 @@
 
 Why it exists: bind must record the exact GPU set on the pod *before* creating the Binding, and kube-scheduler
 runs binding cycles concurrently - against any extender replica. Our watch cache may lag, so two binds to one
-node can choose overlapping GPUs. The protocol (write, then verify with a consistent read) is:
+node can choose overlapping GPUs. The protocol (write, then verify with a read sure to hold every earlier
+write) is:
 
 1. patch the pod with the claim - annotations `gpuwarden.io/gpu-ids`, `gpuwarden.io/numa-node`,
    `gpuwarden.io/gpu-node` (full node name), `gpuwarden.io/gpu-claimed-at`, and the label
    `gpuwarden.io/gpu-node` (label-safe node name, for selection) - guarded by the pod's resourceVersion, so
    concurrent binds of the *same* pod serialize;
-2. LIST pods with that label (a consistent read) and look for another live holder of any of our GPUs: a pod
-   bound to the node, or an unbound pod whose claim is younger than the TTL;
+2. read the node's pods as of a moment after that write - from the pod watch once it has delivered our own
+   claim (a watch delivers writes in order, so every earlier claim is there too), else a consistent LIST of
+   pods with that label - and look for another live holder of any of our GPUs: a pod bound to the node, or
+   an unbound pod whose claim is younger than the TTL;
 3. on overlap, withdraw our claim and fail the bind (the scheduler retries the pod); else create the Binding.
 
 Of two overlapping claims, the later write always sees the earlier one in step 2, so at most one of them

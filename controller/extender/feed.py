@@ -45,6 +45,7 @@ class ModelFeed:
         nrt_recheck_seconds: float = 300.0,
         freeze_gc_after_sync: bool = True,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        on_pod: Callable[[str], None] = lambda key: None,
     ) -> None:
         self._client = client
         self.model = model
@@ -53,6 +54,8 @@ class ModelFeed:
         self._nrt_recheck = nrt_recheck_seconds
         self._freeze_gc = freeze_gc_after_sync
         self._sleep = sleep
+        self._on_pod = on_pod
+        """Told the key of every pod event once the model has applied it (the binder waits on its claims)."""
         self.nrt_installed = False
 
     async def run(self) -> None:
@@ -98,9 +101,12 @@ class ModelFeed:
                 if first:
                     self._synced()
             elif event.type == DELETED:
-                self.model.delete_pod(object_key(event.object))
+                key = object_key(event.object)
+                self.model.delete_pod(key)
+                self._on_pod(key)
             else:
                 self.model.upsert_pod(event.object)
+                self._on_pod(object_key(event.object))
 
     async def _nrts(self) -> None:
         while not await self._nrt_available():

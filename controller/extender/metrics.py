@@ -32,7 +32,8 @@ class ExtenderMetrics:
     """`gpuwarden_extender_placements_total{alignment}`: bound pods by how local their GPU set is."""
     bind_conflicts: Counter
     """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed,
-    cache_stale (the watch cache found no GPU set; bind chose again from a consistent LIST)."""
+    cache_stale (the watch cache found no GPU set; bind chose again from a consistent LIST), watch_lag (the
+    pod watch did not show a claim within `claim_watch_timeout_seconds`; verified with a LIST instead)."""
     events_dropped: Counter
     """`gpuwarden_extender_events_dropped_total`: bind Events not written because the queue was full."""
 

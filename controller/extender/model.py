@@ -274,6 +274,10 @@ class ClusterModel:
     def pod(self, key: str) -> PodInfo | None:
         return self._pods.get(key)
 
+    def pods_on(self, name: str) -> list[PodInfo]:
+        """Every cached pod bound to, claiming, or nominated to node `name`."""
+        return [self._pods[k] for k in self._by_node.get(name, ())]
+
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
 

@@ -134,6 +134,7 @@ def build_extender(
         clock=clock,
         dry_run=dry_run,
         on_conflict=lambda kind: metrics.bind_conflicts.labels(kind).inc(),
+        watch_timeout=cfg.claim_watch_timeout_seconds,
     )
     service.max_body_bytes = cfg.max_request_bytes
     feed = ModelFeed(
@@ -141,6 +142,7 @@ def build_extender(
         model,
         page_size=config.kubernetes.list_page_size,
         watch_timeout=int(config.kubernetes.watch_timeout_seconds),
+        on_pod=service.binder.pod_seen,
     )
     trends = None
     if prometheus is not None:

@@ -120,6 +120,16 @@ class ExtenderConfig(Section):
         "seconds, while a crashed binder's claim must not pin GPUs for long. Bounds 5-3600: shorter than "
         "a slow API server's bind risks handing a GPU out twice; longer pins GPUs after a crash.",
     )
+    claim_watch_timeout_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=30,
+        description="After writing a claim, bind waits up to this long for the pod watch to deliver it and "
+        "then checks the watch cache for an overlapping claim of another replica (a watch delivers writes "
+        "in order, so every earlier claim is there); past it, or with 0, bind verifies with a consistent "
+        "LIST of the node's claims instead (one more API request per bind). 2: the watch normally delivers "
+        "within milliseconds; a longer wait only delays binds when the API server is overloaded.",
+    )
     events: bool = Field(
         default=True,
         description="Write Kubernetes Events on the pod at bind: GPUsAssigned (node, GPU ids, NUMA node, "

@@ -1,9 +1,11 @@
 """The one way gpuwarden talks to the Kubernetes API: config loading and an async facade over `kubernetes`.
 
 Why it exists (STYLE.md, "one choke point per external system"): the official client is synchronous,
-untyped and raises its own exceptions. Every call here runs in a *bounded* thread pool so the event loop
-never blocks on the network or on JSON parsing; watches read their streams on a separate pool so a few
-long-lived watches cannot starve short calls. Objects are plain JSON dicts (`_preload_content=False` and
+untyped and raises its own exceptions. Requests (get, list, create, patch, delete, raw `request`) are
+native-async over a keep-alive pool (`transport.py`; large bodies decoded on a bounded thread pool), so a
+burst of calls waits on the network, not on threads; watches read their streams with the `kubernetes`
+client on a separate thread pool so a few long-lived watches cannot starve short calls. A configured proxy
+sends requests through the thread pool too. Objects are plain JSON dicts (`_preload_content=False` and
 `json.loads`), never the generated models, because model deserialization of a 5,000-node list costs seconds
 of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see `status.py`) and every request is
 counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
@@ -36,6 +38,7 @@ from gpuwarden.kube.status import (
     outcome_of,
 )
 from gpuwarden.kube.stream import WatchStream
+from gpuwarden.kube.transport import AsyncTransport
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
@@ -103,6 +106,7 @@ class KubeClient:
         *,
         max_workers: int = 4,
         max_watches: int = 16,
+        max_connections: int = 32,
         request_timeout: float = 30.0,
         field_manager: str = "gpuwarden",
         registry: CollectorRegistry | None = None,
@@ -124,6 +128,18 @@ class KubeClient:
         self.request_timeout = request_timeout
         self.field_manager = field_manager
         self.metrics = kube_metrics(registry)
+        self._transport = (
+            AsyncTransport(
+                configuration,
+                max_connections=max_connections,
+                timeout=request_timeout,
+                user_agent=self._api.user_agent,
+                decode_pool=self._pool,
+            )
+            if AsyncTransport.supports(configuration)
+            else None
+        )
+        """Non-streaming requests go here (native async); None (a proxy is configured): the thread pool."""
 
     @classmethod
     def from_config(
@@ -236,6 +252,15 @@ class KubeClient:
         accept: str = JSON,
     ) -> JsonObject:
         """One request to an arbitrary API path, answered as a JSON object; the other methods use this."""
+        if self._transport is not None:
+            try:
+                answer = await self._transport.send(method, path, query, body, content_type, accept)
+                parsed = await self._transport.decode(answer)
+            except KubeError as exc:
+                self.metrics.requests.labels(verb, resource, outcome_of(exc)).inc()
+                raise
+            self.metrics.requests.labels(verb, resource, "success").inc()
+            return parsed
         call = functools.partial(self._request_json, method, path, query, body, content_type, accept)
         return await self._in_pool(verb, resource, call, self._pool)
 
@@ -412,6 +437,8 @@ class KubeClient:
 
     async def aclose(self) -> None:
         """Stop the pools and close pooled connections."""
+        if self._transport is not None:
+            await self._transport.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._watch_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.get_running_loop().run_in_executor(None, self._api.rest_client.close)

@@ -3,7 +3,8 @@
 Built exactly as the controller builds it (`build_extender` + watches through `KubeClient`), served on
 127.0.0.1:PORT with the extender's Prometheus series at ``/metrics``, so the bench can read its
 server-side latency and its peak RSS apart from the bench process. Prints ``ready`` once the model has
-synced; stops on SIGTERM or when stdin closes.
+synced; stops on SIGTERM or when stdin closes. ``GPUWARDEN_BENCH_EXTENDER_CONFIG`` (JSON) is merged into the
+``extender`` config section, e.g. ``{"events": false}``.
 
 Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
 """
@@ -11,6 +12,8 @@ Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
 
@@ -23,9 +26,8 @@ from gpuwarden.kube import KubeClient
 
 
 async def serve(kubeconfig: str, port: int, prefix: str) -> None:
-    config = Config.model_validate(
-        {"kubernetes": {"kubeconfig": kubeconfig}, "extender": {"path_prefix": prefix}}
-    )
+    extender = {"path_prefix": prefix, **json.loads(os.environ.get("GPUWARDEN_BENCH_EXTENDER_CONFIG", "{}"))}
+    config = Config.model_validate({"kubernetes": {"kubeconfig": kubeconfig}, "extender": extender})
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
     registry = CollectorRegistry()
     extender = build_extender(config, kube, registry=registry)

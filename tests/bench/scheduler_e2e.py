@@ -104,6 +104,8 @@ class RunResult:
     peak_rss: dict[str, int] = field(default_factory=dict)
     api: str = ""
     """kube-apiserver requests during the run (pods, events, leases, nodes)."""
+    cpu: str = ""
+    """CPU time per bound pod of each process during the run, and how busy the machine's cores were."""
 
 
 STALL_SECONDS = 5.0
@@ -297,6 +299,38 @@ def api_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[flo
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot(pids: Mapping[str, int]) -> dict[tuple[str, int], float]:
+    return {(name, pid): cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def cpu_summary(
+    before: Mapping[tuple[str, int], float], after: Mapping[tuple[str, int], float], pods: int, seconds: float
+) -> str:
+    """CPU ms per bound pod by process (a process started during the run counts from 0), and the share of
+    all cores the processes used together over `seconds`."""
+    used = {key: after[key] - before.get(key, 0.0) for key in after}
+    by_name: Counter[str] = Counter()
+    for (name, _), value in used.items():
+        by_name[name] += value
+    total = sum(by_name.values())
+    per_pod = 1000 / max(1, pods)
+    parts = [f"{name} {value * per_pod:.1f}" for name, value in by_name.most_common() if value > 0]
+    busy = total / seconds / (os.cpu_count() or 1) * 100 if seconds > 0 else 0.0
+    return (
+        f"CPU ms per pod: {'; '.join(parts)}; total {total * 1000 / max(1, pods):.1f} "
+        f"({busy:.0f}% of {os.cpu_count()} cores over the run)"
+    )
+
+
 def _peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -376,6 +410,7 @@ def run_pods(
     timeout: float,
     *,
     backlog_config: Mapping[str, Any] | None = None,
+    extra_pids: Mapping[str, int] | None = None,
 ) -> RunResult:
     """Time `pods` GPU pods in `namespace` until every one has a node. Stream (default): created while the
     scheduler runs, clock from the first create. Backlog (`backlog_config`): the scheduler is stopped, all
@@ -384,16 +419,23 @@ def run_pods(
     api_before = api_requests(cluster)
     watch = BindWatch(cluster, namespace)
     time.sleep(2.0)  # the watch is established before the first pod exists
+
+    def pids() -> dict[str, int]:
+        return {**cluster.pids(), **(extra_pids or {})}
+
     try:
         if backlog_config is None:
+            cpu_before = cpu_snapshot(pids())
             start = time.perf_counter()
             created = create_pods(cluster, namespace, pods, timeout)
         else:
             cluster.stop_scheduler()
             created = create_pods(cluster, namespace, pods, timeout)
+            cpu_before = cpu_snapshot(pids())
             start = time.perf_counter()
             cluster.restart_scheduler(backlog_config)
         watch.wait(pods, timeout)
+        cpu_after = cpu_snapshot(pids())
         bound = dict(watch.bound)
     finally:
         trouble = watch.stop()
@@ -403,6 +445,7 @@ def run_pods(
     kind = "stream" if backlog_config is None else "backlog"
     result = RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
     result.api = api_delta(api_before, api_requests(cluster))
+    result.cpu = cpu_summary(cpu_before, cpu_after, len(bound), last - start)
     return result
 
 
@@ -422,6 +465,7 @@ def print_result(result: RunResult) -> None:
     for outcome, line in result.scheduler.items():
         print(f"      scheduler attempt {outcome:<13} {line}")
     print(f"      API requests: {result.api}")
+    print(f"      {result.cpu}")
 
 
 def delete_namespace(cluster: Cluster, namespace: str, timeout: float) -> float:
@@ -518,7 +562,10 @@ def measure(
 ) -> RunResult:
     """One timed run, its latency breakdown and peak RSS printed; its pods deleted afterwards."""
     namespace = f"bench-{mode.split()[0]}-{'backlog' if backlog_config else 'stream'}"
-    result = run_pods(cluster, mode, namespace, pods, timeout, backlog_config=backlog_config)
+    extra = {"gpuwarden extender": extender.proc.pid} if extender is not None else None
+    result = run_pods(
+        cluster, mode, namespace, pods, timeout, backlog_config=backlog_config, extra_pids=extra
+    )
     result.scheduler = scheduler_metrics(cluster)
     result.peak_rss = cluster.control_plane_peak_rss()
     if extender is not None:

@@ -1,0 +1,188 @@
+"""Native-async HTTP for every non-streaming API request: one aiohttp `ClientSession` per event loop.
+
+Why it exists: the `kubernetes` client is synchronous, so each request used to hold a pool thread for its
+whole round trip. Under load (the extender's bind path: a claim PATCH, a LIST and a Binding per pod, while
+watches decode events on their own threads) requests queued behind the few pool threads and every thread
+switch contended for the GIL; binds that the API server served in ~15 ms took seconds. Here a request is a
+coroutine on the event loop over a keep-alive connection pool: waiting costs nothing, and only decoding a
+large body (a LIST page) is handed to a thread so the loop never stalls on it.
+
+It takes the connection facts from the same `kubernetes.client.Configuration` the watches use (server URL,
+CA, client certificate, bearer token with its refresh hook, `verify_ssl`, `tls_server_name`); a proxy is not
+supported here (`AsyncTransport.supports` says so and the client then keeps the threaded path). aiohttp, not
+httpx: measured on the extender's bind path, httpx/httpcore spent a quarter of the process's CPU in
+per-request bookkeeping (expiry checks of every pooled connection through anyio, async-library sniffing).
+
+It must not map errors to domain meaning (status.py does), retry beyond one refused connection (the request
+was never sent, as urllib3 was configured before), or be shared between event loops (connections belong
+to the loop that opened them: a session is made per running loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gpuwarden.errors import ConfigError, KubeError
+from gpuwarden.kube.status import error_from_status, error_from_transport
+
+INLINE_DECODE_BYTES = 256 << 10
+"""Bodies up to this size are decoded on the event loop (~1 ms at most); larger ones (LIST pages) on a
+pool thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A 2xx answer: status and raw body."""
+
+    status: int
+    body: bytes
+
+
+def ssl_context(configuration: Any) -> ssl.SSLContext:
+    """The TLS context the `kubernetes` client would build: the configured CA (or none at all when
+    `verify_ssl` is false), the client certificate, hostname checking unless `assert_hostname` is False.
+    Unreadable or mismatched files are a `ConfigError` naming `kubernetes.kubeconfig`."""
+    try:
+        return _ssl_context(configuration)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError([("kubernetes.kubeconfig", f"cannot set up TLS to the API server: {exc}")]) from exc
+
+
+def _ssl_context(configuration: Any) -> ssl.SSLContext:
+    cafile = getattr(configuration, "ssl_ca_cert", None)
+    cadata = getattr(configuration, "ca_cert_data", None)
+    if getattr(configuration, "verify_ssl", True):
+        context = ssl.create_default_context(cafile=cafile, cadata=cadata)
+        if getattr(configuration, "assert_hostname", None) is False:
+            context.check_hostname = False
+    else:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    cert = getattr(configuration, "cert_file", None)
+    if cert:
+        context.load_cert_chain(cert, getattr(configuration, "key_file", None) or None)
+    return context
+
+
+class AsyncTransport:
+    """Requests to one API server; `send` returns the 2xx `Answer` or raises a `KubeError`."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        max_connections: int,
+        timeout: float,
+        user_agent: str,
+        decode_pool: Executor,
+    ) -> None:
+        self._configuration = configuration
+        self._host = str(configuration.host).rstrip("/")
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._user_agent = user_agent
+        self._decode_pool = decode_pool
+        self._ssl: ssl.SSLContext | bool = True
+        if self._host.startswith("https"):
+            self._ssl = ssl_context(configuration)
+        self._server_name: str | None = getattr(configuration, "tls_server_name", None) or None
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+    @staticmethod
+    def supports(configuration: Any) -> bool:
+        """False when the configuration routes through a proxy (the threaded client handles that)."""
+        return not getattr(configuration, "proxy", None)
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None:
+            for old in [lp for lp in self._sessions if lp.is_closed()]:
+                del self._sessions[old]  # its loop is gone; so are its connections
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
+                timeout=self._timeout,
+                headers={"User-Agent": self._user_agent},
+                skip_auto_headers=("Accept-Encoding",),
+                trust_env=False,
+            )
+            self._sessions[loop] = session
+        return session
+
+    def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type:
+            headers["Content-Type"] = content_type
+        # Every request asks the configuration: its refresh hook rotates service-account / exec tokens.
+        auth = self._configuration.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = str(auth["value"])
+        return headers
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: Any,
+        content_type: str | None,
+        accept: str,
+    ) -> Answer:
+        """One request; the raw 2xx body, else the mapped `KubeError`. A refused connection is tried once
+        more (nothing was sent), nothing else is retried."""
+        content = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        if content is not None and not content_type:
+            content_type = "application/json"
+        headers = self._headers(accept, content_type)
+        for attempt in (1, 2):
+            try:
+                async with self._session().request(
+                    method, self._host + path, params=query or None, data=content, headers=headers,
+                    server_hostname=self._server_name,
+                ) as response:  # fmt: skip
+                    data = await response.read()
+                    status, reason = response.status, response.reason or ""
+                    response_headers = dict(response.headers)
+                break
+            except aiohttp.ClientConnectorError as exc:
+                if attempt == 2:
+                    raise error_from_transport(exc) from None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise error_from_transport(exc) from None
+        if not 200 <= status <= 299:
+            raise error_from_status(status, data, response_headers, http_reason=reason)
+        return Answer(status, data)
+
+    async def decode(self, answer: Answer) -> dict[str, Any]:
+        """The body as a JSON object (large bodies decoded on a pool thread)."""
+        if not answer.body:
+            return {}
+        try:
+            if len(answer.body) <= INLINE_DECODE_BYTES:
+                parsed = json.loads(answer.body)
+            else:
+                loop = asyncio.get_running_loop()
+                parsed = await loop.run_in_executor(self._decode_pool, json.loads, answer.body)
+        except ValueError as exc:
+            raise KubeError(f"API server answered with invalid JSON: {exc}", status=answer.status) from None
+        if not isinstance(parsed, dict):
+            raise KubeError("API server answered with JSON that is not an object", status=answer.status)
+        return parsed
+
+    async def aclose(self) -> None:
+        """Close the session of the running loop (others belong to loops that are gone or not ours)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
