@@ -44,7 +44,7 @@ from gpuwarden.kube.resources import (
     object_key,
     resource_version,
 )
-from gpuwarden.kube.stream import WatchStream
+from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
 from gpuwarden.kube.watch import (
     ADDED,
     DELETED,
@@ -68,6 +68,8 @@ __all__ = [
     "NODES",
     "PODS",
     "SYNCED",
+    "AnyWatchStream",
+    "AsyncWatchStream",
     "Backoff",
     "EventRecorder",
     "EventType",

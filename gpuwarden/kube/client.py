@@ -37,7 +37,7 @@ from gpuwarden.kube.status import (
     error_from_transport,
     outcome_of,
 )
-from gpuwarden.kube.stream import WatchStream
+from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
 from gpuwarden.kube.transport import AsyncTransport
 
 T = TypeVar("T")
@@ -410,7 +410,7 @@ class KubeClient:
         timeout_seconds: int = 300,
         allow_bookmarks: bool = True,
         metadata_only: bool = False,
-    ) -> WatchStream:
+    ) -> AnyWatchStream:
         """A raw watch from `resource_version`: iterate `{"type", "object"}` dicts; close with `aclose()`.
 
         `metadata_only` asks for `PartialObjectMetadata` objects (no spec, no status) in the events."""
@@ -425,14 +425,19 @@ class KubeClient:
         # The server ends a watch after timeoutSeconds; a read stalled well beyond that is a dead connection.
         timeout = (self.request_timeout, float(timeout_seconds) + 30.0)
         accept = METADATA_WATCH if metadata_only else JSON
-        opener = functools.partial(
-            self._send, "GET", resource.path(namespace), query, None, None, timeout, accept
-        )
         counter = self.metrics.requests
 
         def count(outcome: str) -> None:
             counter.labels("watch", resource.plural, outcome).inc()
 
+        if self._transport is not None:
+            transport = self._transport
+            return AsyncWatchStream(
+                lambda: transport.open_stream(resource.path(namespace), query, accept, timeout[1]), count
+            )
+        opener = functools.partial(
+            self._send, "GET", resource.path(namespace), query, None, None, timeout, accept
+        )
         return WatchStream(opener, self._watch_pool, count)
 
     async def aclose(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuwarden.kube.client import KubeClient, Transform
 from gpuwarden.kube.resources import JsonObject, ObjectList, Resource
-from gpuwarden.kube.stream import WatchStream
+from gpuwarden.kube.stream import AnyWatchStream
 
 
 def transform_event(raw: JsonObject, transform: Transform) -> JsonObject:
@@ -31,7 +31,7 @@ def transform_event(raw: JsonObject, transform: Transform) -> JsonObject:
 class TransformedStream:
     """A `WatchStream` whose events' objects went through `transform`."""
 
-    def __init__(self, inner: WatchStream, transform: Transform) -> None:
+    def __init__(self, inner: AnyWatchStream, transform: Transform) -> None:
         self._inner = inner
         self._transform = transform
 

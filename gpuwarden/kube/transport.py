@@ -161,6 +161,39 @@ class AsyncTransport:
             raise error_from_status(status, data, response_headers, http_reason=reason)
         return Answer(status, data)
 
+    async def open_stream(
+        self, path: str, query: list[tuple[str, str]], accept: str, read_timeout: float
+    ) -> aiohttp.ClientResponse:
+        """A GET whose 2xx response body is read by the caller (a watch); `read_timeout` bounds the wait
+        for each chunk, not the whole response. The caller closes the response."""
+        headers = self._headers(accept, None)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._timeout.total, sock_connect=self._timeout.total, sock_read=read_timeout
+        )
+        for attempt in (1, 2):
+            try:
+                response = await self._session().request(
+                    "GET", self._host + path, params=query or None, headers=headers, timeout=timeout,
+                    server_hostname=self._server_name,
+                )  # fmt: skip
+                break
+            except aiohttp.ClientConnectorError as exc:
+                if attempt == 2:
+                    raise error_from_transport(exc) from None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise error_from_transport(exc) from None
+        if not 200 <= response.status <= 299:
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                data = b""
+            finally:
+                response.release()
+            raise error_from_status(
+                response.status, data, dict(response.headers), http_reason=response.reason or ""
+            )
+        return response
+
     async def decode(self, answer: Answer) -> dict[str, Any]:
         """The body as a JSON object (large bodies decoded on a pool thread)."""
         if not answer.body:
