@@ -131,6 +131,10 @@ class Binder:
         self._known: set[str] = set()
         """Pods with an in-flight claim that the model had when the claim was noted."""
 
+    def has_inflight(self) -> bool:
+        """Whether this replica has any in-flight claim (else `overlay` is empty for every node)."""
+        return any(self._inflight.values())
+
     def overlay(self, node: str) -> list[Claim]:
         """This replica's claims on `node` that the watch has not delivered yet (expired ones dropped).
 

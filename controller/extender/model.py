@@ -84,11 +84,12 @@ class NodeView:
     error_trend: float | None = None
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """decide.py's cache of answers derived from this (immutable) view; dropped with the view."""
+    preempting: bool = field(init=False, compare=False, repr=False, default=False)
+    """Whether a pod here is a preemption victim (answers then depend on the incoming pod's priority);
+    derived from `holders` once, as it is asked for every candidate node of every request."""
 
-    @property
-    def preempting(self) -> bool:
-        """Whether a pod here is a preemption victim (answers then depend on the incoming pod's priority)."""
-        return any(h.preempted for h in self.holders)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "preempting", any(h.preempted for h in self.holders))
 
     def with_claims(self, extra: Iterable[Claim]) -> NodeView:
         """This view plus claims not yet seen by the watch (a replica's own in-flight binds)."""

@@ -124,11 +124,17 @@ class ExtenderService:
     def _views(self, names: list[str]) -> list[tuple[str, NodeView | None]]:
         if not self.model.synced:
             raise NotSynced
+        view_of = self.model.view
+        if self.binder is None or not self.binder.has_inflight():
+            return [(name, view_of(name)) for name in names]
+        overlay = self.binder.overlay
         out: list[tuple[str, NodeView | None]] = []
         for name in names:
-            view = self.model.view(name)
-            if view is not None and self.binder is not None:
-                view = view.with_claims(self.binder.overlay(name))
+            view = view_of(name)
+            if view is not None:
+                extra = overlay(name)
+                if extra:
+                    view = view.with_claims(extra)
             out.append((name, view))
         return out
 

@@ -110,11 +110,28 @@ class HostPriorityList(RootModel[list[HostPriority]]):
         return self.model_dump_json(by_alias=True).encode()
 
 
+_HOST_PREFIX: dict[str, str] = {}
+"""`{"Host":<name JSON>,"Score":` per node name, encoded once (bounded: cleared past `_HOST_PREFIX_MAX`)."""
+_HOST_PREFIX_MAX = 200_000
+
+
+def _host_prefix(host: str) -> str:
+    prefix = _HOST_PREFIX.get(host)
+    if prefix is None:
+        if len(_HOST_PREFIX) >= _HOST_PREFIX_MAX:
+            _HOST_PREFIX.clear()
+        prefix = '{"Host":' + json.dumps(host, ensure_ascii=False) + ',"Score":'
+        _HOST_PREFIX[host] = prefix
+    return prefix
+
+
 def encode_host_priorities(scores: Iterable[tuple[str, int]]) -> bytes:
     """`HostPriorityList` JSON straight from (host, score) pairs: the same bytes as
-    `HostPriorityList(...).to_json()`, without building a model per node on the prioritize hot path."""
-    entries = [{"Host": host, "Score": score} for host, score in scores]
-    return json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    `HostPriorityList(...).to_json()`, without building a model (or even a dict) per node on the prioritize
+    hot path: each host's JSON prefix is encoded once and reused."""
+    prefix = _HOST_PREFIX.get
+    parts = [(prefix(host) or _host_prefix(host)) + f"{score}}}" for host, score in scores]
+    return ("[" + ",".join(parts) + "]").encode()
 
 
 class MetaPod(WireModel):

@@ -60,9 +60,11 @@ def test_host_priority_list_is_a_bare_array() -> None:
     assert HostPriorityList.model_validate_json(golden("prioritize_result.json")).to_json() == golden(
         "prioritize_result.json"
     )
-    pairs = [("a", 3), ("b", 10), ("ü-node", 0)]
-    fast = encode_host_priorities(pairs)
-    assert fast == HostPriorityList([HostPriority(host=h, score=s) for h, s in pairs]).to_json()
+    pairs = [("a", 3), ("b", 10), ("ü-node", 0), ('we"ird\\name', 7)]
+    for _ in range(2):  # the second time from the cached per-host prefixes
+        fast = encode_host_priorities(pairs)
+        assert fast == HostPriorityList([HostPriority(host=h, score=s) for h, s in pairs]).to_json()
+    assert encode_host_priorities([]) == HostPriorityList([]).to_json() == b"[]"
 
 
 def test_unset_pointers_are_null_and_every_field_is_present() -> None:
