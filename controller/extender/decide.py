@@ -350,8 +350,23 @@ def filter_nodes(
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
+    if pod.gpus <= 0:
+        return FilterResult(tuple(name for name, _ in nodes), failed, unresolvable)
+    key, nominated = ("assess", pod.gpus, pod.policy), pod.nominated
     for name, view in nodes:
-        verdict = _assess(pod, view, settings, now, name) if pod.gpus > 0 else None
+        # `_assess`'s memo read inline (the same key and conditions as `_memo_key`): most candidates of a
+        # request hit it, and two calls per node are a visible share of a 500-node request
+        hit = None
+        if (
+            view is not None
+            and not (view.claims or view.nominated or view.preempting)
+            and (not nominated or nominated != view.name)
+        ):
+            hit = view.memo.get(key)
+        if hit is not None and hit[0] is settings:
+            verdict = hit[1]
+        else:
+            verdict = _assess(pod, view, settings, now, name)
         if not isinstance(verdict, Verdict):
             passed.append(name)
         elif verdict.resolvable:
@@ -374,7 +389,19 @@ def score_nodes(
 ) -> list[NodeScore]:
     """An integer 0-10 per candidate (0 where the pod does not fit), in input order."""
     out: list[NodeScore] = []
+    key, nominated = ("choose", pod.gpus, pod.policy), pod.nominated
     for name, view in nodes:
-        choice = choose_gpus(pod, view, settings, now, node=name).choice
+        hit = None  # `choose_gpus`'s memo read inline, as in `filter_nodes`
+        if (
+            pod.gpus > 0
+            and view is not None
+            and not (view.claims or view.nominated or view.preempting)
+            and (not nominated or nominated != view.name)
+        ):
+            hit = view.memo.get(key)
+        if hit is not None and hit[0] is settings:
+            choice = hit[1].choice
+        else:
+            choice = choose_gpus(pod, view, settings, now, node=name).choice
         out.append(NodeScore(name, choice.score if choice is not None else 0))
     return out

@@ -87,9 +87,22 @@ class NodeView:
     preempting: bool = field(init=False, compare=False, repr=False, default=False)
     """Whether a pod here is a preemption victim (answers then depend on the incoming pod's priority);
     derived from `holders` once, as it is asked for every candidate node of every request."""
+    lowest_priority: float = field(init=False, compare=False, repr=False, default=float("inf"))
+    """The lowest priority among holders (+inf without holders; -inf when one is terminating, which any
+    incoming pod may be waiting for), derived once like `preempting`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preempting", any(h.preempted for h in self.holders))
+        if any(h.terminating for h in self.holders):
+            lowest = float("-inf")
+        else:
+            lowest = float(min((h.priority for h in self.holders), default=float("inf")))
+        object.__setattr__(self, "lowest_priority", lowest)
+
+    def may_yield_to(self, priority: int) -> bool:
+        """Whether a holder here is terminating or of lower priority than `priority` (what the incoming
+        pod's preemption could be freeing)."""
+        return self.lowest_priority < priority
 
     def with_claims(self, extra: Iterable[Claim]) -> NodeView:
         """This view plus claims not yet seen by the watch (a replica's own in-flight binds)."""

@@ -244,10 +244,7 @@ def _preemption_settling(
     if pod.gpus <= 0 or not failed:
         return False
     return any(
-        name in failed
-        and view is not None
-        and any(h.terminating or h.priority < pod.priority for h in view.holders)
-        for name, view in nodes
+        view is not None and name in failed and view.may_yield_to(pod.priority) for name, view in nodes
     )
 
 

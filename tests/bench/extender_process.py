@@ -26,8 +26,8 @@ from gpuwarden.kube import KubeClient
 
 
 async def serve(kubeconfig: str, port: int, prefix: str) -> None:
-    extender = {"path_prefix": prefix, **json.loads(os.environ.get("GPUWARDEN_BENCH_EXTENDER_CONFIG", "{}"))}
-    config = Config.model_validate({"kubernetes": {"kubeconfig": kubeconfig}, "extender": extender})
+    section = {"path_prefix": prefix, **json.loads(os.environ.get("GPUWARDEN_BENCH_EXTENDER_CONFIG", "{}"))}
+    config = Config.model_validate({"kubernetes": {"kubeconfig": kubeconfig}, "extender": section})
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
     registry = CollectorRegistry()
     extender = build_extender(config, kube, registry=registry)

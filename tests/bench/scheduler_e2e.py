@@ -318,12 +318,13 @@ def cpu_summary(
     """CPU ms per bound pod by process (a process started during the run counts from 0), and the share of
     all cores the processes used together over `seconds`."""
     used = {key: after[key] - before.get(key, 0.0) for key in after}
-    by_name: Counter[str] = Counter()
+    by_name: dict[str, float] = {}
     for (name, _), value in used.items():
-        by_name[name] += value
+        by_name[name] = by_name.get(name, 0.0) + value
     total = sum(by_name.values())
     per_pod = 1000 / max(1, pods)
-    parts = [f"{name} {value * per_pod:.1f}" for name, value in by_name.most_common() if value > 0]
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
+    parts = [f"{name} {value * per_pod:.1f}" for name, value in ranked if value > 0]
     busy = total / seconds / (os.cpu_count() or 1) * 100 if seconds > 0 else 0.0
     return (
         f"CPU ms per pod: {'; '.join(parts)}; total {total * 1000 / max(1, pods):.1f} "

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from controller.extender.model import ClusterModel
+from controller.extender.model import Claim, ClusterModel, Holder, NodeView
 from controller.extender.objects import gpu_request, parse_gpu_ids, pod_info
+from controller.extender.topology import count_only
 from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
 
 
@@ -190,3 +191,24 @@ def test_fresh_view_takes_recorded_sets_from_the_list_and_the_rest_from_the_cach
     view = m.fresh_view("n", listed)
     assert view is not None and view.used == frozenset({"4", "5"}) and view.used_unknown == 1
     assert m.fresh_view("unknown", listed) is None
+
+
+@pytest.mark.parametrize(
+    ("holders", "incoming", "yields", "preempting"),
+    [
+        ([], 100, False, False),
+        ([Holder("ml/a", ("0",), 0, 10, False)], 11, True, False),
+        ([Holder("ml/a", ("0",), 0, 10, False)], 10, False, False),
+        ([Holder("ml/a", ("0",), 0, 10, False), Holder("ml/b", ("1",), 0, 5, False)], 6, True, False),
+        ([Holder("ml/a", ("0",), 0, 10, True)], -1000, True, False),
+        ([Holder("ml/a", ("0",), 0, 10, False, preempted=True)], 0, False, True),
+    ],
+    ids=["no-holders", "lower-priority", "equal-priority", "lowest-counts", "terminating", "preempted"],
+)
+def test_view_derives_what_preemption_could_free_once(
+    holders: list[Holder], incoming: int, yields: bool, preempting: bool
+) -> None:
+    view = NodeView("n", 8, count_only(8), holders=tuple(holders))
+    assert view.may_yield_to(incoming) is yields
+    assert view.preempting is preempting
+    assert view.with_claims([Claim("ml/c", ("2",), None)]).may_yield_to(incoming) is yields  # kept on copies
