@@ -132,6 +132,7 @@ class KubeClient:
             AsyncTransport(
                 configuration,
                 max_connections=max_connections,
+                max_watches=max_watches,
                 timeout=request_timeout,
                 user_agent=self._api.user_agent,
                 decode_pool=self._pool,

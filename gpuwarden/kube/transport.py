@@ -80,13 +80,14 @@ class AsyncTransport:
         configuration: Any,
         *,
         max_connections: int,
+        max_watches: int,
         timeout: float,
         user_agent: str,
         decode_pool: Executor,
     ) -> None:
         self._configuration = configuration
         self._host = str(configuration.host).rstrip("/")
-        self._max_connections = max_connections
+        self._limits = {"requests": max_connections, "watches": max_watches}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._user_agent = user_agent
         self._decode_pool = decode_pool
@@ -94,27 +95,29 @@ class AsyncTransport:
         if self._host.startswith("https"):
             self._ssl = ssl_context(configuration)
         self._server_name: str | None = getattr(configuration, "tls_server_name", None) or None
-        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._sessions: dict[tuple[asyncio.AbstractEventLoop, str], aiohttp.ClientSession] = {}
+        """Per running loop, one session for requests and one for watches: long-lived watches hold their
+        connections, so they get their own pool and can never starve short requests (and vice versa)."""
 
     @staticmethod
     def supports(configuration: Any) -> bool:
         """False when the configuration routes through a proxy (the threaded client handles that)."""
         return not getattr(configuration, "proxy", None)
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self, kind: str = "requests") -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
+        session = self._sessions.get((loop, kind))
         if session is None:
-            for old in [lp for lp in self._sessions if lp.is_closed()]:
+            for old in [key for key in self._sessions if key[0].is_closed()]:
                 del self._sessions[old]  # its loop is gone; so are its connections
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
+                connector=aiohttp.TCPConnector(limit=self._limits[kind], ssl=self._ssl),
                 timeout=self._timeout,
                 headers={"User-Agent": self._user_agent},
                 skip_auto_headers=("Accept-Encoding",),
                 trust_env=False,
             )
-            self._sessions[loop] = session
+            self._sessions[(loop, kind)] = session
         return session
 
     def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
@@ -172,7 +175,7 @@ class AsyncTransport:
         )
         for attempt in (1, 2):
             try:
-                response = await self._session().request(
+                response = await self._session("watches").request(
                     "GET", self._host + path, params=query or None, headers=headers, timeout=timeout,
                     server_hostname=self._server_name,
                 )  # fmt: skip
@@ -211,11 +214,12 @@ class AsyncTransport:
         return parsed
 
     async def aclose(self) -> None:
-        """Close the session of the running loop (others belong to loops that are gone or not ours)."""
+        """Close the sessions of the running loop (others belong to loops that are gone or not ours)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        session = self._sessions.pop(loop, None)
-        if session is not None:
-            await session.close()
+        for kind in self._limits:
+            session = self._sessions.pop((loop, kind), None)
+            if session is not None:
+                await session.close()

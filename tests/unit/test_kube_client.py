@@ -345,3 +345,37 @@ async def test_aclose_wakes_a_reader_blocked_on_an_idle_watch(
     assert time.monotonic() - started < 2.0
     with pytest.raises(StopAsyncIteration):
         await anext(stream)
+
+
+async def test_idle_watches_never_starve_requests(tmp_path: Path) -> None:
+    """Watches hold their connection for minutes: they have their own pool, so with one connection for
+    requests and one for watches a GET still goes through while a watch idles (a shared pool of one would
+    block it behind the watch)."""
+    fake = FakeApi()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    client = KubeClient.from_config(
+        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), max_connections=1, max_watches=1
+    )
+    try:
+        stream = client.watch(NODES, resource_version="3")
+        assert (await anext(stream))["type"] == "ADDED"  # connected; the server now idles for 30 s
+        got = await asyncio.wait_for(asyncio.gather(*(client.get(NODES, "gpu-0") for _ in range(3))), 5)
+        assert got == [NODE] * 3  # three requests share the one request connection in turn
+        await stream.aclose()
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+def test_unreadable_client_certificate_is_a_config_error(tmp_path: Path) -> None:
+    configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, "https://127.0.0.1:6443"))
+    configuration.cert_file = str(tmp_path / "missing.crt")
+    configuration.key_file = str(tmp_path / "missing.key")
+    with pytest.raises(ConfigError) as info:
+        KubeClient(configuration)
+    assert "kubernetes.kubeconfig" in str(info.value) and "TLS" in str(info.value)
