@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder, KubePodApi
 from controller.extender.decide import Policy, Settings
-from controller.extender.events import BindEvents, EventSink
+from controller.extender.events import BindEvents
 from controller.extender.feed import ErrorTrends, ModelFeed
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.model import ClusterModel
@@ -35,6 +35,7 @@ from controller.extender.server import (
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, KubeClient
+from gpuwarden.kube.event_queue import EventSink
 from gpuwarden.promclient import PrometheusClient
 
 CLAIM_TTL_SECONDS = ExtenderConfig.model_fields["claim_ttl_seconds"].default

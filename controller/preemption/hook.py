@@ -12,10 +12,10 @@ rebuilt from the same API objects). Until its watches have listed once it answer
 extender — "not synced" (HTTP 503 -> the scheduler's PostFilter fails and the pod is retried, nominations
 untouched) — because passing candidates through blind could let a storm through right after a restart.
 
-What it must not do: block the verb on the API. `PreemptionThrottled` Events are written in the background,
-at most one per preemptor and verdict per `preemption.event_interval_seconds`, and dropped (logged) when too
-many are queued. In dry-run the decision is computed, counted and evented ("[dry-run]") but the candidates
-go back unchanged.
+What it must not do: block the verb on the API. `PreemptionThrottled` Events are written in the background
+(the shared `EventQueue`), at most one per preemptor and verdict per `preemption.event_interval_seconds`,
+and dropped (logged) when too many are queued. In dry-run the decision is computed, counted and evented
+("[dry-run]") but the candidates go back unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -45,6 +45,7 @@ from controller.preemption.throttle import (
 )
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.kube.event_queue import EventQueue, PendingEvent
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,15 @@ class PreemptionThrottle:
         self._event_interval = (
             config.preemption.event_interval_seconds if event_interval is None else event_interval
         )
-        self._flush_interval = flush_interval
         self._last_event: dict[str, tuple[str, float]] = {}
-        self._pending: set[asyncio.Task[Any]] = set()
+        self.events = EventQueue(
+            self.recorder,
+            capacity=MAX_PENDING_EVENTS,
+            flush_interval=flush_interval,
+            on_drop=lambda: log.warning("PreemptionThrottled event dropped: too many queued"),
+            name="preemption",
+        )
+        """Where `PreemptionThrottled` Events wait for the writer `run()` starts (never blocks the verb)."""
 
     @property
     def pods(self) -> Informer:
@@ -162,42 +169,25 @@ class PreemptionThrottle:
         last = self._last_event.get(preemptor.uid)
         if last is not None and last[0] == verdict and now - last[1] < self._event_interval:
             return
-        if len(self._pending) >= MAX_PENDING_EVENTS:
-            log.warning("PreemptionThrottled event dropped: too many queued", extra={"pod": preemptor.key})
-            return
         self._last_event[preemptor.uid] = (verdict, now)
         if len(self._last_event) > 10_000:  # forget the oldest half; a repeat then just writes again
             for uid, _ in sorted(self._last_event.items(), key=lambda kv: kv[1][1])[:5_000]:
                 del self._last_event[uid]
         ref = ObjectRef("v1", "Pod", preemptor.name, preemptor.namespace, preemptor.uid or None)
         note = f"{'[dry-run] ' if self.policy.dry_run else ''}{decision.detail}"
-        self._spawn(
-            self.recorder.emit(
-                ref, reason=EVENT_REASON, note=note, action="ThrottlePreemption", type=EventType.WARNING
-            )
-        )
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        event = PendingEvent(ref, EVENT_REASON, note, "ThrottlePreemption", EventType.WARNING)
+        if not self.events.offer(event):
+            del self._last_event[preemptor.uid]  # not written: a repeat may try again
 
     # --- the observer --------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Keep the graph current and flush batched Events until cancelled."""
-        flusher = asyncio.create_task(self._flush_loop(), name="preemption-event-flush")
+        """Keep the graph current and write Events (flushing batched series) until cancelled; on the way
+        out, queued Events get a short last chance (`EventQueue.run`)."""
+        writer = asyncio.create_task(self.events.run(), name="preemption-events")
         try:
             await self.observer.run()
         finally:
-            flusher.cancel()
-            for task in [flusher, *self._pending]:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            with contextlib.suppress(Exception):
-                await self.recorder.flush()
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._flush_interval)
-            await self.recorder.flush()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer

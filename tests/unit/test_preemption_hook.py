@@ -25,7 +25,8 @@ from controller.preemption.graph import Preemption
 from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.signals import Workload, parse_time
 from gpuwarden.config.root import Config
-from gpuwarden.kube import ADDED, DELETED, MODIFIED, SYNCED, WatchEvent
+from gpuwarden.kube import ADDED, DELETED, MODIFIED, SYNCED, ObjectRef, WatchEvent
+from gpuwarden.kube.event_queue import PendingEvent
 
 GOLDEN = Path(__file__).parent / "golden" / "preemption"
 NOW = 1_700_000_000.0
@@ -133,7 +134,7 @@ async def test_narrowed_keeps_the_victims_and_their_order(http: Any) -> None:
     assert (status, body) == (200, golden("preempt_result_narrowed.json"))
     for reason in ("ping-pong", "budget-namespace"):
         assert registry.get_sample_value("gpuwarden_preemption_throttled_total", {"reason": reason}) == 1
-    await asyncio.sleep(0)
+    await t.events.drain()  # what the writer task does in the background
     [event] = recorder.emitted
     assert event["reason"] == "PreemptionThrottled" and event["regarding"].name == "trainer-5d4f8b9c7-x2x7k"
     assert "narrowed to 1 of 3" in event["note"] and "ml/serve recently preempted" in event["note"]
@@ -154,7 +155,7 @@ async def test_veto_answers_an_empty_map_and_events_once(http: Any) -> None:
             200,
             golden("preempt_result_vetoed.json"),
         )
-    await asyncio.sleep(0)
+    await t.events.drain()  # what the writer task does in the background
     assert len(recorder.emitted) == 1, "the same verdict for the same preemptor is evented once"
     assert recorder.emitted[0]["note"].startswith(
         "preemption vetoed: budget spent: 4 per 300s in namespace ml"
@@ -182,7 +183,7 @@ async def test_event_interval_comes_from_the_config(interval: int | None, events
     for step in (0, 6):  # the same verdict twice, 6 s apart
         now = NOW + step
         assert (await t(args)).node_name_to_meta_victims == {}
-    await asyncio.sleep(0)
+    await t.events.drain()  # what the writer task does in the background
     assert len(recorder.emitted) == events
 
 
@@ -207,7 +208,7 @@ async def test_dry_run_passes_through_but_counts_and_events() -> None:
         )
         == 1
     )
-    await asyncio.sleep(0)
+    await t.events.drain()  # what the writer task does in the background
     assert recorder.emitted[0]["note"].startswith("[dry-run] narrowed")
     assert t.graph.victims(NOW, 300, namespace="ml") == 2, "dry-run reserves nothing"
 
@@ -306,3 +307,22 @@ def test_replicas_fed_the_same_api_objects_decide_the_same() -> None:
         answers.append((decision, t.graph.depth_histogram(), t.graph.victims(NOW, 3600, workload=TRAINER)))
     assert answers[0] == answers[1]
     assert answers[0][0].veto is not None and answers[0][0].depth == 4
+
+
+async def test_events_are_written_by_the_background_writer_and_dropped_once_it_stopped() -> None:
+    t, recorder, _ = throttle(NARROWING)
+    narrowing_history(t)
+    args = ExtenderPreemptionArgs.model_validate_json(golden("preempt_args_cache.json"))
+    assert (await t(args)).node_name_to_meta_victims  # narrowed: one Event queued, none written yet
+    assert recorder.emitted == [] and t.events.queued == 1
+    writer = asyncio.create_task(t.events.run())
+    for _ in range(50):
+        if recorder.emitted:
+            break
+        await asyncio.sleep(0.01)
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    assert len(recorder.emitted) == 1 and t.events.queued == 0
+    assert t.events.closed  # a stopped writer takes nothing more: later events count as dropped
+    late = PendingEvent(ObjectRef("v1", "Pod", "x", "ml"), "PreemptionThrottled", "late", "Throttle")
+    assert t.events.offer(late) is False and t.events.dropped == 1
