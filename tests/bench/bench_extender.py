@@ -18,9 +18,11 @@ timed regions say whether (and how long) the garbage collector ran in them. Part
    skips the part) 8-GPU nodes, GPUWARDEN_BENCH_E2E_PODS (default 1,000) 1/2/4/8-GPU pods per run, default
    scheduler vs. our extender (filter + prioritize + bind, nodeCacheCapable, its own process), each as a
    stream (pods created while the scheduler runs) and as a backlog (all pods pending, then the scheduler
-   starts); the extender's latency histogram, kube-scheduler's attempt latency and peak RSS of every
-   process. GPUWARDEN_BENCH_E2E_PERCENTAGE sets percentageOfNodesToScore (default: unset, adaptive);
-   GPUWARDEN_BENCH_E2E_BIND=0 leaves binding to the scheduler (the cost of filter + prioritize alone).
+   starts); the extender's latency histogram, kube-scheduler's attempt latency, the CPU each process used
+   per bound pod (and how busy the cores were: on a saturated machine pods/s = cores x busy / CPU per pod)
+   and peak RSS of every process. GPUWARDEN_BENCH_E2E_PERCENTAGE sets percentageOfNodesToScore (default:
+   unset, adaptive); GPUWARDEN_BENCH_E2E_BIND=0 leaves binding to the scheduler (the cost of filter +
+   prioritize alone).
 
 Goals (issue 6): p99 <= 5 ms in-process and <= 15 ms over HTTP at 500 candidates; >= 100 pods/s end to end.
 Run: `python -m tests.bench extender`; `GPUWARDEN_BENCH_NODES=1000 GPUWARDEN_BENCH_E2E_NODES=500` for a
