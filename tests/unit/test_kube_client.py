@@ -379,3 +379,36 @@ def test_unreadable_client_certificate_is_a_config_error(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as info:
         KubeClient(configuration)
     assert "kubernetes.kubeconfig" in str(info.value) and "TLS" in str(info.value)
+
+
+async def test_bearer_token_is_asked_for_on_every_request_so_rotated_tokens_are_used(tmp_path: Path) -> None:
+    """In-cluster and exec-plugin credentials rotate through the configuration's refresh hook; the async
+    transport must ask for the token per request, not once."""
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response(NODE)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))
+    tokens = iter(["t1", "t2", "t3"])
+
+    def refresh(conf: Any) -> None:
+        conf.api_key = {"authorization": next(tokens)}
+        conf.api_key_prefix = {"authorization": "Bearer"}
+
+    configuration.refresh_api_key_hook = refresh
+    client = KubeClient(configuration)
+    try:
+        for _ in range(3):
+            await client.get(NODES, "gpu-0")
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+    assert seen == ["Bearer t1", "Bearer t2", "Bearer t3"]
