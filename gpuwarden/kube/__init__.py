@@ -1,8 +1,9 @@
 """Kubernetes access: the only package in gpuwarden that talks to the API server.
 
 Why a package: config loading and the async raw-JSON client (`client`), list+watch informers (`watch`),
-patch helpers with conflict retry (`patch`), events.k8s.io/v1 Events (`events`) and Lease leader election
-(`leader`) are separate concepts, but they share one choke point — `KubeClient` — so third-party
+patch helpers with conflict retry (`patch`), events.k8s.io/v1 Events (`events`) and their off-path writer
+(`event_queue`), Lease leader election (`leader`) and the native-async HTTP underneath (`transport`,
+`stream`) are separate concepts, but they share one choke point — `KubeClient` — so third-party
 exceptions never leak (they become `gpuwarden.errors.KubeError`s) and the event loop never blocks.
 Nothing here knows about GPUs, taints or quarantine; domain code builds on these generic pieces.
 """
