@@ -191,7 +191,7 @@ class Binder:
         From the watch cache once it shows the claim: a watch delivers changes in the order they were
         written, so every claim written before ours is in the cache by then - the same guarantee as a
         consistent LIST, without the request. When the watch lags past the timeout: a consistent LIST."""
-        if self._watch_timeout > 0:
+        if self._watch_timeout > 0 and claim.claimed_at is not None:  # without a time, no write to wait for
             if await self._watch_shows(node, claim):
                 return self._model.pods_on(node)
             self._on_conflict("watch_lag")

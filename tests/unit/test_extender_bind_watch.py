@@ -141,3 +141,13 @@ async def test_two_replicas_with_lagging_watches_never_assign_a_gpu_twice(seed: 
     assert (
         "watch_lag" not in kinds
     )  # every claim was verified from the watch (LISTs: choosing on a full node)
+
+
+async def test_reused_claim_already_in_the_cache_is_verified_without_waiting_or_listing() -> None:
+    claimed = pod("p", 2, ids="6,7", claim=("n", NOW - 2))
+    api = FakePodApi([claimed])
+    watch = OrderedWatch(api)
+    outcome = await replica(api, watch, watch_timeout=5.0).bind(args("p"))
+    watch.task.cancel()
+    assert outcome.kind == "bound" and outcome.choice is not None and outcome.choice.ids == ("6", "7")
+    assert api.calls == ["get ml/p", "bind ml/p n"]  # a live read (reuse writes nothing), no LIST
