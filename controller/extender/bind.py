@@ -152,6 +152,8 @@ class Binder:
             if observed or gone or claim.claimed_at is None or now - claim.claimed_at >= ttl:
                 del claims[key]
                 self._known.discard(key)
+        if not claims:
+            del self._inflight[node]  # keeps `has_inflight` a scan of live claims only
         return list(claims.values())
 
     def pod_seen(self, key: str) -> None:
@@ -199,7 +201,11 @@ class Binder:
         return [pod_info(o, self._model.resource) for o in listed]
 
     def _forget(self, node: str, key: str) -> None:
-        self._inflight.get(node, {}).pop(key, None)
+        claims = self._inflight.get(node)
+        if claims is not None:
+            claims.pop(key, None)
+            if not claims:
+                del self._inflight[node]
         self._known.discard(key)
 
     def _drop(self, node: str, claim: Claim, prior: Claim | None) -> None:

@@ -126,7 +126,11 @@ class BindEvents(EventQueue):
         dry_run: bool = False,
     ) -> None:
         super().__init__(
-            recorder, capacity=capacity, flush_interval=flush_interval, on_drop=on_drop, name="bind"
+            recorder,
+            capacity=capacity,
+            flush_interval=flush_interval,
+            on_drop=lambda event, why: on_drop(),
+            name="bind",
         )
         self.dry_run = dry_run
         """The binder runs dry: GPUsAssigned notes say the claim was not written."""

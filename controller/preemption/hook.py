@@ -94,7 +94,10 @@ class PreemptionThrottle:
             self.recorder,
             capacity=MAX_PENDING_EVENTS,
             flush_interval=flush_interval,
-            on_drop=lambda: log.warning("PreemptionThrottled event dropped: too many queued"),
+            on_drop=lambda event, why: log.warning(
+                "PreemptionThrottled event dropped",
+                extra={"pod": f"{event.regarding.namespace}/{event.regarding.name}", "why": why},
+            ),
             name="preemption",
         )
         """Where `PreemptionThrottled` Events wait for the writer `run()` starts (never blocks the verb)."""
@@ -177,7 +180,7 @@ class PreemptionThrottle:
         note = f"{'[dry-run] ' if self.policy.dry_run else ''}{decision.detail}"
         event = PendingEvent(ref, EVENT_REASON, note, "ThrottlePreemption", EventType.WARNING)
         if not self.events.offer(event):
-            del self._last_event[preemptor.uid]  # not written: a repeat may try again
+            self._last_event.pop(preemptor.uid, None)  # not written: a repeat may try again
 
     # --- the observer --------------------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ class KubeClient:
         max_workers: int = 4,
         max_watches: int = 16,
         max_connections: int = 32,
+        credential_ttl: float = 1.0,
         request_timeout: float = 30.0,
         field_manager: str = "gpuwarden",
         registry: CollectorRegistry | None = None,
@@ -136,6 +137,7 @@ class KubeClient:
                 timeout=request_timeout,
                 user_agent=self._api.user_agent,
                 decode_pool=self._pool,
+                credential_ttl=credential_ttl,
             )
             if AsyncTransport.supports(configuration)
             else None

@@ -3,8 +3,8 @@
 Why it exists: the scheduler-extender verbs (bind, preempt) must answer in milliseconds, so their Events
 cannot be written inline; before this module each component had its own mechanism (a queue + writer for
 bind, a set of fire-and-forget tasks + a flush loop for preemption) with different drop and shutdown
-behaviour. Here one shape serves both: `offer()` never waits (False, counted through `on_drop`, when the
-queue is full or the writer has stopped), `run()` writes queued events through an `EventRecorder` and
+behaviour. Here one shape serves both: `offer()` never waits (False, reported to `on_drop` with the reason,
+when the queue is full or the writer has stopped), `run()` writes queued events through an `EventRecorder` and
 flushes its deferred series counts every `flush_interval`, `close(grace)` stops intake and lets the writer
 finish what is queued, and on cancellation what is still queued gets a short last chance, then counts as
 dropped — never lost silently.
@@ -67,7 +67,7 @@ class EventQueue:
         *,
         capacity: int = DEFAULT_CAPACITY,
         flush_interval: float = 30.0,
-        on_drop: Callable[[], None] = lambda: None,
+        on_drop: Callable[[PendingEvent, str], None] = lambda event, why: None,
         name: str = "events",
     ) -> None:
         self.recorder = recorder
@@ -101,7 +101,7 @@ class EventQueue:
 
     def _drop(self, event: PendingEvent, why: str) -> None:
         self.dropped += 1
-        self._on_drop()
+        self._on_drop(event, why)
         log.debug(
             "event dropped",
             extra={

@@ -152,7 +152,9 @@ class AsyncWatchStream:
         self._count = count
         self._response: aiohttp.ClientResponse | None = None
         self._ready: list[bytes] = []
-        self._pending = b""
+        """Complete lines not yet returned, newest first."""
+        self._partial: list[bytes] = []
+        """Pieces of the line being received."""
         self._eof = False
         self._closed = False
 
@@ -183,19 +185,29 @@ class AsyncWatchStream:
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 if self._closed:
                     return None
-                error = error_from_transport(exc)
-                self._count(outcome_of(error))
-                raise error from None
+                raise await self._fail(error_from_transport(exc)) from None
             if not chunk:
                 self._eof = True
-                tail, self._pending = self._pending, b""
+                tail = b"".join(self._partial)
+                self._partial.clear()
                 if tail.strip():
                     self._ready.append(tail)
                 continue
-            *complete, self._pending = (self._pending + chunk).split(b"\n")
-            self._ready.extend(line for line in complete if line.strip())
-            self._ready.reverse()  # popped from the end, oldest first
+            if b"\n" not in chunk:  # a large event arrives in many chunks: join them once, at its end
+                self._partial.append(chunk)
+                continue
+            first, *complete, rest = chunk.split(b"\n")
+            self._partial.append(first)
+            lines = [b"".join(self._partial), *complete]
+            self._partial = [rest] if rest else []
+            self._ready.extend(line for line in reversed(lines) if line.strip())  # popped from the end
         return self._ready.pop()
+
+    async def _fail(self, error: KubeError) -> KubeError:
+        """Count `error`, release the connection at once (the caller may not close us right away)."""
+        self._count(outcome_of(error))
+        await self.aclose()
+        return error
 
     async def __anext__(self) -> JsonObject:
         if self._closed:
@@ -204,7 +216,10 @@ class AsyncWatchStream:
         if line is None or self._closed:
             await self.aclose()
             raise StopAsyncIteration
-        return _parse(line)
+        try:
+            return _parse(line)
+        except KubeError as exc:
+            raise await self._fail(exc) from None
 
     async def aclose(self) -> None:
         """Stop reading and close the connection (not back to the pool); a pending read ends at once."""

@@ -84,6 +84,7 @@ class AsyncTransport:
         timeout: float,
         user_agent: str,
         decode_pool: Executor,
+        credential_ttl: float = 1.0,
     ) -> None:
         self._configuration = configuration
         self._host = str(configuration.host).rstrip("/")
@@ -91,6 +92,9 @@ class AsyncTransport:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._user_agent = user_agent
         self._decode_pool = decode_pool
+        self._credential_ttl = credential_ttl
+        self._credential_value: str | None = None
+        self._credential_at: float | None = None
         self._ssl: ssl.SSLContext | bool = True
         if self._host.startswith("https"):
             self._ssl = ssl_context(configuration)
@@ -120,14 +124,38 @@ class AsyncTransport:
             self._sessions[(loop, kind)] = session
         return session
 
-    def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+    def _credential_now(self) -> str | None:
+        """The Authorization value from the configuration (its refresh hook may read a token file or run an
+        exec plugin: called on a pool thread)."""
+        auth = self._configuration.auth_settings().get("BearerToken")
+        return str(auth["value"]) if auth and auth.get("value") else None
+
+    async def _credential(self) -> str | None:
+        """The Authorization value, asked of the configuration at most every `credential_ttl` seconds (its
+        refresh hook rotates service-account and exec-plugin tokens) and never on the event loop when a
+        hook exists (an exec plugin is a subprocess). A failing hook is a `KubeError`, never raw."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._credential_at is not None and now - self._credential_at < self._credential_ttl:
+            return self._credential_value
+        try:
+            if getattr(self._configuration, "refresh_api_key_hook", None) is None:
+                value = self._credential_now()
+            else:
+                value = await loop.run_in_executor(self._decode_pool, self._credential_now)
+        except Exception as exc:  # the kubernetes package raises ConfigException, OSError, ...
+            message = f"cannot get credentials for the API server: {exc}"
+            raise KubeError(message, reason="Credentials") from None
+        self._credential_value, self._credential_at = value, loop.time()
+        return value
+
+    async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
-        # Every request asks the configuration: its refresh hook rotates service-account / exec tokens.
-        auth = self._configuration.auth_settings().get("BearerToken")
-        if auth and auth.get("value"):
-            headers["Authorization"] = str(auth["value"])
+        credential = await self._credential()
+        if credential:
+            headers["Authorization"] = credential
         return headers
 
     async def send(
@@ -141,10 +169,15 @@ class AsyncTransport:
     ) -> Answer:
         """One request; the raw 2xx body, else the mapped `KubeError`. A refused connection is tried once
         more (nothing was sent), nothing else is retried."""
-        content = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        if body is None or isinstance(body, bytes):
+            content = body
+        elif isinstance(body, str):
+            content = body.encode()
+        else:
+            content = json.dumps(body).encode()
         if content is not None and not content_type:
             content_type = "application/json"
-        headers = self._headers(accept, content_type)
+        headers = await self._headers(accept, content_type)
         for attempt in (1, 2):
             try:
                 async with self._session().request(
@@ -158,7 +191,7 @@ class AsyncTransport:
             except aiohttp.ClientConnectorError as exc:
                 if attempt == 2:
                     raise error_from_transport(exc) from None
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise error_from_transport(exc) from None
         if not 200 <= status <= 299:
             raise error_from_status(status, data, response_headers, http_reason=reason)
@@ -169,7 +202,7 @@ class AsyncTransport:
     ) -> aiohttp.ClientResponse:
         """A GET whose 2xx response body is read by the caller (a watch); `read_timeout` bounds the wait
         for each chunk, not the whole response. The caller closes the response."""
-        headers = self._headers(accept, None)
+        headers = await self._headers(accept, None)
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self._timeout.total, sock_connect=self._timeout.total, sock_read=read_timeout
         )
@@ -183,12 +216,12 @@ class AsyncTransport:
             except aiohttp.ClientConnectorError as exc:
                 if attempt == 2:
                     raise error_from_transport(exc) from None
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise error_from_transport(exc) from None
         if not 200 <= response.status <= 299:
             try:
                 data = await response.read()
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError, OSError):
                 data = b""
             finally:
                 response.release()

@@ -226,9 +226,10 @@ async def test_overlay_forgets_claims_once_the_watch_shows_them() -> None:
     m.nodes_synced = m.pods_synced = True
     binder = Binder(api, m, lambda: SETTINGS, clock=lambda: NOW)
     await binder.bind(args("a"))
-    assert [c.pod for c in binder.overlay("n")] == ["ml/a"]
+    assert [c.pod for c in binder.overlay("n")] == ["ml/a"] and binder.has_inflight()
     m.upsert_pod(api.pods["ml/a"])
     assert binder.overlay("n") == []
+    assert not binder.has_inflight()  # no empty per-node entries left behind to scan per request
 
 
 async def test_failed_verification_read_withdraws_the_claim_and_does_not_bind() -> None:

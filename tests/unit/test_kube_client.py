@@ -397,18 +397,78 @@ async def test_bearer_token_is_asked_for_on_every_request_so_rotated_tokens_are_
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
     configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))
-    tokens = iter(["t1", "t2", "t3"])
+    tokens = iter(["t1", "t2", "t3", "t4", "t5"])
 
     def refresh(conf: Any) -> None:
         conf.api_key = {"authorization": next(tokens)}
         conf.api_key_prefix = {"authorization": "Bearer"}
 
     configuration.refresh_api_key_hook = refresh
-    client = KubeClient(configuration)
+    client = KubeClient(configuration, credential_ttl=0)
+    cached = KubeClient(configuration)  # the default: asked at most once a second
     try:
         for _ in range(3):
             await client.get(NODES, "gpu-0")
+        await cached.get(NODES, "gpu-0")
+        await cached.get(NODES, "gpu-0")
+    finally:
+        await client.aclose()
+        await cached.aclose()
+        await runner.cleanup()
+    assert seen == ["Bearer t1", "Bearer t2", "Bearer t3", "Bearer t4", "Bearer t4"]
+
+
+async def test_a_failing_credential_hook_is_a_kube_error(tmp_path: Path) -> None:
+    configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, "http://127.0.0.1:9"))
+
+    def broken(conf: Any) -> None:
+        raise OSError("token file unreadable")
+
+    configuration.refresh_api_key_hook = broken
+    client = KubeClient(configuration)
+    try:
+        with pytest.raises(KubeError, match="cannot get credentials for the API server: token file"):
+            await client.get(NODES, "gpu-0")
+    finally:
+        await client.aclose()
+
+
+async def test_watch_reassembles_a_large_event_from_small_chunks_and_fails_cleanly_on_garbage(
+    tmp_path: Path,
+) -> None:
+    big = {"type": "ADDED", "object": NODE | {"data": "x" * 200_000}}
+    tail = {"type": "MODIFIED", "object": NODE}
+    body = json.dumps(big).encode() + b"\n\n" + json.dumps(tail).encode()  # last line without newline
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        payload = body if request.query.get("resourceVersion") == "1" else b"not json\n"
+        for i in range(0, len(payload), 1000):
+            await resp.write(payload[i : i + 1000])
+        return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    registry = CollectorRegistry()
+    client = KubeClient.from_config(
+        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), registry=registry
+    )
+    try:
+        async with client.watch(NODES, resource_version="1") as stream:
+            events = [e async for e in stream]
+        assert events == [big, tail]
+        stream = client.watch(NODES, resource_version="2")
+        with pytest.raises(KubeError, match="invalid JSON"):
+            await anext(stream)
+        assert count(registry, "watch", "error") == 1
+        with pytest.raises(StopAsyncIteration):  # closed on the error: the connection is already released
+            await anext(stream)
     finally:
         await client.aclose()
         await runner.cleanup()
-    assert seen == ["Bearer t1", "Bearer t2", "Bearer t3"]

@@ -30,10 +30,10 @@ def event(name: str) -> PendingEvent:
 
 
 async def test_offer_never_waits_and_counts_what_does_not_fit() -> None:
-    drops: list[int] = []
-    queue = EventQueue(Sink(), capacity=2, on_drop=lambda: drops.append(1))
+    drops: list[tuple[str, str]] = []
+    queue = EventQueue(Sink(), capacity=2, on_drop=lambda e, why: drops.append((e.regarding.name, why)))
     assert [queue.offer(event(f"p{i}")) for i in range(3)] == [True, True, False]
-    assert queue.queued == 2 and queue.dropped == 1 and drops == [1]
+    assert queue.queued == 2 and queue.dropped == 1 and drops == [("p2", "queue full")]
 
 
 async def test_writer_passes_every_field_and_flushes_series_periodically() -> None:
