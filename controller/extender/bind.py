@@ -192,7 +192,10 @@ class Binder:
 
         From the watch cache once it shows the claim: a watch delivers changes in the order they were
         written, so every claim written before ours is in the cache by then - the same guarantee as a
-        consistent LIST, without the request. When the watch lags past the timeout: a consistent LIST."""
+        consistent LIST, without the request. When the watch lags past the timeout: a consistent LIST.
+        This relies on the feed's pod watch covering every namespace and label (it has a phase filter
+        only) and on a relist being applied without an await between its objects (`Informer`); a
+        filtered feed would need the LIST."""
         if self._watch_timeout > 0 and claim.claimed_at is not None:  # without a time, no write to wait for
             if await self._watch_shows(node, claim):
                 return self._model.pods_on(node)
