@@ -281,7 +281,7 @@ async def over_http_separate_client(model: ClusterModel, rng: random.Random) -> 
 def payload(nodes: list[dict[str, Any]], rng: random.Random) -> None:
     body = {
         "Pod": pod("big", 4),
-        "Nodes": {"metadata": {}, "items": rng.sample(nodes, CANDIDATES)},
+        "Nodes": {"metadata": {}, "items": (items := rng.sample(nodes, CANDIDATES))},
         "NodeNames": None,
     }
     raw = json.dumps(body).encode()
@@ -289,7 +289,7 @@ def payload(nodes: list[dict[str, Any]], rng: random.Random) -> None:
         {
             "Pod": pod("big", 4),
             "Nodes": None,
-            "NodeNames": [n["metadata"]["name"] for n in body["Nodes"]["items"]],
+            "NodeNames": [n["metadata"]["name"] for n in items],
         }
     )
     start = time.perf_counter()
