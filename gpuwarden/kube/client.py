@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,7 @@ from gpuwarden.kube.status import (
     outcome_of,
 )
 from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
-from gpuwarden.kube.transport import AsyncTransport
+from gpuwarden.kube.transport import AsyncTransport, parse_object
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
@@ -222,13 +221,7 @@ class KubeClient:
             raise error_from_transport(exc) from None
         finally:
             response.release_conn()
-        try:
-            parsed = json.loads(data) if data else {}
-        except ValueError as exc:
-            raise KubeError(f"API server answered with invalid JSON: {exc}", status=response.status) from None
-        if not isinstance(parsed, dict):
-            raise KubeError("API server answered with JSON that is not an object", status=response.status)
-        return parsed
+        return parse_object(data, response.status)
 
     # --- async facade ---------------------------------------------------------------------------------------
 

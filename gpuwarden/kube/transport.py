@@ -72,6 +72,19 @@ def _ssl_context(configuration: Any) -> ssl.SSLContext:
     return context
 
 
+def parse_object(data: bytes, status: int) -> dict[str, Any]:
+    """A 2xx body as a JSON object ({} when empty), for both transports; anything else is a `KubeError`."""
+    if not data:
+        return {}
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:
+        raise KubeError(f"API server answered with invalid JSON: {exc}", status=status) from None
+    if not isinstance(parsed, dict):
+        raise KubeError("API server answered with JSON that is not an object", status=status)
+    return parsed
+
+
 class AsyncTransport:
     """Requests to one API server; `send` returns the 2xx `Answer` or raises a `KubeError`."""
 
@@ -167,8 +180,7 @@ class AsyncTransport:
         content_type: str | None,
         accept: str,
     ) -> Answer:
-        """One request; the raw 2xx body, else the mapped `KubeError`. A refused connection is tried once
-        more (nothing was sent), nothing else is retried."""
+        """One request; the raw 2xx body, else the mapped `KubeError` (see `_open`)."""
         if body is None or isinstance(body, bytes):
             content = body
         elif isinstance(body, str):
@@ -178,39 +190,32 @@ class AsyncTransport:
         if content is not None and not content_type:
             content_type = "application/json"
         headers = await self._headers(accept, content_type)
-        for attempt in (1, 2):
-            try:
-                async with self._session().request(
-                    method, self._host + path, params=query or None, data=content, headers=headers,
-                    server_hostname=self._server_name,
-                ) as response:  # fmt: skip
-                    data = await response.read()
-                    status, reason = response.status, response.reason or ""
-                    response_headers = dict(response.headers)
-                break
-            except aiohttp.ClientConnectorError as exc:
-                if attempt == 2:
-                    raise error_from_transport(exc) from None
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise error_from_transport(exc) from None
-        if not 200 <= status <= 299:
-            raise error_from_status(status, data, response_headers, http_reason=reason)
-        return Answer(status, data)
+        response = await self._open("requests", method, path, query, headers, data=content)
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise error_from_transport(exc) from None
+        finally:
+            response.release()
+        return Answer(response.status, data)
 
-    async def open_stream(
-        self, path: str, query: list[tuple[str, str]], accept: str, read_timeout: float
+    async def _open(
+        self,
+        kind: str,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        headers: dict[str, str],
+        **kwargs: Any,
     ) -> aiohttp.ClientResponse:
-        """A GET whose 2xx response body is read by the caller (a watch); `read_timeout` bounds the wait
-        for each chunk, not the whole response. The caller closes the response."""
-        headers = await self._headers(accept, None)
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self._timeout.total, sock_connect=self._timeout.total, sock_read=read_timeout
-        )
+        """Send a request on the `kind` pool and return its 2xx response, body unread; a non-2xx answer is
+        read, released and raised as its `KubeError`. A refused connection is tried once more (nothing was
+        sent); nothing else is retried."""
         for attempt in (1, 2):
             try:
-                response = await self._session("watches").request(
-                    "GET", self._host + path, params=query or None, headers=headers, timeout=timeout,
-                    server_hostname=self._server_name,
+                response = await self._session(kind).request(
+                    method, self._host + path, params=query or None, headers=headers,
+                    server_hostname=self._server_name, **kwargs,
                 )  # fmt: skip
                 break
             except aiohttp.ClientConnectorError as exc:
@@ -230,21 +235,23 @@ class AsyncTransport:
             )
         return response
 
+    async def open_stream(
+        self, path: str, query: list[tuple[str, str]], accept: str, read_timeout: float
+    ) -> aiohttp.ClientResponse:
+        """A GET whose 2xx response body is read by the caller (a watch); `read_timeout` bounds the wait
+        for each chunk, not the whole response. The caller closes the response."""
+        headers = await self._headers(accept, None)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._timeout.total, sock_connect=self._timeout.total, sock_read=read_timeout
+        )
+        return await self._open("watches", "GET", path, query, headers, timeout=timeout)
+
     async def decode(self, answer: Answer) -> dict[str, Any]:
         """The body as a JSON object (large bodies decoded on a pool thread)."""
-        if not answer.body:
-            return {}
-        try:
-            if len(answer.body) <= INLINE_DECODE_BYTES:
-                parsed = json.loads(answer.body)
-            else:
-                loop = asyncio.get_running_loop()
-                parsed = await loop.run_in_executor(self._decode_pool, json.loads, answer.body)
-        except ValueError as exc:
-            raise KubeError(f"API server answered with invalid JSON: {exc}", status=answer.status) from None
-        if not isinstance(parsed, dict):
-            raise KubeError("API server answered with JSON that is not an object", status=answer.status)
-        return parsed
+        if len(answer.body) <= INLINE_DECODE_BYTES:
+            return parse_object(answer.body, answer.status)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._decode_pool, parse_object, answer.body, answer.status)
 
     async def aclose(self) -> None:
         """Close the sessions of the running loop (others belong to loops that are gone or not ours)."""
