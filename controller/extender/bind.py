@@ -115,6 +115,7 @@ class Binder:
         dry_run: bool = False,
         on_conflict: Callable[[str], None] = lambda kind: None,
         watch_timeout: float = 0.0,
+        on_phase: Callable[[str, float], None] = lambda phase, seconds: None,
     ) -> None:
         self._api = api
         self._model = model
@@ -124,6 +125,8 @@ class Binder:
         self._dry_run = dry_run
         self._on_conflict = on_conflict
         self._watch_timeout = watch_timeout
+        self._on_phase = on_phase
+        """Told how long each step took: claim (PATCH), verify (`_holders`), binding (POST)."""
         """How long a bind waits for the pod watch to show its claim before verifying with a LIST (0: never
         waits, always LISTs). Needs `pod_seen` wired to the feed."""
         self._waiting: dict[str, list[tuple[str, Claim, asyncio.Future[None]]]] = {}
@@ -377,7 +380,9 @@ class Binder:
             choice, mine, prior = picked
             try:
                 ns, name = pod.key.split("/", 1)
+                started = time.perf_counter()
                 patched = await self._api.patch_pod(ns, name, claim_patch(node, choice, now, rv))
+                self._on_phase("claim", time.perf_counter() - started)
             except KubeConflict:
                 self._drop(node, mine, prior)
                 return None
@@ -389,7 +394,9 @@ class Binder:
                 raise
             rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
+            started = time.perf_counter()
             others = await self._holders(node, mine)
+            self._on_phase("verify", time.perf_counter() - started)
         except KubeError:
             await self._release(pod, node, rv)  # unverified: never bind on it
             raise
@@ -407,7 +414,9 @@ class Binder:
     async def _finish(self, pod: PodInfo, node: str, choice: Choice, rv: str) -> BindOutcome:
         ns, name = pod.key.split("/", 1)
         try:
+            started = time.perf_counter()
             await self._api.bind_pod(ns, name, pod.uid, node)
+            self._on_phase("binding", time.perf_counter() - started)
         except KubeConflict:
             current = pod_info(await self._api.get_pod(ns, name), self._model.resource)
             if current.node_name == node:

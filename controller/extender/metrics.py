@@ -36,6 +36,10 @@ class ExtenderMetrics:
     pod watch did not show a claim within `claim_watch_timeout_seconds`; verified with a LIST instead)."""
     events_dropped: Counter
     """`gpuwarden_extender_events_dropped_total`: bind Events not written because the queue was full."""
+    bind_phases: Histogram
+    """`gpuwarden_extender_bind_phase_seconds{phase}`: where a bind's time goes; phase: claim (the claim
+    PATCH), verify (until the claim is known to be the only one: watch wait or LIST), binding (the Binding
+    POST)."""
 
 
 def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
@@ -81,6 +85,14 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
             "gpuwarden_extender_events_dropped_total",
             "GPUsAssigned / GPUBindFailed Events dropped because too many were waiting to be written "
             "(binds never wait for Events).",
+            registry=registry,
+        ),
+        bind_phases=Histogram(
+            "gpuwarden_extender_bind_phase_seconds",
+            "Time of each step of a bind: claim (writing the GPU claim on the pod), verify (until the "
+            "claim is known to be the only one on its GPUs), binding (creating the Binding).",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         ),
     )

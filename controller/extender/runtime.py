@@ -136,6 +136,7 @@ def build_extender(
         dry_run=dry_run,
         on_conflict=lambda kind: metrics.bind_conflicts.labels(kind).inc(),
         watch_timeout=cfg.claim_watch_timeout_seconds,
+        on_phase=lambda phase, seconds: metrics.bind_phases.labels(phase).observe(seconds),
     )
     service.max_body_bytes = cfg.max_request_bytes
     feed = ModelFeed(

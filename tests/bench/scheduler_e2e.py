@@ -570,10 +570,11 @@ def measure(
     result.scheduler = scheduler_metrics(cluster)
     result.peak_rss = cluster.control_plane_peak_rss()
     if extender is not None:
-        result.extender = histogram_summary(
-            extender.metrics(), "gpuwarden_extender_request_duration_seconds", "verb"
-        )
-        result.extender.update(extender_counters(extender.metrics()))
+        text = extender.metrics()
+        result.extender = histogram_summary(text, "gpuwarden_extender_request_duration_seconds", "verb")
+        phases = histogram_summary(text, "gpuwarden_extender_bind_phase_seconds", "phase")
+        result.extender.update({f"  {phase}": line for phase, line in phases.items()})
+        result.extender.update(extender_counters(text))
         result.peak_rss["gpuwarden extender"] = extender.peak_rss()
         result.extender["log"] = extender.log_summary()
     print_result(result)

@@ -58,6 +58,22 @@ async def test_bind_writes_claim_before_binding() -> None:
     assert meta["labels"]["gpuwarden.io/gpu-node"] == "n"
 
 
+async def test_bind_reports_each_step_once_in_order() -> None:
+    api, phases = FakePodApi([pod("p", 2)]), []
+    binder = replica(api, watch=True, on_phase=lambda phase, seconds: phases.append((phase, seconds)))
+    assert (await binder.bind(args("p"))).kind == "bound"
+    assert [phase for phase, _ in phases] == ["claim", "verify", "binding"]
+    assert all(seconds >= 0 for _, seconds in phases)
+
+
+async def test_bind_reports_no_binding_step_when_it_does_not_bind() -> None:
+    api, phases = FakePodApi([pod("p", 2)]), []
+    api.fail_binding = KubeError("apiserver unavailable", status=503)
+    binder = replica(api, watch=True, on_phase=lambda phase, seconds: phases.append((phase, seconds)))
+    assert (await binder.bind(args("p"))).kind == "error"
+    assert [phase for phase, _ in phases] == ["claim", "verify"]
+
+
 @pytest.mark.parametrize(
     ("objects", "request_", "kind", "error", "cause"),
     [
