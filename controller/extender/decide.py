@@ -119,13 +119,28 @@ def _healthy(view: NodeView) -> list[Gpu]:
     return healthy
 
 
+_ALWAYS = (float("-inf"), float("inf"))
+
+
 def _memo_key(kind: str, pod: PodInfo, view: NodeView) -> tuple[str, int, str | None] | None:
-    """Answers depend only on (request size, policy, settings) unless claims or nominations are present or
-    the pod is nominated to this node (then the pod's identity, priority and the clock matter too, and
-    nothing is cached)."""
-    if view.claims or view.nominated or (pod.nominated and pod.nominated == view.name) or view.preempting:
+    """Answers depend only on (request size, policy, settings) - and on the clock while claims are present
+    (see `_memo_span`) - unless nominations are present, a holder is being preempted, the pod is nominated
+    to this node or holds one of its claims (then the pod's identity and priority matter too, and nothing
+    is cached)."""
+    if view.nominated or (pod.nominated and pod.nominated == view.name) or view.preempting:
+        return None
+    if view.claims and pod.key in view.claim_pods:
         return None
     return (kind, pod.gpus, pod.policy)
+
+
+def _memo_span(view: NodeView, s: Settings, now: float) -> tuple[float, float]:
+    """The times an answer derived at `now` is valid for: always without claims; with claims, from `now`
+    until the next claim expires (claims only ever turn from fresh to expired as the clock moves on, and
+    a clock that steps back before `now` invalidates it)."""
+    if not view.claims:
+        return _ALWAYS
+    return now, view.claims_stable_until(now, s.claim_ttl_seconds)
 
 
 def _need(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Need:
@@ -254,11 +269,11 @@ def _assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: 
     key = _memo_key("assess", pod, view)
     if key is not None:
         hit = view.memo.get(key)
-        if hit is not None and hit[0] is s:
+        if hit is not None and hit[0] is s and hit[2] <= now < hit[3]:
             return hit[1]  # type: ignore[no-any-return]
     result = _assess_view(pod, view, s, now, name)
     if key is not None:
-        view.memo[key] = (s, result)
+        view.memo[key] = (s, result, *_memo_span(view, s, now))
     return result
 
 
@@ -322,11 +337,11 @@ def choose_gpus(
     key = _memo_key("choose", pod, view)
     if key is not None:
         hit = view.memo.get(key)
-        if hit is not None and hit[0] is settings:
+        if hit is not None and hit[0] is settings and hit[2] <= now < hit[3]:
             return hit[1]  # type: ignore[no-any-return]
     verdict = _choose(pod, view, fit, settings)
     if key is not None:
-        view.memo[key] = (settings, verdict)
+        view.memo[key] = (settings, verdict, *_memo_span(view, settings, now))
     return verdict
 
 
@@ -359,11 +374,12 @@ def filter_nodes(
         hit = None
         if (
             view is not None
-            and not (view.claims or view.nominated or view.preempting)
+            and not (view.nominated or view.preempting)
             and (not nominated or nominated != view.name)
+            and not (view.claims and pod.key in view.claim_pods)
         ):
             hit = view.memo.get(key)
-        if hit is not None and hit[0] is settings:
+        if hit is not None and hit[0] is settings and hit[2] <= now < hit[3]:
             verdict = hit[1]
         else:
             verdict = _assess(pod, view, settings, now, name)
@@ -395,11 +411,12 @@ def score_nodes(
         if (
             pod.gpus > 0
             and view is not None
-            and not (view.claims or view.nominated or view.preempting)
+            and not (view.nominated or view.preempting)
             and (not nominated or nominated != view.name)
+            and not (view.claims and pod.key in view.claim_pods)
         ):
             hit = view.memo.get(key)
-        if hit is not None and hit[0] is settings:
+        if hit is not None and hit[0] is settings and hit[2] <= now < hit[3]:
             choice = hit[1].choice
         else:
             choice = choose_gpus(pod, view, settings, now, node=name).choice

@@ -90,9 +90,13 @@ class NodeView:
     lowest_priority: float = field(init=False, compare=False, repr=False, default=float("inf"))
     """The lowest priority among holders (+inf without holders; -inf when one is terminating, which any
     incoming pod may be waiting for), derived once like `preempting`."""
+    claim_pods: frozenset[str] = field(init=False, compare=False, repr=False, default=frozenset())
+    """The pods of `claims` (a pod's own claim never counts against it), derived once."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preempting", any(h.preempted for h in self.holders))
+        if self.claims:
+            object.__setattr__(self, "claim_pods", frozenset(c.pod for c in self.claims))
         if any(h.terminating for h in self.holders):
             lowest = float("-inf")
         else:
@@ -103,6 +107,12 @@ class NodeView:
         """Whether a holder here is terminating or of lower priority than `priority` (what the incoming
         pod's preemption could be freeing)."""
         return self.lowest_priority < priority
+
+    def claims_stable_until(self, now: float, ttl: float) -> float:
+        """Until when (from `now` on) every claim here stays as fresh or expired as it is at `now`: the
+        earliest expiry still ahead (+inf when none is); answers derived at `now` hold until then."""
+        ahead = [c.claimed_at + ttl for c in self.claims if c.claimed_at is not None]
+        return min((t for t in ahead if t > now), default=float("inf"))
 
     def with_claims(self, extra: Iterable[Claim]) -> NodeView:
         """This view plus claims not yet seen by the watch (a replica's own in-flight binds)."""

@@ -582,3 +582,60 @@ def test_unknown_policy_value_is_reported_even_for_one_gpu() -> None:
     verdict = choose_gpus(pod_info(pod("x", 1, policy="fastest"), RESOURCE), m.view("n"), S, NOW)
     assert not verdict.fits and not verdict.resolvable and "fastest" in verdict.reason
     json.dumps(verdict.reason)  # plain text, safe to embed in the wire response
+
+
+# ---------------------------------------------------------------- answers cached on views with claims
+# Views are shared by every request until their node changes; answers cached on one must equal what a
+# fresh view would answer, also while in-flight claims expire (the clock moves on) or the clock steps back.
+
+CLAIM_TTL = Settings(fleet_max_numa_gpus=4, claim_ttl_seconds=30.0)
+
+
+def claimed_cluster() -> list[dict[str, Any]]:
+    return [
+        pod("a", 2, node="n", ids="0,1"),
+        pod("c1", 2, ids="2,3", claim=("n", NOW - 25)),  # expires at NOW + 5
+        pod("c2", 1, ids="4", claim=("n", NOW - 10)),  # expires at NOW + 20
+        pod("c3", 2, ids="6,7", claim=("n", NOW - 40)),  # already expired
+    ]
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        [NOW, NOW + 1, NOW + 4.9, NOW + 5, NOW + 6, NOW + 19.9, NOW + 20, NOW + 25],
+        [NOW + 6, NOW, NOW + 6, NOW - 100, NOW + 30],  # the clock steps back and forth
+        [NOW + 20, NOW + 4, NOW + 21],
+    ],
+    ids=["forward-across-expiries", "clock-steps-back", "past-the-last-expiry-then-back"],
+)
+def test_answers_cached_on_a_view_with_claims_equal_fresh_answers(times: list[float]) -> None:
+    shared = model([node("n")], claimed_cluster()).view("n")
+    assert shared is not None and len(shared.claims) == 3
+    for now in times:
+        for gpus in (1, 2, 3, 4):
+            for who in ("x", "c1", "c2", "y"):  # claim holders and others take turns on one shared view
+                incoming = pod_info(pod(who, gpus), RESOURCE)
+                fresh = replace(shared, memo={})
+                for _ in range(2):  # the second round reads what the first cached
+                    case = (now - NOW, gpus, who)
+                    assert filter_nodes(incoming, [("n", shared)], CLAIM_TTL, now) == filter_nodes(
+                        incoming, [("n", fresh)], CLAIM_TTL, now
+                    ), case
+                    assert score_nodes(incoming, [("n", shared)], CLAIM_TTL, now) == score_nodes(
+                        incoming, [("n", fresh)], CLAIM_TTL, now
+                    ), case
+                    assert choose_gpus(incoming, shared, CLAIM_TTL, now) == choose_gpus(
+                        incoming, fresh, CLAIM_TTL, now
+                    ), case
+
+
+def test_an_expiring_claim_frees_its_gpus_even_after_an_answer_was_cached() -> None:
+    shared = model([node("n")], claimed_cluster()).view("n")
+    assert shared is not None
+    incoming = pod_info(pod("x", 4), RESOURCE)
+    before = filter_nodes(incoming, [("n", shared)], CLAIM_TTL, NOW)  # cached while c1 holds 2,3
+    after = filter_nodes(incoming, [("n", shared)], CLAIM_TTL, NOW + 5)  # c1 expired: NUMA0 has 2,3 back
+    assert before.failed["n"] == "no NUMA node with 4 free GPUs (NUMA1: 3 free)"
+    assert after.failed["n"] == "no NUMA node with 4 free GPUs (NUMA0: 2 free, NUMA1: 3 free)"
+    assert choose_gpus(pod_info(pod("x", 2), RESOURCE), shared, CLAIM_TTL, NOW + 21).choice is not None

@@ -17,7 +17,12 @@ from controller.extender.decide import Settings
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.model import ClusterModel
 from controller.extender.server import ExtenderService, add_extender_routes
-from controller.extender.wire import ExtenderArgs, ExtenderPreemptionArgs, ExtenderPreemptionResult
+from controller.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+)
 from tests.unit.extender_support import FakePodApi, pod
 from tests.unit.extender_support import model as support_model
 from tests.unit.extender_support import node as support_node
@@ -230,3 +235,24 @@ async def test_filter_gives_the_watch_a_moment_when_a_preemption_may_be_settling
     args = ExtenderArgs.model_validate({"Pod": pod("p", 8, priority=10), "NodeNames": ["n"]})
     result = await service.filter(args)
     assert result.node_names == passed and bool(slept) is waits
+
+
+async def test_views_with_in_flight_claims_are_kept_while_nothing_changes() -> None:
+    # no watch: this replica's claim stays in flight (the overlay), as while the watch lags under load
+    api = FakePodApi([pod("p", 4)])
+    m = support_model([support_node("n"), support_node("m")], api.pods.values())
+    binder = Binder(api, m, lambda: service.current_settings(), clock=lambda: NOW)
+    service = ExtenderService(m, Settings(), extender_metrics(None), binder=binder, clock=lambda: NOW)
+    bound = await binder.bind(
+        ExtenderBindingArgs(pod_name="p", pod_namespace="ml", pod_uid="uid-p", node="n")
+    )
+    assert bound.kind == "bound"
+    first, again = dict(service._views(["n", "m"])), dict(service._views(["n", "m"]))
+    view = first["n"]
+    assert view is not None and [c.pod for c in view.claims] == ["ml/p"]
+    assert again["n"] is view  # answers cached on it serve the next request too
+    assert first["m"] is m.view("m")  # no claim there: the model's own view
+    m.upsert_pod(pod("other", 1, node="n", ids="7"))  # the node changed: a new view, the claim still in it
+    changed = dict(service._views(["n"]))["n"]
+    assert changed is not view and changed is not None and [c.pod for c in changed.claims] == ["ml/p"]
+    assert changed.used == frozenset({"7"})
