@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -137,6 +137,10 @@ class Binder:
     def has_inflight(self) -> bool:
         """Whether this replica has any in-flight claim (else `overlay` is empty for every node)."""
         return any(self._inflight.values())
+
+    def inflight_nodes(self) -> Collection[str]:
+        """The nodes `overlay` may return claims for (a live view: no other node has any)."""
+        return self._inflight.keys()
 
     def overlay(self, node: str) -> list[Claim]:
         """This replica's claims on `node` that the watch has not delivered yet (expired ones dropped).

@@ -198,6 +198,10 @@ class ClusterModel:
         self._by_node: dict[str, set[str]] = {}
         self._trends: dict[str, float] = {}
         self._views: dict[str, NodeView] = {}
+        self._stale: dict[str, NodeView] = {}
+        """Views dropped by a change, until their node's next view is built: when the new one is equal (the
+        change did not touch what decisions read, e.g. a pod's status or resourceVersion), the old view and
+        the answers cached on it are kept."""
         self._numa_max: dict[str, int] = {}
         self._numa_max_count: Counter[int] = Counter()
         self.nodes_synced = False
@@ -209,7 +213,9 @@ class ClusterModel:
 
     def _dirty(self, names: Iterable[str]) -> None:
         for name in names:
-            self._views.pop(name, None)
+            view = self._views.pop(name, None)
+            if view is not None:
+                self._stale[name] = view
 
     def _topology_changed(self, name: str) -> None:
         """Keep `max_numa_gpus()` O(1): a count of nodes per largest-NUMA-node size."""
@@ -314,10 +320,13 @@ class ClusterModel:
         if cached is not None:
             return cached
         info = self._nodes.get(name)
+        old = self._stale.pop(name, None)
         if info is None:
             return None
         pods = (self._pods[k] for k in self._by_node.get(name, ()))
         view = build_view(info, self._nrt.get(name), pods, self._trends.get(name))
+        if old is not None and old == view:
+            view = old
         self._views[name] = view
         return view
 

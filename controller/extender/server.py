@@ -132,11 +132,11 @@ class ExtenderService:
         if self.binder is None or not self.binder.has_inflight():
             self._overlays.clear()
             return [(name, view_of(name)) for name in names]
-        overlay, overlays = self.binder.overlay, self._overlays
+        overlay, overlays, inflight = self.binder.overlay, self._overlays, self.binder.inflight_nodes()
         out: list[tuple[str, NodeView | None]] = []
         for name in names:
             view = view_of(name)
-            if view is not None:
+            if view is not None and name in inflight:
                 extra = tuple(overlay(name))
                 if extra:
                     kept = overlays.get(name)
@@ -145,9 +145,10 @@ class ExtenderService:
                     else:
                         overlays[name] = (view, extra, overlaid := view.with_claims(extra))
                         view = overlaid
-                elif name in overlays:
-                    del overlays[name]
             out.append((name, view))
+        if len(overlays) > 2 * len(inflight) + 64:  # nodes whose claims settled since: drop them in bulk
+            for name in [n for n in overlays if n not in inflight]:
+                del overlays[name]
         return out
 
     def _pod(self, args: ExtenderArgs) -> PodInfo:

@@ -199,8 +199,10 @@ def claimed_stream(
 ) -> list[float]:
     """Filter + prioritize while IN_FLIGHT nodes carry in-flight claims (unbound pods with a claim, as the
     watch shows them), a tightest-fit scheduler sending those nodes among the candidates; after each
-    request the oldest claim's pod is bound and a new claim appears on another node."""
+    request the oldest claim's pod is bound (its status written by "kubelet" one request later) and a new
+    claim appears on another node."""
     claimed: list[tuple[str, str]] = []  # (pod name, node)
+    starting: list[tuple[str, str, str]] = []  # bound, status not yet written: (pod name, node, GPU ids)
     for i in range(IN_FLIGHT):
         target = rng.choice(names)
         model.upsert_pod(pod(f"claim{i}", 1, ids=str(rng.randrange(8)), claim=(target, -1.0)))
@@ -212,7 +214,12 @@ def claimed_stream(
         candidates = list(dict.fromkeys(hot + rng.sample(names, CANDIDATES - len(hot))))
         samples.append(request(model, settings, incoming, candidates)[0])
         done, target = claimed.pop(0)
-        model.upsert_pod(pod(done, 1, node=target, ids=str(rng.randrange(8))))
+        ids = str(rng.randrange(8))
+        model.upsert_pod(pod(done, 1, node=target, ids=ids, phase="Pending", resource_version="101"))
+        if starting:  # the pod bound a request earlier: kubelet reports it running (no GPU changes hands)
+            name, where, held = starting.pop(0)
+            model.upsert_pod(pod(name, 1, node=where, ids=held, phase="Running", resource_version="102"))
+        starting.append((done, target, ids))
         fresh = rng.choice(names)
         model.upsert_pod(pod(f"claim{IN_FLIGHT + i}", 1, ids=str(rng.randrange(8)), claim=(fresh, -1.0)))
         claimed.append((f"claim{IN_FLIGHT + i}", fresh))

@@ -111,6 +111,41 @@ def test_views_are_cached_until_something_on_the_node_changes() -> None:
     assert m.view("n1") is again and m.view("n2").error_trend == 3.0  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("change", "kept"),
+    [
+        (pod("a", 2, node="n1", ids="0,1", phase="Running", resource_version="101"), True),
+        (pod("a", 2, node="n1", ids="0,1", phase="Pending", resource_version="102"), True),
+        (pod("a", 2, node="n1", ids="0,1", priority=5, resource_version="103"), False),
+        (pod("a", 2, node="n1", ids="0,2", resource_version="104"), False),
+        (pod("b", 1, node="n1", ids="3"), False),
+        (pod("c", 1, ids="5", claim=("n1", 1.0)), False),
+        (pod("d", 1, nominated="n1"), False),
+    ],
+    ids=["status-only", "phase-back", "priority", "other-gpus", "new-holder", "new-claim", "new-nominee"],
+)
+def test_a_change_decisions_do_not_read_keeps_the_view_and_its_cached_answers(
+    change: dict[str, Any], kept: bool
+) -> None:
+    m = model([node("n1")], [pod("a", 2, node="n1", ids="0,1", resource_version="100")])
+    before = m.view("n1")
+    assert before is not None
+    before.memo["answer"] = "cached"
+    m.upsert_pod(change)
+    after = m.view("n1")
+    assert after is not None
+    assert (after is before) is kept and (after.memo.get("answer") == "cached") is kept
+
+
+def test_a_deleted_node_keeps_no_old_view() -> None:
+    m = model([node("n1")], [pod("a", 2, node="n1", ids="0,1")])
+    assert m.view("n1") is not None
+    m.delete_node("n1")
+    assert m.view("n1") is None and not m._stale
+    m.upsert_node(node("n1"))
+    assert m.view("n1") is not None
+
+
 def test_quarantine_maps_uuids_to_gpu_ids() -> None:
     m = model([node("n", taint="xid-79", quarantine=quarantine_record("GPU-0002", "GPU-0005"))])
     view = m.view("n")
