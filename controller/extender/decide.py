@@ -18,7 +18,7 @@ It must not do I/O, log, read the clock (`now` is a parameter) or import anythin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -422,3 +422,15 @@ def score_nodes(
             choice = choose_gpus(pod, view, settings, now, node=name).choice
         out.append(NodeScore(name, choice.score if choice is not None else 0))
     return out
+
+
+def warm(views: Iterable[NodeView], gpu_counts: Sequence[int], settings: Settings, now: float) -> int:
+    """Compute and cache each view's answers (filter and prioritize) for pods of these sizes under the
+    default policy, as the first request of each size would; returns how many answers were computed."""
+    shapes = [PodInfo("", "", k) for k in gpu_counts]
+    done = 0
+    for view in views:
+        for shape in shapes:
+            choose_gpus(shape, view, settings, now)
+            done += 1
+    return done

@@ -12,6 +12,8 @@ server, /metrics and the probes. Bind Events (`events.py`) are written by a task
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder, KubePodApi
-from controller.extender.decide import Policy, Settings
+from controller.extender.decide import Policy, Settings, warm
 from controller.extender.events import BindEvents
 from controller.extender.feed import ErrorTrends, ModelFeed
 from controller.extender.metrics import extender_metrics, register_model_collectors
@@ -37,6 +39,11 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, KubeClient
 from gpuwarden.kube.event_queue import EventSink
 from gpuwarden.promclient import PrometheusClient
+
+log = logging.getLogger(__name__)
+
+WARM_CHUNK = 200
+"""Nodes warmed between two yields to the event loop (~10 ms of work for four request sizes)."""
 
 CLAIM_TTL_SECONDS = ExtenderConfig.model_fields["claim_ttl_seconds"].default
 """The default of `extender.claim_ttl_seconds` (kept for callers that imported the old constant)."""
@@ -66,13 +73,43 @@ class Extender:
     trends: ErrorTrends | None
     prefix: str
     events: BindEvents | None = None
+    warm_gpu_counts: tuple[int, ...] = ()
+    """`extender.warm_gpu_counts`: request sizes whose answers `run` computes for every node once synced."""
+    warmed: bool = False
+    freeze_gc: bool = True
+    """Freeze the long-lived cache (and the warmed answers) out of gen-2 GC scans once warmed (feed.py)."""
 
     def mount(self, app: web.Application) -> None:
         add_extender_routes(app, self.service, self.prefix)
 
     def ready(self) -> bool:
-        """For the readiness probe: answer the scheduler only once the caches are synced."""
-        return self.model.synced
+        """For the readiness probe: answer the scheduler only once the caches are synced and the usual
+        request sizes' answers computed (`extender.warm_gpu_counts`)."""
+        return self.model.synced and (self.warmed or not self.warm_gpu_counts)
+
+    async def _warm(self) -> None:
+        """After the first sync, compute every node's answers for `warm_gpu_counts` in chunks that yield
+        to the event loop (the watches keep being applied meanwhile; a view they replace is computed again
+        on first use, as always)."""
+        if not self.warm_gpu_counts:
+            return
+        # a flag of the (loop-free) model, set by whichever feed fills it
+        while not self.model.synced:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        settings, now = self.service.current_settings(), self.service.clock()
+        names, done = self.model.node_names(), 0
+        for i in range(0, len(names), WARM_CHUNK):
+            views = (self.model.view(name) for name in names[i : i + WARM_CHUNK])
+            done += warm([v for v in views if v is not None], self.warm_gpu_counts, settings, now)
+            await asyncio.sleep(0)
+        if self.freeze_gc:
+            gc.freeze()
+        self.warmed = True
+        log.info(
+            "extender answers warmed",
+            extra={"nodes": len(names), "answers": done, "seconds": round(time.perf_counter() - started, 2)},
+        )
 
     async def run(self) -> None:
         """Feed the model, refresh the error trends and write bind Events until cancelled.
@@ -83,6 +120,7 @@ class Extender:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.feed.run(), name="extender-feed")
+                group.create_task(self._warm(), name="extender-warm")
                 if self.trends is not None:
                     group.create_task(self.trends.run(), name="extender-error-trends")
                 if self.events is not None:
@@ -155,4 +193,6 @@ def build_extender(
             label_matchers=config.health.label_matchers,
             interval=cfg.scoring.error_trend_refresh_seconds,
         )
-    return Extender(model, service, feed, trends, cfg.path_prefix, events)
+    return Extender(
+        model, service, feed, trends, cfg.path_prefix, events, warm_gpu_counts=tuple(cfg.warm_gpu_counts)
+    )

@@ -48,7 +48,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings, filter_nodes, score_nodes
+from controller.extender.decide import Settings, filter_nodes, score_nodes, warm
 from controller.extender.metrics import extender_metrics
 from controller.extender.model import ClusterModel
 from controller.extender.objects import PodInfo, pod_info
@@ -164,6 +164,13 @@ def in_process(model: ClusterModel, rng: random.Random) -> None:
         model._views.pop(n, None)
     with GcWatch() as cold_gc:
         cold = [request(model, settings, shape, rng.sample(names, CANDIDATES))[0] for shape in shapes]
+    for n in names:  # what the extender does after a sync, before it reports ready (extender.warm_gpu_counts)
+        model._views.pop(n, None)
+    start = time.perf_counter()
+    answers = warm([v for v in map(model.view, names) if v is not None], sorted(set(SIZES)), settings, 0.0)
+    took = time.perf_counter() - start
+    sizes = len(set(SIZES))
+    print(f"  warm-up after a sync: {answers} answers ({len(names)} nodes x {sizes} sizes) in {took:.2f} s")
     for shape in shapes:  # the scheduler has seen every node with every shape once
         request(model, settings, shape, names)
     steady: list[float] = []

@@ -552,7 +552,10 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
             extender = ExtenderProcess(cluster)
             try:
                 synced = extender.wait_ready(600)
-                print(f"  e2e extender process synced its model in {synced:.1f} s", flush=True)
+                print(
+                    f"  e2e extender process synced its model and warmed its answers in {synced:.1f} s",
+                    flush=True,
+                )
                 spec = ExtenderSpec(
                     url_prefix=f"http://127.0.0.1:{extender.port}{PREFIX}", prioritize_verb="prioritize",
                     preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,

@@ -252,6 +252,7 @@ BAD = [
     ("health: {breaker: {max_percent: 0, max_absolute: 0}}", "health.breaker.max_absolute", "dry_run"),
     ("health: {breaker: {max_new_per_window: 0}}", "health.breaker.max_new_per_window", "must be >= 1"),
     ("health: {breaker: {window_seconds: 30}}", "health.breaker.window_seconds", "must be >= 60"),
+    ("extender: {warm_gpu_counts: [0, 2]}", "extender.warm_gpu_counts", "[0]: GPUs per pod are 1-256"),
     ("nominations: {ttl_seconds: 10}", "nominations.ttl_seconds", "must be >= 30"),
     (
         "nominations: {escalation: {evict_after_seconds: 100}}",

@@ -11,9 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.events import FAILED, BindEvent
 from controller.extender.feed import ModelFeed
+from controller.extender.model import ClusterModel
 from controller.extender.runtime import build_extender
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventType, KubeClient
+from tests.unit.extender_support import node
 from tests.unit.test_extender_events import Gated
 
 EVENT = BindEvent("ml", "p", "uid-p", "n", FAILED, EventType.WARNING, "binding to node n failed: x")
@@ -64,3 +66,44 @@ async def test_close_events_writes_what_is_queued_before_the_jobs_are_cancelled(
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
+
+
+class SyncingFeed:
+    """A model feed that fills the model with `nodes` 8-GPU nodes, marks it synced and then idles."""
+
+    def __init__(self, model: ClusterModel, nodes: int) -> None:
+        self.model, self.nodes = model, nodes
+
+    async def run(self) -> None:
+        for i in range(self.nodes):
+            self.model.upsert_node(node(f"n{i:03d}"))
+        self.model.nodes_synced = self.model.pods_synced = True
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("counts", [[1, 2, 4, 8], []], ids=["warm-four-sizes", "warm-off"])
+async def test_ready_once_synced_and_the_usual_sizes_are_answered_for_every_node(counts: list[int]) -> None:
+    config = Config.model_validate({"extender": {"warm_gpu_counts": counts}})
+    ext = build_extender(config, cast(KubeClient, object()), recorder=Gated())
+    ext.freeze_gc = False
+    ext.feed = cast(ModelFeed, SyncingFeed(ext.model, 450))  # more than one chunk of WARM_CHUNK
+    assert not ext.ready()
+    running = asyncio.create_task(ext.run())
+    for _ in range(200):
+        if ext.ready():
+            break
+        await asyncio.sleep(0.01)
+    assert ext.ready() and ext.model.synced
+    views = [ext.model.view(name) for name in ext.model.node_names()]
+    cached = {key for view in views if view is not None for key in view.memo if key != "healthy"}
+    expected = {(kind, k, None) for kind in ("assess", "choose") for k in counts}
+    assert cached == expected
+    assert all(len(view.memo) == (2 * len(counts) + 1 if counts else 0) for view in views if view)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
+def test_warm_gpu_counts_are_normalised() -> None:
+    config = Config.model_validate({"extender": {"warm_gpu_counts": [8, 1, 1]}})
+    assert config.extender.warm_gpu_counts == [1, 8]
