@@ -728,6 +728,14 @@ def scheduling() -> Dashboard:
                 kind="stat",
                 width=6,
             ),
+            Panel(
+                "Bind time by step, p99",
+                [Target(quantile(0.99, "gpuwarden_extender_bind_phase_seconds", "phase"), "{{phase}}")],
+                unit="s",
+                description="claim: writing the GPU claim on the pod; verify: until it is known to be the "
+                "only claim on its GPUs (the pod watch, or a LIST); binding: creating the Binding. Seconds "
+                "here with normal API latency mean the API server is overloaded.",
+            ),
             Row("Preemption"),
             Panel(
                 "Preemption victims",
