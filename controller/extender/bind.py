@@ -125,10 +125,10 @@ class Binder:
         self._dry_run = dry_run
         self._on_conflict = on_conflict
         self._watch_timeout = watch_timeout
-        self._on_phase = on_phase
-        """Told how long each step took: claim (PATCH), verify (`_holders`), binding (POST)."""
         """How long a bind waits for the pod watch to show its claim before verifying with a LIST (0: never
         waits, always LISTs). Needs `pod_seen` wired to the feed."""
+        self._on_phase = on_phase
+        """Told how long each step took when it succeeded: claim (PATCH), verify (`_holders`), binding."""
         self._waiting: dict[str, list[tuple[str, Claim, asyncio.Future[None]]]] = {}
         self._inflight: dict[str, dict[str, Claim]] = {}
         self._known: set[str] = set()
@@ -386,7 +386,6 @@ class Binder:
                 ns, name = pod.key.split("/", 1)
                 started = time.perf_counter()
                 patched = await self._api.patch_pod(ns, name, claim_patch(node, choice, now, rv))
-                self._on_phase("claim", time.perf_counter() - started)
             except KubeConflict:
                 self._drop(node, mine, prior)
                 return None
@@ -396,6 +395,7 @@ class Binder:
             except BaseException:  # unwritten or unknown: the watch shows it if it was written
                 self._drop(node, mine, prior)
                 raise
+            self._on_phase("claim", time.perf_counter() - started)
             rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
             started = time.perf_counter()

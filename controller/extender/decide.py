@@ -218,7 +218,8 @@ def _free(
         taken.difference_update(holder.ids)
         unknown -= holder.unknown
     for claim in view.claims:
-        fresh = claim.claimed_at is None or now - claim.claimed_at < s.claim_ttl_seconds
+        # the same arithmetic as `NodeView.claims_stable_until`, which bounds answers cached with claims
+        fresh = claim.claimed_at is None or now < claim.claimed_at + s.claim_ttl_seconds
         if claim.pod != pod.key and fresh:
             taken.update(claim.ids)
     free = [g for g in healthy if g.id not in taken] if taken else healthy

@@ -251,6 +251,7 @@ class ClusterModel:
         self._nodes.pop(name, None)
         self._topology_changed(name)
         self._dirty([name])
+        self._stale.pop(name, None)  # no view will be built for it again to take this one's place
 
     def upsert_nrt(self, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))

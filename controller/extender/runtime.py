@@ -97,19 +97,22 @@ class Extender:
         while not self.model.synced:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         started = time.perf_counter()
-        settings, now = self.service.current_settings(), self.service.clock()
         names, done = self.model.node_names(), 0
-        for i in range(0, len(names), WARM_CHUNK):
-            views = (self.model.view(name) for name in names[i : i + WARM_CHUNK])
-            done += warm([v for v in views if v is not None], self.warm_gpu_counts, settings, now)
-            await asyncio.sleep(0)
+        try:
+            for i in range(0, len(names), WARM_CHUNK):
+                # settings per chunk: a late NodeResourceTopology may change the fleet's NUMA size
+                settings, now = self.service.current_settings(), self.service.clock()
+                views = (self.model.view(name) for name in names[i : i + WARM_CHUNK])
+                done += warm([v for v in views if v is not None], self.warm_gpu_counts, settings, now)
+                await asyncio.sleep(0)
+        except Exception:  # only an optimisation: answers are then computed on first use, as without it
+            log.exception("warming the extender's answers failed; serving without")
+        else:
+            took = round(time.perf_counter() - started, 2)
+            log.info("extender answers warmed", extra={"nodes": len(names), "answers": done, "seconds": took})
         if self.freeze_gc:
             gc.freeze()
         self.warmed = True
-        log.info(
-            "extender answers warmed",
-            extra={"nodes": len(names), "answers": done, "seconds": round(time.perf_counter() - started, 2)},
-        )
 
     async def run(self) -> None:
         """Feed the model, refresh the error trends and write bind Events until cancelled.

@@ -104,6 +104,28 @@ async def test_ready_once_synced_and_the_usual_sizes_are_answered_for_every_node
         await running
 
 
+async def test_a_failing_warm_up_neither_stops_the_extender_nor_keeps_it_unready(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> int:
+        raise ValueError("odd node")
+
+    monkeypatch.setattr("controller.extender.runtime.warm", broken)
+    ext = build_extender(Config(), cast(KubeClient, object()), recorder=Gated())
+    ext.freeze_gc = False
+    ext.feed = cast(ModelFeed, SyncingFeed(ext.model, 3))
+    running = asyncio.create_task(ext.run())
+    for _ in range(200):
+        if ext.ready():
+            break
+        await asyncio.sleep(0.01)
+    assert ext.ready() and not running.done()  # the feed and the Events writer keep running
+    assert "warming the extender's answers failed" in caplog.text
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
 def test_warm_gpu_counts_are_normalised() -> None:
     config = Config.model_validate({"extender": {"warm_gpu_counts": [8, 1, 1]}})
     assert config.extender.warm_gpu_counts == [1, 8]
