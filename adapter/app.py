@@ -217,10 +217,13 @@ class Adapter:
                 self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
         return self.app
 
-    def _ca_sources(self) -> tuple[dict[str, tuple[x509.Certificate, ...]], dict[str, Path]]:
-        """(trusted client CAs by kind, the kinds read from a file and so watched for changes)."""
+    def _ca_sources(
+        self,
+    ) -> tuple[dict[str, tuple[x509.Certificate, ...]], dict[str, Path], tuple[str, ...]]:
+        """(trusted client CAs by kind, the kinds read from a file, the kinds read from the authentication
+        ConfigMap) - both watched for changes."""
         if self.security is None:
-            return {}, {}
+            return {}, {}, ()
         trust = self.security.authenticator.trust
         cas = {
             "requestheader": trust.requestheader.ca if trust.requestheader else (),
@@ -228,7 +231,8 @@ class Adapter:
         }
         acfg = self.config.adapter.authentication
         files = {"requestheader": acfg.requestheader_client_ca_file, "client": acfg.client_ca_file}
-        return cas, {kind: path for kind, path in files.items() if path is not None}
+        from_configmap = tuple(kind for kind, path in files.items() if path is None) if self.kube else ()
+        return cas, {kind: path for kind, path in files.items() if path is not None}, from_configmap
 
     def _trust_cas(self, cas: Mapping[str, Sequence[x509.Certificate]]) -> None:
         """Hand reloaded CA sets to the authenticator (called by the reloader with the new context)."""
@@ -240,9 +244,10 @@ class Adapter:
         )
 
     def serving_context(self) -> ssl.SSLContext:
-        """The TLS context of the secure port; with certificate or CA files, kept current by a reloader."""
+        """The TLS context of the secure port; with certificate or CA files, or CAs from the authentication
+        ConfigMap, kept current by a reloader."""
         tcfg = self.config.adapter.tls
-        cas, ca_files = self._ca_sources()
+        cas, ca_files, ca_from_configmap = self._ca_sources()
         trusted = [ca for group in cas.values() for ca in group]
         watched = tcfg.cert_file is not None and tcfg.key_file is not None
         pair = (
@@ -256,7 +261,10 @@ class Adapter:
         expiry = expiry_of(cert_pem)
         if expiry is not None:
             self.metrics.certificate_expiry.set(expiry)
-        if watched or ca_files:
+        fetch = None
+        if ca_from_configmap and self.kube is not None:
+            fetch = functools.partial(auth.fetch_configmap_cas, self.kube, ca_from_configmap)
+        if watched or ca_files or fetch is not None:
             self.certificates = CertificateReloader(
                 ctx,
                 tcfg.cert_file if watched else None,
@@ -268,6 +276,8 @@ class Adapter:
                 client_cas=cas,
                 ca_files=ca_files,
                 on_cas=self._trust_cas,
+                ca_fetch=fetch,
+                ca_fetch_source="ConfigMap {}/{}".format(*auth.AUTH_CONFIGMAP),
             )
             self._spawn(self.certificates.run(), "certificate reload")
         return ctx

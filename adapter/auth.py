@@ -308,6 +308,18 @@ def _json_list(data: Mapping[str, str], key: str, default: tuple[str, ...]) -> t
     return tuple(str(v) for v in value) if isinstance(value, list) else default
 
 
+CA_KEYS = {"requestheader": "requestheader-client-ca-file", "client": "client-ca-file"}
+"""Trusted client CA kind -> its key in the authentication ConfigMap."""
+
+
+async def fetch_configmap_cas(kube: KubeClient, kinds: Sequence[str]) -> dict[str, bytes]:
+    """The PEM bundles of these CA kinds as the authentication ConfigMap holds them now (a kind whose key
+    is missing or empty is left out: its CAs stay as they are). Raises `KubeError`."""
+    cm = await kube.get(CONFIG_MAPS, AUTH_CONFIGMAP[1], namespace=AUTH_CONFIGMAP[0])
+    data = cm.get("data") or {}
+    return {kind: str(data[CA_KEYS[kind]]).encode() for kind in kinds if data.get(CA_KEYS[kind])}
+
+
 async def load_trust(
     cfg: Authentication, kube: KubeClient | None
 ) -> tuple[RequestHeaderConfig | None, tuple[x509.Certificate, ...]]:
@@ -322,10 +334,10 @@ async def load_trust(
     rh_pem = (
         cfg.requestheader_client_ca_file.read_bytes()
         if cfg.requestheader_client_ca_file
-        else data.get("requestheader-client-ca-file", "").encode()
+        else data.get(CA_KEYS["requestheader"], "").encode()
     )
     client_pem = (
-        cfg.client_ca_file.read_bytes() if cfg.client_ca_file else data.get("client-ca-file", "").encode()
+        cfg.client_ca_file.read_bytes() if cfg.client_ca_file else data.get(CA_KEYS["client"], "").encode()
     )
     rh_cas = tuple(load_certificates(rh_pem))
     requestheader = None

@@ -24,8 +24,12 @@ same interval, as dynamiccertificates does: a file whose certificates changed (j
 must hold at least one PEM certificate) goes into the next serving context, so the TLS layer verifies
 client certificates against it, and `on_cas` hands the same sets to the authenticator — both in one step
 of the event loop, so no handshake or request sees one without the other. A bad CA file keeps the previous
-CAs and is counted as `outcome="invalid"` like a bad pair (the log names the file). CAs read from the
-extension-apiserver-authentication ConfigMap are not watched: they stay as read at start.
+CAs and is counted as `outcome="invalid"` like a bad pair (the log names the file).
+
+CAs read from the kube-system/extension-apiserver-authentication ConfigMap (the kinds without a file) are
+re-read on the same interval through `ca_fetch` (one GET; kube-apiserver rewrites the ConfigMap when its own
+front-proxy or client CA files change) and judged exactly like files. A failed read, or a key that went
+missing, keeps the previous CAs: an API hiccup must not make the adapter distrust the aggregator.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import enum
 import hashlib
 import logging
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -163,6 +167,10 @@ def expiry_of(cert_pem: bytes) -> float | None:
     return chain[0].not_valid_after_utc.timestamp() if chain else None
 
 
+CaFetch = Callable[[], Awaitable[Mapping[str, bytes]]]
+"""Reads CA bundles from elsewhere than a file: kind -> PEM as it is now (a kind left out is unchanged)."""
+
+
 class CertificateReloader:
     """Keeps the listener context `ctx` handing every new connection the newest valid pair and CAs on disk."""
 
@@ -179,12 +187,16 @@ class CertificateReloader:
         client_cas: CaSets | None = None,
         ca_files: Mapping[str, Path] | None = None,
         on_cas: Callable[[CaSets], None] | None = None,
+        ca_fetch: CaFetch | None = None,
+        ca_fetch_source: str = "",
     ) -> None:
         """`ctx`: the listener's context, serving `loaded` (the (cert, key) PEM in it, so the first poll
         does not reload them); its `sni_callback` is taken over. `cert_file`/`key_file` None: the pair is
         not watched (a self-signed one). `make_context` builds each replacement with the listener's
         settings. `client_cas`: the CAs `ctx` trusts, by kind; `ca_files`: the kinds read from a file, to
         watch; `on_cas` is told every new CA set (all kinds) as it goes into the serving context.
+        `ca_fetch` reads the kinds that come from elsewhere (`ca_fetch_source` names it in logs), once per
+        interval before the files are looked at (`fetch`).
         `interval` is not bounded here: tests poll faster than the config allows."""
         self.ctx = ctx
         self.current = ctx  # what new connections are served; replaced whole, never modified
@@ -198,6 +210,10 @@ class CertificateReloader:
         self._ca_files = dict(ca_files or {})
         self._ca_judged: dict[str, str] = {}  # kind -> digest of the CA file content last looked at
         self._on_cas = on_cas
+        self._ca_fetch = ca_fetch
+        self._ca_fetch_source = ca_fetch_source
+        self._ca_fetched: dict[str, bytes] = {}  # kind -> PEM as last read through `ca_fetch`
+        self._fetch_error = ""  # the last failure reported, so a lasting one is logged once
         expiry = expiry_of(loaded[0])
         if expiry is not None:
             metrics.certificate_expiry.set(expiry)
@@ -227,14 +243,45 @@ class CertificateReloader:
             return self._reject(decision), None, self._pair
         return Outcome.SUCCESS, decision, (cert_pem, key_pem)
 
-    def _check_cas(self) -> tuple[Outcome, dict[str, CaDecision]]:
-        """(worst outcome, kind -> decision for each CA file with valid new CAs); rejections reported."""
-        outcome, changed = Outcome.UNCHANGED, {}
+    async def fetch(self) -> None:
+        """Read the CA kinds `ca_fetch` serves; on failure keep what was read last (logged once)."""
+        if self._ca_fetch is None:
+            return
+        try:
+            fetched = dict(await self._ca_fetch())
+        except Exception as exc:  # e.g. KubeError: the API server is briefly unreachable
+            if str(exc) != self._fetch_error:
+                self._fetch_error = str(exc)
+                log.warning(
+                    "client CAs not re-read; still trusting the previous CAs",
+                    extra={"source": self._ca_fetch_source, "error": str(exc)},
+                )
+            return
+        self._fetch_error = ""
+        self._ca_fetched.update(fetched)
+
+    def _where(self, kind: str) -> dict[str, str]:
+        """Log fields naming where a CA kind comes from."""
+        path = self._ca_files.get(kind)
+        return {"ca_file": str(path)} if path is not None else {"source": self._ca_fetch_source}
+
+    def _ca_contents(self) -> list[tuple[str, bytes | OSError]]:
+        """(kind, current PEM or why it is unreadable) for every watched CA kind: files, then fetched."""
+        out: list[tuple[str, bytes | OSError]] = []
         for kind, path in self._ca_files.items():
             try:
-                pem = path.read_bytes()
+                out.append((kind, path.read_bytes()))
             except OSError as exc:
-                decision = CaDecision(Outcome.UNREADABLE, f"unreadable:{exc.errno}", exc.strerror or str(exc))
+                out.append((kind, exc))
+        out.extend((kind, pem) for kind, pem in self._ca_fetched.items() if kind not in self._ca_files)
+        return out
+
+    def _check_cas(self) -> tuple[Outcome, dict[str, CaDecision]]:
+        """(worst outcome, kind -> decision for each CA source with valid new CAs); rejections reported."""
+        outcome, changed = Outcome.UNCHANGED, {}
+        for kind, pem in self._ca_contents():
+            if isinstance(pem, OSError):
+                decision = CaDecision(Outcome.UNREADABLE, f"unreadable:{pem.errno}", pem.strerror or str(pem))
             else:
                 decision = decide_cas(self._ca_judged.get(kind), self.client_cas.get(kind, ()), pem)
             if decision.outcome is Outcome.SUCCESS:
@@ -249,9 +296,10 @@ class CertificateReloader:
         return outcome, changed
 
     def poll(self) -> Outcome:
-        """Look at the files once; serve them to new connections if they changed and are valid.
+        """Look at the files (and the CAs last fetched) once; serve them to new connections if they changed
+        and are valid.
 
-        The outcome is the pair's, else the CA files' (a rejection before a success)."""
+        The outcome is the pair's, else the CAs' (a rejection before a success)."""
         pair_outcome, pair_decision, pair = self._check_pair()
         ca_outcome, ca_changes = self._check_cas()
         outcome = pair_outcome if pair_outcome is not Outcome.UNCHANGED else ca_outcome
@@ -279,10 +327,10 @@ class CertificateReloader:
                 self._ca_judged[kind] = d.digest
                 self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
                 log.info(
-                    "client CA file reloaded",
+                    "client CAs reloaded",
                     extra={
                         "kind": kind,
-                        "ca_file": str(self._ca_files[kind]),
+                        **self._where(kind),
                         "sha256": [c.fingerprint(hashes.SHA256()).hex() for c in d.cas],
                     },
                 )
@@ -305,12 +353,12 @@ class CertificateReloader:
     def _report_ca(self, kind: str, decision: CaDecision) -> None:
         self._metrics.certificate_reloads.labels(decision.outcome.value).inc()
         log.error(
-            "client CA file not reloaded; still trusting the previous CAs",
+            "client CAs not reloaded; still trusting the previous CAs",
             extra={
                 "outcome": decision.outcome.value,
                 "reason": decision.reason,
                 "kind": kind,
-                "ca_file": str(self._ca_files[kind]),
+                **self._where(kind),
             },
         )
 
@@ -335,6 +383,7 @@ class CertificateReloader:
         while True:
             await asyncio.sleep(self.interval)
             try:
+                await self.fetch()
                 self.poll()
             except Exception:  # a reload bug must never take the listener down
                 log.exception("certificate check failed")

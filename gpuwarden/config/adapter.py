@@ -110,7 +110,8 @@ class ServingTLS(Section):
         ge=1,
         le=3600,
         description="Seconds between checks of cert_file/key_file for a rotated pair (cert-manager, "
-        "kubelet), and of the authentication CA files. A changed, valid pair serves new handshakes "
+        "kubelet), and of the trusted client CAs (their files, or the authentication ConfigMap: one GET "
+        "per check). A changed, valid pair serves new handshakes "
         "without a restart (connections already open keep the pair they started with); an invalid or "
         "mismatched one is logged and counted and the previous pair keeps serving.",
     )
@@ -137,8 +138,8 @@ class Authentication(Section):
         "requestheader-client-ca-file from ConfigMap kube-system/extension-apiserver-authentication. "
         "A file is re-read every tls.reload_interval_seconds: changed, valid PEM certificates are "
         "trusted by new handshakes and requests without a restart (an invalid file is logged and "
-        "counted, and the previous CAs stay trusted). From the ConfigMap it is read once at start: a "
-        "rotated front-proxy CA there needs an adapter restart.",
+        "counted, and the previous CAs stay trusted). The ConfigMap is re-read on the same interval and "
+        "judged the same way; a failed read or a missing key keeps the previous CAs.",
     )
     requestheader_allowed_names: list[str] | None = Field(
         default=None,
@@ -148,7 +149,7 @@ class Authentication(Section):
     client_ca_file: Path | None = Field(
         default=None,
         description="CA for ordinary client certificates. null: client-ca-file from the same ConfigMap. "
-        "Reloaded from a file, read once from the ConfigMap, like requestheader_client_ca_file.",
+        "Reloaded from the file or the ConfigMap like requestheader_client_ca_file.",
     )
     token_review: bool = Field(
         default=True,

@@ -6,11 +6,12 @@ end saw is then given to the same `Authenticator` the reloader updated, as the r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -22,6 +23,8 @@ from adapter.certreload import CaSets, CertificateReloader, Outcome, decide_cas
 from adapter.selfmetrics import new_metrics
 from adapter.server import Security
 from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeError
+from gpuwarden.kube import KubeClient
 from gpuwarden.testbed import pki
 from tests.unit.test_adapter_certreload import client_context, handshake, reloads
 
@@ -103,10 +106,29 @@ def test_retrust(
     assert auth.retrust(trust, rh_ca, client, ("fp",)) == expected
 
 
-class Setup:
-    """A reloader watching a front-proxy CA file (self-signed serving pair, unwatched), wired like the app."""
+class Fetched:
+    """The authentication ConfigMap as the reloader's `ca_fetch` reads it: PEM by kind, or `error` raised."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self) -> None:
+        self.pem: dict[str, bytes] = {"requestheader": OLD_CA.cert_pem}
+        self.error: Exception | None = None
+        self.reads = 0
+
+    async def __call__(self) -> Mapping[str, bytes]:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        return dict(self.pem)
+
+
+SOURCE = "ConfigMap kube-system/extension-apiserver-authentication"
+
+
+class Setup:
+    """A reloader watching a front-proxy CA file (self-signed serving pair, unwatched), wired like the app;
+    with `fetched`, the front-proxy CA comes from the authentication ConfigMap instead of the file."""
+
+    def __init__(self, tmp: Path, fetched: Fetched | None = None) -> None:
         self.tmp = tmp
         self.ca_file = tmp / "front-proxy-ca.crt"
         self.ca_file.write_bytes(OLD_CA.cert_pem)
@@ -123,8 +145,10 @@ class Setup:
             metrics=new_metrics(self.registry),
             make_context=tls.context_for,
             client_cas=cas,
-            ca_files={"requestheader": self.ca_file},
+            ca_files={} if fetched else {"requestheader": self.ca_file},
             on_cas=self.swap,
+            ca_fetch=fetched,
+            ca_fetch_source=SOURCE if fetched else "",
         )
 
     def swap(self, cas: CaSets) -> None:
@@ -250,5 +274,153 @@ async def test_the_adapter_wires_a_watched_ca_file_into_tls_and_its_authenticato
         assert reloader.poll() is Outcome.SUCCESS
         assert (await user(NEW_FRONT, "after")) is not None
         assert (await user(OLD_FRONT, "old")) is not None
+    finally:
+        await adapter.stop()
+
+
+# ------------------------------------------------------------------ CAs from the authentication ConfigMap
+
+
+async def test_a_front_proxy_ca_rotated_in_the_configmap_is_trusted_after_the_next_read(
+    tmp_path: Path,
+) -> None:
+    fetched = Fetched()
+    s = Setup(tmp_path, fetched)
+    await s.reloader.fetch()
+    assert s.reloader.poll() is Outcome.UNCHANGED  # the same CA as read at start
+    fetched.pem["requestheader"] = NEW_CA.cert_pem
+    assert s.reloader.poll() is Outcome.UNCHANGED  # not read again yet
+    with pytest.raises(ssl.SSLError, match=VERIFY_FAILED):
+        await s.user(NEW_FRONT, "new-before")
+    await s.reloader.fetch()
+    assert s.reloader.poll() is Outcome.SUCCESS
+    assert (await s.user(NEW_FRONT, "new-after")) is not None
+    with pytest.raises(ssl.SSLError, match=VERIFY_FAILED):
+        await s.user(OLD_FRONT, "old-after")
+    assert reloads(s.registry, "success") == 1 and fetched.reads == 2
+
+
+async def test_the_reload_loop_reads_the_configmap_every_interval(tmp_path: Path) -> None:
+    fetched = Fetched()
+    s = Setup(tmp_path, fetched)
+    s.reloader.interval = 0.01
+    fetched.pem["requestheader"] = NEW_CA.cert_pem
+    loop = asyncio.create_task(s.reloader.run())
+    try:
+        for _ in range(300):
+            if reloads(s.registry, "success") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert (await s.user(NEW_FRONT, "new")) is not None and fetched.reads >= 1
+    finally:
+        loop.cancel()
+
+
+@pytest.mark.parametrize("trouble", ["api-error", "key-missing"])
+async def test_an_unreadable_configmap_keeps_the_previous_cas(
+    tmp_path: Path, trouble: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fetched = Fetched()
+    s = Setup(tmp_path, fetched)
+    await s.reloader.fetch()
+    if trouble == "api-error":
+        fetched.error = KubeError("the server is currently unable to handle the request", status=503)
+    else:
+        fetched.pem = {}
+    with caplog.at_level(logging.WARNING, logger="adapter.certreload"):
+        for _ in range(3):
+            await s.reloader.fetch()
+            assert s.reloader.poll() is Outcome.UNCHANGED
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == (1 if trouble == "api-error" else 0)  # a lasting failure is logged once
+    if warnings:
+        assert warnings[0].__dict__["source"] == SOURCE
+    assert (await s.user(OLD_FRONT, "old")) is not None
+    fetched.error, fetched.pem = None, {"requestheader": NEW_CA.cert_pem}  # it recovers with a new CA
+    await s.reloader.fetch()
+    assert s.reloader.poll() is Outcome.SUCCESS
+    assert (await s.user(NEW_FRONT, "new")) is not None
+
+
+async def test_invalid_cas_in_the_configmap_are_reported_with_their_source(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fetched = Fetched()
+    s = Setup(tmp_path, fetched)
+    fetched.pem["requestheader"] = b"garbage"
+    with caplog.at_level(logging.ERROR, logger="adapter.certreload"):
+        await s.reloader.fetch()
+        assert s.reloader.poll() is Outcome.INVALID
+        await s.reloader.fetch()
+        assert s.reloader.poll() is Outcome.UNCHANGED
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.__dict__["source"] == SOURCE and record.__dict__["kind"] == "requestheader"
+    assert (await s.user(OLD_FRONT, "old")) is not None
+
+
+class ConfigMaps:
+    """`KubeClient.get` for the one ConfigMap the adapter reads (what `fetch_configmap_cas` calls)."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+        self.asked: list[tuple[str, str | None]] = []
+
+    async def get(self, resource: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self.asked.append((name, namespace))
+        return {"data": dict(self.data)}
+
+
+async def test_fetch_configmap_cas_reads_only_the_kinds_asked_for() -> None:
+    kube = ConfigMaps(
+        {
+            "requestheader-client-ca-file": NEW_CA.cert_pem.decode(),
+            "client-ca-file": CLIENT_CA.cert_pem.decode(),
+        }
+    )
+    got = await auth.fetch_configmap_cas(cast(KubeClient, kube), ("requestheader",))
+    assert got == {"requestheader": NEW_CA.cert_pem}
+    assert kube.asked == [("extension-apiserver-authentication", "kube-system")]
+    kube.data = {"client-ca-file": ""}
+    assert await auth.fetch_configmap_cas(cast(KubeClient, kube), ("requestheader", "client")) == {}
+
+
+async def test_the_adapter_rereads_the_configmap_cas_it_started_with(tmp_path: Path) -> None:
+    """Without CA files the adapter trusts what the authentication ConfigMap held at start; its reloader
+    re-reads the kinds that came from there."""
+    config = Config.model_validate(
+        {
+            "prometheus": {"url": "http://127.0.0.1:1", "retries": 0},
+            "adapter": {"authentication": {"enabled": False}},
+        }
+    )
+    kube = ConfigMaps(
+        {
+            "requestheader-client-ca-file": OLD_CA.cert_pem.decode(),
+            "client-ca-file": CLIENT_CA.cert_pem.decode(),
+        }
+    )
+    adapter = Adapter(config, kube=cast(KubeClient, kube), cert_reload_interval=3600)
+    front_proxy = auth.RequestHeaderConfig(ca=certs(OLD_CA), allowed_names=("front-proxy-client",))
+
+    async def deny(user: auth.UserInfo, attributes: Mapping[str, Any]) -> bool:
+        return False
+
+    adapter.security = Security(auth.Authenticator(front_proxy, certs(CLIENT_CA), None), deny)
+    try:
+        ctx = adapter.serving_context()
+        reloader = adapter.certificates
+        assert reloader is not None
+        authenticator = adapter.security.authenticator
+
+        async def user(front: pki.KeyPair, stem: str) -> auth.UserInfo | None:
+            _, server_end = handshake(ctx, client_context(cert=front, tmp=tmp_path / stem))
+            return await authenticator.authenticate(server_end.getpeercert(binary_form=True), HEADERS)
+
+        kube.data["requestheader-client-ca-file"] = NEW_CA.cert_pem.decode()
+        await reloader.fetch()
+        assert reloader.poll() is Outcome.SUCCESS
+        assert (await user(NEW_FRONT, "after")) is not None
+        alice = pki.issue(CLIENT_CA, "alice", client=True)
+        assert (await user(alice, "alice")) == auth.UserInfo("alice")  # the client CA is still trusted
     finally:
         await adapter.stop()
