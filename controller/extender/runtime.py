@@ -42,8 +42,8 @@ from gpuwarden.promclient import PrometheusClient
 
 log = logging.getLogger(__name__)
 
-WARM_CHUNK = 200
-"""Nodes warmed between two yields to the event loop (~10 ms of work for four request sizes)."""
+WARM_CHUNK = 100
+"""Nodes warmed between two yields to the event loop: ~10 ms of work for four request sizes."""
 
 CLAIM_TTL_SECONDS = ExtenderConfig.model_fields["claim_ttl_seconds"].default
 """The default of `extender.claim_ttl_seconds` (kept for callers that imported the old constant)."""
