@@ -8,6 +8,7 @@ plays the API server; everything else runs against the real control plane in tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -151,25 +152,32 @@ class FakeApi:
         return resp
 
 
+@contextlib.asynccontextmanager
+async def serving(handle: Any) -> AsyncIterator[str]:
+    """`handle` answering every path on a loopback port; yields its base URL, stopped on exit."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[KubeClient, FakeApi, CollectorRegistry]]:
     fake = FakeApi()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    registry = CollectorRegistry()
-    client = KubeClient.from_config(
-        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), registry=registry, request_timeout=5
-    )
-    try:
-        yield client, fake, registry
-    finally:
-        await client.aclose()
-        await runner.cleanup()
+    async with serving(fake.handle) as url:
+        registry = CollectorRegistry()
+        client = KubeClient.from_config(
+            kubeconfig=kubeconfig(tmp_path, url), registry=registry, request_timeout=5
+        )
+        try:
+            yield client, fake, registry
+        finally:
+            await client.aclose()
 
 
 def count(registry: CollectorRegistry, verb: str, outcome: str) -> float:
@@ -352,24 +360,18 @@ async def test_idle_watches_never_starve_requests(tmp_path: Path) -> None:
     requests and one for watches a GET still goes through while a watch idles (a shared pool of one would
     block it behind the watch)."""
     fake = FakeApi()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    client = KubeClient.from_config(
-        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), max_connections=1, max_watches=1
-    )
-    try:
-        stream = client.watch(NODES, resource_version="3")
-        assert (await anext(stream))["type"] == "ADDED"  # connected; the server now idles for 30 s
-        got = await asyncio.wait_for(asyncio.gather(*(client.get(NODES, "gpu-0") for _ in range(3))), 5)
-        assert got == [NODE] * 3  # three requests share the one request connection in turn
-        await stream.aclose()
-    finally:
-        await client.aclose()
-        await runner.cleanup()
+    async with serving(fake.handle) as url:
+        client = KubeClient.from_config(
+            kubeconfig=kubeconfig(tmp_path, url), max_connections=1, max_watches=1
+        )
+        try:
+            stream = client.watch(NODES, resource_version="3")
+            assert (await anext(stream))["type"] == "ADDED"  # connected; the server now idles for 30 s
+            got = await asyncio.wait_for(asyncio.gather(*(client.get(NODES, "gpu-0") for _ in range(3))), 5)
+            assert got == [NODE] * 3  # three requests share the one request connection in turn
+            await stream.aclose()
+        finally:
+            await client.aclose()
 
 
 def test_unreadable_client_certificate_is_a_config_error(tmp_path: Path) -> None:
@@ -390,31 +392,25 @@ async def test_bearer_token_is_asked_for_on_every_request_so_rotated_tokens_are_
         seen.append(request.headers.get("Authorization", ""))
         return web.json_response(NODE)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))
-    tokens = iter(["t1", "t2", "t3", "t4", "t5"])
+    async with serving(handle) as url:
+        configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, url))
+        tokens = iter(["t1", "t2", "t3", "t4", "t5"])
 
-    def refresh(conf: Any) -> None:
-        conf.api_key = {"authorization": next(tokens)}
-        conf.api_key_prefix = {"authorization": "Bearer"}
+        def refresh(conf: Any) -> None:
+            conf.api_key = {"authorization": next(tokens)}
+            conf.api_key_prefix = {"authorization": "Bearer"}
 
-    configuration.refresh_api_key_hook = refresh
-    client = KubeClient(configuration, credential_ttl=0)
-    cached = KubeClient(configuration)  # the default: asked at most once a second
-    try:
-        for _ in range(3):
-            await client.get(NODES, "gpu-0")
-        await cached.get(NODES, "gpu-0")
-        await cached.get(NODES, "gpu-0")
-    finally:
-        await client.aclose()
-        await cached.aclose()
-        await runner.cleanup()
+        configuration.refresh_api_key_hook = refresh
+        client = KubeClient(configuration, credential_ttl=0)
+        cached = KubeClient(configuration)  # the default: asked at most once a second
+        try:
+            for _ in range(3):
+                await client.get(NODES, "gpu-0")
+            await cached.get(NODES, "gpu-0")
+            await cached.get(NODES, "gpu-0")
+        finally:
+            await client.aclose()
+            await cached.aclose()
     assert seen == ["Bearer t1", "Bearer t2", "Bearer t3", "Bearer t4", "Bearer t4"]
 
 
@@ -449,26 +445,18 @@ async def test_watch_reassembles_a_large_event_from_small_chunks_and_fails_clean
             await resp.write(payload[i : i + 1000])
         return resp
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    registry = CollectorRegistry()
-    client = KubeClient.from_config(
-        kubeconfig=kubeconfig(tmp_path, f"http://127.0.0.1:{port}"), registry=registry
-    )
-    try:
-        async with client.watch(NODES, resource_version="1") as stream:
-            events = [e async for e in stream]
-        assert events == [big, tail]
-        stream = client.watch(NODES, resource_version="2")
-        with pytest.raises(KubeError, match="invalid JSON"):
-            await anext(stream)
-        assert count(registry, "watch", "error") == 1
-        with pytest.raises(StopAsyncIteration):  # closed on the error: the connection is already released
-            await anext(stream)
-    finally:
-        await client.aclose()
-        await runner.cleanup()
+    async with serving(handle) as url:
+        registry = CollectorRegistry()
+        client = KubeClient.from_config(kubeconfig=kubeconfig(tmp_path, url), registry=registry)
+        try:
+            async with client.watch(NODES, resource_version="1") as stream:
+                events = [e async for e in stream]
+            assert events == [big, tail]
+            stream = client.watch(NODES, resource_version="2")
+            with pytest.raises(KubeError, match="invalid JSON"):
+                await anext(stream)
+            assert count(registry, "watch", "error") == 1
+            with pytest.raises(StopAsyncIteration):  # closed on the error: the connection is already released
+                await anext(stream)
+        finally:
+            await client.aclose()
