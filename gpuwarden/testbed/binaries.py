@@ -19,6 +19,7 @@ REQUIRED_BINARIES: tuple[str, ...] = (
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
+    "kubelet",
     "etcd",
     "kwok",
     "kwokctl",

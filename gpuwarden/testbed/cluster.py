@@ -38,7 +38,20 @@ import yaml
 
 from gpuwarden import ports
 from gpuwarden.testbed.binaries import Binaries
-from gpuwarden.testbed.pki import FRONT_PROXY_CLIENT_CN, FrontProxyPki, write_front_proxy_pki
+from gpuwarden.testbed.pki import (
+    FRONT_PROXY_CLIENT_CN,
+    FrontProxyPki,
+    load_keypair,
+    make_ca,
+    write_front_proxy_pki,
+)
+from gpuwarden.testbed.realnode import (
+    KubeletClientPki,
+    RealNode,
+    RealNodeError,
+    RealNodeSpec,
+    write_kubelet_client_pki,
+)
 from gpuwarden.testbed.scheduler import scheduler_configuration
 from gpuwarden.testbed.waiting import Progress, poll
 
@@ -51,6 +64,7 @@ _PORT_OPTIONS = (
     "kubeSchedulerPort",
     "kwokControllerPort",
 )
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
@@ -80,6 +94,10 @@ class ClusterConfig:
     kwokctl_options: Mapping[str, Any] = field(default_factory=dict)
     """Merged last into ``KwokctlConfiguration.options`` (e.g. ``nodeLeaseDurationSeconds``,
     ``kubeControllerManagerNodeMonitorGracePeriodMilliseconds``); empty keeps kwokctl's defaults."""
+    real_nodes: Sequence[RealNodeSpec] = ()
+    """Real kubelet nodes (containerd + runc) to start beside the kwok nodes; at most one per machine.
+    With any, kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake`` (every :class:`GpuNodeSpec`
+    node is) and kube-apiserver runs NodeRestriction admission and presents a kubelet-client certificate."""
     kwok_options: Mapping[str, Any] = field(default_factory=dict)
     """When given, a ``KwokConfiguration`` document with these ``options`` (e.g. ``nodeLeaseParallelism``,
     ``nodePlayStageParallelism``) is added for the kwok controller; empty keeps kwok's defaults."""
@@ -166,6 +184,8 @@ class Cluster:
         self.front_proxy: FrontProxyPki | None = None
         self.timings: dict[str, float] = {}
         self._port_overrides: dict[str, int] = {}
+        self.kubelet_client: KubeletClientPki | None = None
+        self.real_nodes: list[RealNode] = []
 
     # ---------------------------------------------------------------- paths and endpoints
     @property
@@ -246,8 +266,16 @@ class Cluster:
             "advertise-address": LOCALHOST,
             "endpoint-reconciler-type": "none",
             "service-cluster-ip-range": "10.96.0.0/16",
-            **c.extra_apiserver_args,
         }
+        if self.kubelet_client is not None:
+            kc = self.kubelet_client
+            # The real node's kubelet accepts only this identity (x509) and asks us to authorize it (webhook).
+            apiserver_args["kubelet-client-certificate"] = str(kc.client_cert)
+            apiserver_args["kubelet-client-key"] = str(kc.client_key)
+            apiserver_args["enable-admission-plugins"] = "NodeRestriction"
+            # The node name does not resolve here; dial the kubelet at its InternalIP (logs, exec).
+            apiserver_args["kubelet-preferred-address-types"] = "InternalIP"
+        apiserver_args.update(c.extra_apiserver_args)
         kcm_args: dict[str, str] = {
             "controllers": c.kcm_controllers,
             "leader-elect": "false",
@@ -292,6 +320,7 @@ class Cluster:
                         "name": "kube-controller-manager",
                         "extraArgs": [{"key": k, "value": v} for k, v in kcm_args.items()],
                     },
+                    *self._kwok_controller_patch(),
                 ],
             }
         ]
@@ -305,6 +334,20 @@ class Cluster:
             )
         return docs
 
+    def _kwok_controller_patch(self) -> list[dict[str, Any]]:
+        """With a real node, kwok must not heartbeat it or play its pods: manage annotated fake nodes only."""
+        if not self.config.real_nodes:
+            return []
+        return [
+            {
+                "name": "kwok-controller",
+                "extraArgs": [
+                    {"key": "manage-all-nodes", "value": "false", "override": True},
+                    {"key": "manage-nodes-with-annotation-selector", "value": f"{FAKE_NODE_ANNOTATION}=fake"},
+                ],
+            }
+        ]
+
     def _create(self) -> None:
         p = self._progress
         c = self.config
@@ -313,6 +356,14 @@ class Cluster:
         )
         p(f"creating cluster {c.name!r} in {self.workdir} ({versions or self.binaries.bin_dir})")
         self.front_proxy = write_front_proxy_pki(self.workdir / "front-proxy")
+        if c.real_nodes:
+            if len(c.real_nodes) > 1:
+                raise ClusterError(
+                    "at most one real kubelet node per machine (fixed device-plugin directory)"
+                )
+            self.kubelet_client = write_kubelet_client_pki(
+                self.workdir / "kubelet-client", make_ca("gpuwarden-testbed-kubelet-client-ca")
+            )
         scheduler_path = self.workdir / "scheduler-config.yaml"
         scheduler_path.write_text(yaml.safe_dump(dict(c.scheduler_config or scheduler_configuration())))
         config_path = self.workdir / "kwokctl.yaml"
@@ -353,6 +404,34 @@ class Cluster:
         self._wait_ready()
         self.timings["ready_s"] = time.monotonic() - t0
         p(f"cluster ready in {self.timings['ready_s']:.1f}s at {self.server} (kubeconfig {self.kubeconfig})")
+        for spec in c.real_nodes:
+            self._start_real_node(spec)
+
+    def _start_real_node(self, spec: RealNodeSpec) -> None:
+        assert self.kubelet_client is not None
+        node = RealNode(
+            spec,
+            kubelet_binary=self.binaries.path("kubelet"),
+            ctl_binary=self.binaries.path("kubectl"),
+            server=self.server,
+            cluster_ca=load_keypair(self.ca_cert, self.cluster_dir / "pki" / "ca.key"),
+            kubelet_client_ca=self.kubelet_client.ca_cert,
+            cache_dir=self.binaries.bin_dir.parent.parent / "images",
+            progress=Progress(f"testbed:{self.config.name}:{spec.name}", enabled=self.config.progress),
+        )
+        self.real_nodes.append(node)
+        try:
+            node.start()
+        except RealNodeError as exc:
+            raise ClusterError(f"real node {spec.name}: {exc}") from exc
+        self.timings[f"{spec.name}_ready_s"] = node.timings.get("node_ready_s", 0.0)
+
+    def real_node(self, name: str | None = None) -> RealNode:
+        """The running real kubelet node (the only one, or the one named)."""
+        for node in self.real_nodes:
+            if name is None or node.name == name:
+                return node
+        raise ClusterError(f"no real kubelet node {name or ''} in this cluster")
 
     def _wait_ready(self) -> None:
         timeout = self.config.ready_timeout
@@ -587,6 +666,11 @@ class Cluster:
             return
         self._deleted = True
         p = self._progress
+        for node in self.real_nodes:
+            # Before the control plane goes: the kubelet would otherwise spend its shutdown retrying the API.
+            with contextlib.suppress(Exception):
+                node.copy_logs(self.workdir / f"logs-{node.name}")
+            node.stop()
         if self.kubeconfig.is_file():
             with contextlib.suppress(Exception):
                 removed = self.delete_apiservices()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.utils import CryptographyDeprecationWarning
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 FRONT_PROXY_CLIENT_CN = "front-proxy-client"
@@ -89,6 +91,11 @@ def make_ca(common_name: str) -> KeyPair:
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def load_keypair(cert_path: Path, key_path: Path) -> KeyPair:
+    """A certificate and key from PEM files (e.g. kwokctl's cluster CA, to sign node credentials)."""
+    return KeyPair(cert_path.read_bytes(), key_path.read_bytes())
+
+
 def issue(
     ca: KeyPair,
     common_name: str,
@@ -100,10 +107,13 @@ def issue(
     client: bool = False,
 ) -> KeyPair:
     """A leaf certificate signed by ``ca`` (server and/or client usage, optional SANs)."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    with warnings.catch_warnings():
+        # kwokctl's CA (signing the real node's credentials) has a serial number RFC 5280 disallows.
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("CA key must be an EC key created by make_ca()")
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise TypeError("CA key must be an EC or RSA private key (make_ca() or kwokctl's pki/ca.key)")
     key = _new_key()
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]

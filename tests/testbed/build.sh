@@ -124,10 +124,12 @@ echo "    output: $BIN"
 # is the module root go.etcd.io/etcd/server/v3, so it comes out as "server". Build it alone with -o bin/etcd.
 OUT_NAME=etcd build_step etcd "$TB/etcd" "$ETCD_LDFLAGS" "1.5 min" etcd -- go.etcd.io/etcd/server/v3
 
-build_step kube "$TB/k8s" "$K8S_LDFLAGS" "7 min" \
-  kube-apiserver kube-controller-manager kube-scheduler kubectl -- \
+# kubelet is in the same `go build` as the control plane: they share most of their compile work (the real
+# kubelet node of the test bed, see README.md).
+build_step kube "$TB/k8s" "$K8S_LDFLAGS" "9 min" \
+  kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet -- \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
 
 build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
@@ -136,16 +138,18 @@ build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
 STEP=$((STEP + 1))
 echo "==> [$STEP/$TOTAL_STEPS] verifying binaries"
 t0=$(now)
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd kwok kwokctl; do
   [[ -x "$BIN/$b" ]] || die "$BIN/$b missing after the build"
 done
 ver() { { "$BIN/$1" "${@:2}" 2>&1 || true; } | awk "NR==1" ; }
 APISERVER_V=$(ver kube-apiserver --version)
+KUBELET_V=$(ver kubelet --version)
 KUBECTL_V=$({ "$BIN/kubectl" version --client 2>&1 || true; } | awk "NR==1")
 ETCD_V=$(ver etcd --version)
 KWOK_V=$(ver kwokctl --version)
-for line in "$APISERVER_V" "$KUBECTL_V" "$ETCD_V" "$KWOK_V"; do echo "    $line"; done
+for line in "$APISERVER_V" "$KUBELET_V" "$KUBECTL_V" "$ETCD_V" "$KWOK_V"; do echo "    $line"; done
 [[ "$APISERVER_V" == *"$K8S_VERSION"* ]] || die "kube-apiserver reports '$APISERVER_V', expected $K8S_VERSION"
+[[ "$KUBELET_V" == *"$K8S_VERSION"* ]] || die "kubelet reports '$KUBELET_V', expected $K8S_VERSION"
 [[ "$ETCD_V" == *"${ETCD_VERSION#v}"* ]] || die "etcd reports '$ETCD_V', expected $ETCD_VERSION"
 cat > "$OUT/versions.json" <<EOF
 {
