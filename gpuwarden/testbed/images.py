@@ -5,8 +5,8 @@ own C sources (``tests/testbed/images/``): the **pause** image (every pod sandbo
 workload image of the node tests (prints its environment and the files it was given, sleeps, reports SIGTERM
 and keeps running for a chosen delay). Each is one static binary (``gcc -static``) on an empty root,
 written as an OCI image layout archive and imported into containerd's ``k8s.io`` namespace (the one
-the CRI plugin serves) under the fully qualified name the kubelet asks for. Builds are cached by a hash of the source, the
-compiler version and the image settings, so a warm start compiles nothing.
+the CRI plugin serves) under the fully qualified name the kubelet asks for. Builds are cached by a hash
+of the source, the compiler version and the image settings, so a warm start compiles nothing.
 """
 
 from __future__ import annotations

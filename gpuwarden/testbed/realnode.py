@@ -15,9 +15,10 @@ containerd paths:
 * the two **images** of :mod:`gpuwarden.testbed.images`, imported into containerd's ``k8s.io`` namespace;
 * the **kubelet**, registered as ``system:node:<name>`` (group ``system:nodes``) with a client certificate
   signed by the cluster CA, so the Node authorizer and NodeRestriction admission apply to it as to any
-  node. Its own API (logs) accepts only the API server's kubelet-client certificate and asks the API server to authorize
-  (webhook), as on a kubeadm node. It registers labelled ``gpuwarden.io/real-kubelet=true`` and tainted
-  ``gpuwarden.io/real-kubelet=true:NoSchedule``, so only pods that ask for it land there.
+  node. Its own API (logs) accepts only the API server's kubelet-client certificate and asks the API
+  server to authorize (webhook), as on a kubeadm node. It registers labelled
+  ``gpuwarden.io/real-kubelet=true`` and tainted ``gpuwarden.io/real-kubelet=true:NoSchedule``, so only
+  pods that ask for it land there.
 
 The kubelet's device-plugin directory is fixed at ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir``
 says, so only one real node can run on a machine at a time: :class:`RealNode` takes an exclusive lock
@@ -627,6 +628,10 @@ class RealNode:
         if self._stopped:
             return
         self._stopped = True
+        if self._lock is None:
+            # Never got the machine: the cgroups, netns, bridge and device-plugin files may be another node's.
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
         kubelet = self._procs.get("kubelet")
         if kubelet is not None and kubelet.poll() is None:
             kubelet.send_signal(signal.SIGTERM)
@@ -658,15 +663,14 @@ class RealNode:
                     subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", self.spec.bridge], capture_output=True, check=False)
         self._remove_pod_cgroups()
-        if self._lock is not None:
-            # The kubelet's checkpoint of device allocations would be restored by the next test bed kubelet.
-            with contextlib.suppress(OSError):
-                (DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").unlink()
-            with contextlib.suppress(OSError):
-                KUBELET_SOCKET.unlink()
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
+        # The kubelet's checkpoint of device allocations would be restored by the next test bed kubelet.
+        with contextlib.suppress(OSError):
+            (DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").unlink()
+        with contextlib.suppress(OSError):
+            KUBELET_SOCKET.unlink()
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+        self._lock = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     @staticmethod
