@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps prometheus testbed upstream-adapter lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos prometheus node-runtime testbed upstream-adapter lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,7 +33,24 @@ prometheus: ## install the Debian prometheus package (server + promtool) when mi
 	  systemctl stop prometheus 2>/dev/null || true; pkill -x prometheus 2>/dev/null || true; }
 	@prometheus --version 2>&1 | head -1
 
-testbed: ## build kube-apiserver, KCM, scheduler, kubectl, etcd, kwok(ctl) into .cache/testbed
+# The real kubelet node of the test bed (tests/testbed/README.md): Debian's containerd 1.6 and runc, the CNI
+# plugins (bridge, host-local, loopback in /usr/lib/cni), gcc + static libc for the pause and tool images,
+# iproute2 for the bridge cleanup. containerd is started by the harness with its own config; the package's
+# service is never used (and is stopped if a service manager started it).
+NODE_PKGS := containerd runc containernetworking-plugins iproute2 gcc libc6-dev
+node-runtime: ## install containerd, runc, CNI plugins, gcc (Debian packages) for the real kubelet node
+	@missing=""; for p in $(NODE_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "==> installing$$missing (Debian packages)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  systemctl stop containerd 2>/dev/null || true; \
+	fi
+	@containerd --version; runc --version | head -1; ls /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/loopback >/dev/null
+
+protos: deps ## regenerate the kubelet gRPC stubs (gpuwarden/kubeletapi) from the k8s.io/kubelet module
+	bash tests/testbed/kubelet-protos.sh
+
+testbed: ## build kube-apiserver, KCM, scheduler, kubectl, kubelet, etcd, kwok(ctl) into .cache/testbed
 	bash tests/testbed/build.sh
 
 upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench)
@@ -54,7 +71,7 @@ integration: deps prometheus ## against a real Prometheus server
 rules-test: prometheus ## promtool check + test of rules/
 	bash rules/test.sh
 
-e2e: deps prometheus testbed ## against the real control plane (tests/testbed)
+e2e: deps prometheus node-runtime testbed ## against the real control plane and a real kubelet node
 	$(PYTEST) -q tests/e2e
 
 test: lint unit integration rules-test e2e ## every tier (what CI runs)

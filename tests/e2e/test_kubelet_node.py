@@ -175,7 +175,9 @@ def test_real_node_is_run_by_its_kubelet_and_kwok_keeps_off_it(node_cluster: Clu
     assert "kwok.x-k8s.io/node" not in real["metadata"].get("annotations", {})
     # The kubelet's own identity renews the node's Lease (kwok would renew it as the admin user).
     lease = poll(
-        lambda: node_cluster.kubectl("get", "lease", REAL_NODE, "-n", "kube-node-lease", "-o", "json", check=False),
+        lambda: node_cluster.kubectl(
+            "get", "lease", REAL_NODE, "-n", "kube-node-lease", "-o", "json", check=False
+        ),
         timeout=30,
         what=f"Lease kube-node-lease/{REAL_NODE}",
     )
