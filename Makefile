@@ -65,8 +65,12 @@ lint: deps ## ruff, mypy (strict), import-linter contracts
 unit: deps ## pure cores, wire formats, respx error paths
 	$(PYTEST) -q tests/unit
 
+# test_dashboards_live runs in a pytest process of its own: after the other modules of the tier, its
+# module-scoped event loop's teardown was seen to hang on this machine kind (the fake API server's watch
+# handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
 integration: deps prometheus ## against a real Prometheus server
-	$(PYTEST) -q tests/integration
+	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
+	$(PYTEST) -q tests/integration/test_dashboards_live.py
 
 rules-test: prometheus ## promtool check + test of rules/
 	bash rules/test.sh

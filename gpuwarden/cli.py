@@ -26,6 +26,8 @@ gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prom
 
   adapter       serve custom.metrics.k8s.io and external.metrics.k8s.io from Prometheus (for HPAs)
   controller    GPU-health quarantine, nomination cleanup, preemption throttle, scheduler extender
+  node-agent    per GPU node: publish GPU topology, record the GPUs containers actually got (kubelet
+                PodResources), optionally serve the device-plugin API so the recorded GPUs are handed out
   plan          one-shot: print what the controller would do now (JSON or table), change nothing
   check-config  validate a config file and report every error at once, each naming its field
   simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
@@ -125,6 +127,30 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     return _run_until_signal(lambda: run_controller(config, dry_run=True if args.dry_run else None))
 
 
+def _cmd_node_agent(args: argparse.Namespace) -> int:
+    overrides: dict[str, object] = {
+        "node_agent.node_name": args.node_name,
+        "node_agent.topology_file": str(args.topology_file) if args.topology_file else None,
+        "node_agent.topology_source": "file" if args.topology_file else None,
+        "node_agent.listen": args.listen,
+    }
+    if args.dry_run:
+        overrides["node_agent.dry_run"] = True
+    if args.device_plugin:
+        overrides["node_agent.device_plugin.enabled"] = True
+    config = _load(args, overrides)
+    if config is None:
+        return EXIT_FAILED
+    from nodeagent.app import node_name_from, run_node_agent
+
+    try:
+        node_name_from(config)
+    except ValueError as exc:
+        print(f"gpuwarden node-agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run_until_signal(lambda: run_node_agent(config))
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     config = _load(args, {"prometheus.url": args.prometheus_url})
     if config is None:
@@ -191,6 +217,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--dry-run", action="store_true", help="compute and log/event plans; patch nothing")
     p.set_defaults(func=_cmd_controller)
+
+    p = sub.add_parser(
+        "node-agent",
+        help="per GPU node: topology, actual GPU allocations reconciled, optional device plugin",
+        description="One per GPU node (a DaemonSet). Publishes the gpuwarden.io/gpu-topology annotation "
+        "on its Node from NVML, sysfs or --topology-file; reads the kubelet PodResources API and writes the "
+        "GPUs each container actually holds on its pod (gpuwarden.io/gpu-ids), counting and eventing "
+        "overrides; with --device-plugin it is the node's device plugin for nvidia.com/gpu and hands out "
+        "the recorded GPUs. Touches only its own Node and the pods bound to it.",
+    )
+    _add_common(p)
+    p.add_argument("--node-name", help="overrides node_agent.node_name (default: $NODE_NAME)")
+    p.add_argument(
+        "--device-plugin", action="store_true", help="serve the kubelet device-plugin API (enforce mode)"
+    )
+    p.add_argument("--topology-file", type=Path, help="read the topology from this file (simulated nodes)")
+    p.add_argument("--listen", help="overrides node_agent.listen (HOST:PORT of probes and /metrics)")
+    p.add_argument("--dry-run", action="store_true", help="decide, log and count; patch nothing")
+    p.set_defaults(func=_cmd_node_agent)
 
     p = sub.add_parser("plan", help="one-shot: print what the controller would do now; changes nothing")
     _add_common(p)

@@ -16,6 +16,7 @@ from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.kubernetes import KubernetesConfig
 from gpuwarden.config.logging import LoggingConfig
+from gpuwarden.config.node_agent import NodeAgentConfig
 from gpuwarden.config.nominations import NominationsConfig
 from gpuwarden.config.preemption import PreemptionConfig
 from gpuwarden.config.prometheus import PrometheusConfig
@@ -28,6 +29,7 @@ SECTIONS = (
     "nominations",
     "preemption",
     "extender",
+    "node_agent",
     "logging",
 )
 
@@ -50,4 +52,7 @@ class Config(Section):
         default_factory=PreemptionConfig, description="Cascading-preemption throttle."
     )
     extender: ExtenderConfig = Field(default_factory=ExtenderConfig, description="Scheduler extender.")
+    node_agent: NodeAgentConfig = Field(
+        default_factory=NodeAgentConfig, description="The per-node agent (`gpuwarden node-agent`)."
+    )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Log level and format.")

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from kubernetes import client as k8s
 
 from gpuwarden import ports
 from gpuwarden.testbed import (
@@ -46,8 +47,11 @@ from gpuwarden.testbed import (
 from gpuwarden.testbed.binaries import repo_root
 from gpuwarden.testbed.cluster import sum_rss
 from gpuwarden.testbed.pki import KeyPair, make_ca, serving_cert_for_service
+from gpuwarden.testbed.realnode import RealNode, RealNodeSpec
 
 EXTENDER_PROBE_RESOURCE = "gpuwarden.io/extender-probe"
+REAL_NODE = "real-node-0"
+KWOK_NODE = "kwok-gpu-0"
 GPU_NODES = ("gpu-node-0", "gpu-node-1")
 
 
@@ -428,6 +432,46 @@ def extender(extender_port: int) -> Iterator[ExtenderServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    config = ClusterConfig(
+        name=f"gw-node-{os.getpid()}",
+        workdir=tmp_path_factory.mktemp("kwok-node"),
+        real_nodes=[RealNodeSpec(name=REAL_NODE)],
+    )
+    created = Cluster.create(config, Binaries.locate())
+    try:
+        add_gpu_nodes(created, [GpuNodeSpec(name=KWOK_NODE, gpus=8)])
+        node = created.real_node()
+        rss = {k: round(v / 2**20) for k, v in node.rss().items()}
+        print(f"\n[e2e] real node: timings {node.timings} rss_mib {rss}")
+        yield created
+    finally:
+        created.delete()
+
+
+@pytest.fixture
+def real_node(node_cluster: Cluster) -> RealNode:
+    return node_cluster.real_node()
+
+
+@pytest.fixture
+def node_ns(node_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"{re.sub(r'[^a-z0-9-]+', '-', request.node.name.lower())[:30].strip('-')}-{uuid.uuid4().hex[:5]}"
+    ensure_namespace(node_cluster, name)
+    yield name
+    node_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def node_core(node_cluster: Cluster) -> Iterator[k8s.CoreV1Api]:
+    api = node_cluster.api_client()
+    try:
+        yield k8s.CoreV1Api(api)
+    finally:
+        api.close()
 
 
 def pod_manifest(

@@ -3,18 +3,16 @@
 The contracts that end on a node — a device plugin's Allocate reaching the container, the PodResources API,
 an Eviction ending in SIGTERM within the grace period, a PodDisruptionBudget holding, ``kubectl logs`` — are
 checked here against the real kubelet, reading the facts from the container's own output. These are the
-tests the node-agent and drain work builds on. One cluster for the module (its own: only one real node can run
-per machine, and the session cluster's kwok manages every node).
+tests the node-agent and drain work builds on. The cluster is conftest's `node_cluster` (its own: only one
+real node can run per machine, and the session cluster's kwok manages every node).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +24,7 @@ from kubernetes.client.rest import ApiException
 from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
 from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuwarden.testbed import (
-    Binaries,
     Cluster,
-    ClusterConfig,
-    GpuNodeSpec,
-    add_gpu_nodes,
-    ensure_namespace,
     poll,
 )
 from gpuwarden.testbed.images import TOOL_IMAGE
@@ -42,52 +35,21 @@ from gpuwarden.testbed.realnode import (
     RealNode,
     RealNodeSpec,
 )
+from tests.e2e.conftest import KWOK_NODE, REAL_NODE
 from tests.e2e.minimal_device_plugin import MinimalDevicePlugin
 
-REAL_NODE = "real-node-0"
-KWOK_NODE = "kwok-gpu-0"
 GPU = "nvidia.com/gpu"
 LINE = re.compile(r"^gwtool: t=(?P<t>[0-9.]+) (?P<text>.*)$")
 
 
-@pytest.fixture(scope="module")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(
-        name=f"gw-node-{os.getpid()}",
-        workdir=tmp_path_factory.mktemp("kwok-node"),
-        real_nodes=[RealNodeSpec(name=REAL_NODE)],
-    )
-    created = Cluster.create(config, Binaries.locate())
-    try:
-        add_gpu_nodes(created, [GpuNodeSpec(name=KWOK_NODE, gpus=8)])
-        node = created.real_node()
-        rss = {k: round(v / 2**20) for k, v in node.rss().items()}
-        print(f"\n[e2e] real node: timings {node.timings} rss_mib {rss}")
-        yield created
-    finally:
-        created.delete()
+@pytest.fixture
+def ns(node_ns: str) -> str:
+    return node_ns
 
 
 @pytest.fixture
-def real_node(node_cluster: Cluster) -> RealNode:
-    return node_cluster.real_node()
-
-
-@pytest.fixture
-def ns(node_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = f"{re.sub(r'[^a-z0-9-]+', '-', request.node.name.lower())[:30].strip('-')}-{uuid.uuid4().hex[:5]}"
-    ensure_namespace(node_cluster, name)
-    yield name
-    node_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
-
-
-@pytest.fixture
-def core(node_cluster: Cluster) -> Iterator[k8s.CoreV1Api]:
-    api = node_cluster.api_client()
-    try:
-        yield k8s.CoreV1Api(api)
-    finally:
-        api.close()
+def core(node_core: k8s.CoreV1Api) -> k8s.CoreV1Api:
+    return node_core
 
 
 def tool_pod(

@@ -535,6 +535,18 @@ async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
     return runner, int(runner.addresses[0][1])
 
 
+CLEANUP_LIMIT_SECONDS = 20.0
+
+
+async def bounded_cleanup(runner: web.AppRunner) -> None:
+    """`runner.cleanup()`, bounded: with aiohttp 3.14 the fake API server's shutdown was seen to wait
+    forever for streaming watch handlers whose tasks were already gone (the fixture teardown hung)."""
+    try:
+        await asyncio.wait_for(runner.cleanup(), timeout=CLEANUP_LIMIT_SECONDS)
+    except TimeoutError:
+        print(f"test fixture: server cleanup unfinished after {CLEANUP_LIMIT_SECONDS:.0f}s", file=sys.stderr)
+
+
 def kube_client(url: str, registry: CollectorRegistry) -> KubeClient:
     from kubernetes.client import Configuration
 
@@ -621,7 +633,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         api_app = web.Application()
         api_app.router.add_route("*", "/{tail:.*}", api.handle)
         runner, api_port = await serve(api_app)
-        stack.push_async_callback(runner.cleanup)
+        stack.push_async_callback(bounded_cleanup, runner)
         api_url = f"http://127.0.0.1:{api_port}"
 
         ksm_app = web.Application()
@@ -631,7 +643,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
 
         ksm_app.router.add_get("/metrics", ksm_metrics)
         runner, ksm_port = await serve(ksm_app)
-        stack.push_async_callback(runner.cleanup)
+        stack.push_async_callback(bounded_cleanup, runner)
 
         # gpuwarden's own HTTP endpoints first, so Prometheus sees every series from its first sample.
         adapter_registry = new_registry("adapter")
@@ -658,7 +670,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         adapter_app = await adapter.start()
         stack.push_async_callback(adapter.stop)
         runner, adapter_port = await serve(adapter_app)
-        stack.push_async_callback(runner.cleanup)
+        stack.push_async_callback(bounded_cleanup, runner)
 
         controller_prom = PrometheusClient(config.prometheus, registry=controller_registry)
         stack.push_async_callback(controller_prom.aclose)
@@ -672,7 +684,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         )
         extender.mount(controller_app)
         runner, controller_port = await serve(controller_app)
-        stack.push_async_callback(runner.cleanup)
+        stack.push_async_callback(bounded_cleanup, runner)
 
         # Built (so their self-metrics are registered, at zero) before Prometheus first scrapes the
         # controller: a counter or histogram first seen already moved has no rate() for the panels to show.

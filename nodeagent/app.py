@@ -1,0 +1,391 @@
+"""The node agent process (`gpuwarden node-agent`): observe the node, decide with the pure cores, act.
+
+Why one module for the wiring: the topology publisher, the reconcile loop and (opt-in) the device plugin
+share the pod watch of this node, the PodResources reader, the Kubernetes client and the self-metrics. The
+listener serves `/healthz`, `/readyz` (pod watch synced and PodResources answering) and `/metrics`.
+
+What it touches (DESIGN.md: only its own Node and the pods bound to it): the `gpuwarden.io/gpu-topology`
+annotation of its Node, our GPU annotations on pods with `spec.nodeName` = this node, Events about those.
+Dry-run decides, logs and counts, and writes nothing. This module decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeError
+from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.selfmetrics import metrics_handler, new_registry
+from nodeagent.admission import Preference, candidate, prefer
+from nodeagent.deviceplugin import GpuDevicePlugin
+from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
+from nodeagent.reconcile import GPU_IDS_ANNOTATION, Assignment, Outcome, decide, parse_ids, pod_record
+from nodeagent.topology.annotation import render
+from nodeagent.topology.discover import discover
+from nodeagent.topology.model import TopologyReadError
+
+log = logging.getLogger(__name__)
+
+TOPOLOGY_ANNOTATION = "gpuwarden.io/gpu-topology"
+QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
+COMPONENT = "node-agent"
+
+
+def quarantined_uuids(node: Mapping[str, Any]) -> set[str]:
+    """GPU UUIDs the health controller's record on this Node names (per-GPU faults only)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(QUARANTINE_ANNOTATION)
+    if not text:
+        return set()
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return set()
+    gpus = record.get("gpus") if isinstance(record, dict) else None
+    return {str(g) for g in gpus} if isinstance(gpus, list) else set()
+
+
+@dataclass
+class AgentMetrics:
+    """The agent's self-metrics (one registry per process)."""
+
+    registry: CollectorRegistry
+    assignments: Counter = field(init=False)
+    reads: Counter = field(init=False)
+    reconcile_seconds: Histogram = field(init=False)
+    topology_publishes: Counter = field(init=False)
+    topology_errors: Counter = field(init=False)
+    allocatable: Gauge = field(init=False)
+    patch_errors: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.assignments = Counter(
+            "gpuwarden_node_assignments_total",
+            "Pods whose actual GPU allocation (kubelet PodResources) was compared with the recorded set, by "
+            "outcome: honoured (same GPUs), overridden (the kubelet chose others), unrecorded (no set).",
+            ["outcome"],
+            registry=r,
+        )
+        for verdict in Outcome:
+            self.assignments.labels(verdict.value)
+        self.reads = Counter(
+            "gpuwarden_node_podresources_reads_total", "PodResources List calls.", ["outcome"], registry=r
+        )
+        for result in ("ok", "error"):
+            self.reads.labels(result)
+        self.reconcile_seconds = Histogram(
+            "gpuwarden_node_reconcile_seconds",
+            "One reconcile pass: PodResources read, decision, patches.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.topology_publishes = Counter(
+            "gpuwarden_node_topology_publishes_total",
+            "Writes of the gpuwarden.io/gpu-topology annotation (only when it changed).",
+            registry=r,
+        )
+        self.topology_errors = Counter(
+            "gpuwarden_node_topology_errors_total",
+            "Topology reads that failed (unreadable or inconsistent hardware); the annotation was kept.",
+            registry=r,
+        )
+        self.allocatable = Gauge(
+            "gpuwarden_node_allocatable_devices",
+            "Healthy devices of the resource the kubelet can hand out (PodResources GetAllocatable).",
+            registry=r,
+        )
+        self.patch_errors = Counter(
+            "gpuwarden_node_patch_errors_total", "Failed writes to the API server.", ["kind"], registry=r
+        )
+
+
+def node_name_from(config: Config, env: dict[str, str] | None = None) -> str:
+    """`node_agent.node_name`, else $NODE_NAME; raise if neither is set."""
+    env = dict(os.environ) if env is None else env
+    name = config.node_agent.node_name or env.get("NODE_NAME", "")
+    if not name:
+        raise ValueError(
+            "node_agent.node_name is empty and $NODE_NAME is not set (Downward API spec.nodeName)"
+        )
+    return name
+
+
+class NodeAgent:
+    """The running agent for one node."""
+
+    def __init__(
+        self, config: Config, kube: KubeClient, node: str, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.config = config
+        self.cfg = config.node_agent
+        self.kube = kube
+        self.node = node
+        self.registry = registry or new_registry(COMPONENT)
+        self.metrics = AgentMetrics(self.registry)
+        self.reader = PodResourcesReader(self.cfg.pod_resources_path)
+        self.pods = Informer(kube, PODS, field_selector=f"spec.nodeName={node}")
+        self.nodes = Informer(kube, NODES, field_selector=f"metadata.name={node}")
+        self.uuid_by_id: dict[str, str] = {}
+        self.index_by_id: dict[str, int] = {}
+        self.plugin: GpuDevicePlugin | None = None
+        if self.cfg.device_plugin.enabled:
+            dpc = self.cfg.device_plugin
+            self.plugin = GpuDevicePlugin(
+                resource=self.cfg.resource_name,
+                plugin_dir=Path(self.cfg.device_plugin_dir),
+                socket_name=dpc.socket_name,
+                prefer=self.prefer,
+                visible_env=dpc.visible_devices_env,
+                registry=self.registry,
+                index_of=self.index_by_id,
+                pass_device_specs=dpc.device_nodes,
+            )
+        self.events = EventRecorder(kube, component=COMPONENT, instance=f"{node}/{socket.gethostname()}")
+        self.numa_by_id: dict[str, int] = {}
+        self.topology_json: str | None = None
+        self.last_read_ok = False
+        self._wake = asyncio.Event()
+        self._topology_known = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # ---------------------------------------------------------------- topology
+    def read_topology(self) -> str:
+        """Discover and render; raise TopologyReadError."""
+        c = self.cfg
+        topo = discover(
+            c.topology_source,
+            topology_file=Path(c.topology_file) if c.topology_file else None,
+        )
+        return render(topo, c.device_id_strategy)
+
+    async def publish_topology(self) -> None:
+        """Read the hardware; write the Node annotation when it changed; on failure keep the old one."""
+        try:
+            text = await asyncio.to_thread(self.read_topology)
+        except TopologyReadError as exc:
+            self.metrics.topology_errors.inc()
+            log.warning("topology unreadable; keeping the published annotation", extra={"error": str(exc)})
+            with contextlib.suppress(KubeError):
+                await self.events.emit(
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "uid": self.node}},
+                    reason="GPUTopologyUnreadable",
+                    note=str(exc)[:900],
+                    action="ReadTopology",
+                    type=EventType.WARNING,
+                )
+            return
+        self.topology_json = text
+        doc = json.loads(text)
+        self.numa_by_id = {gpu: int(a["numa"]) for gpu, a in doc.items() if a.get("numa") is not None}
+        self.uuid_by_id = {gpu: str(a["uuid"]) for gpu, a in doc.items() if a.get("uuid")}
+        self._topology_known.set()
+        await self.refresh_devices()
+        if not self.cfg.publish_topology:
+            return
+        try:
+            node = await self.kube.get(NODES, self.node)
+        except KubeError as exc:
+            log.warning("cannot read own Node", extra={"error": str(exc)})
+            return
+        current = ((node.get("metadata") or {}).get("annotations") or {}).get(TOPOLOGY_ANNOTATION)
+        if current == text:
+            return
+        if self.cfg.dry_run:
+            log.info("dry-run: would publish topology", extra={"node": self.node, "topology": text})
+            return
+        try:
+            await self.kube.patch(
+                NODES, self.node, {"metadata": {"annotations": {TOPOLOGY_ANNOTATION: text}}}
+            )
+        except KubeError as exc:
+            self.metrics.patch_errors.labels("node").inc()
+            log.warning("cannot publish topology", extra={"error": str(exc)})
+            return
+        self.metrics.topology_publishes.inc()
+        log.info("published GPU topology", extra={"node": self.node, "gpus": len(self.numa_by_id)})
+
+    # ---------------------------------------------------------------- reconcile
+    async def reconcile_once(self) -> list[Assignment]:
+        """One pass: PodResources -> decide -> patch the pods that need it. Returns the assignments."""
+        with self.metrics.reconcile_seconds.time():
+            try:
+                allocations = await self.reader.allocations(self.cfg.resource_name)
+                allocatable = await self.reader.allocatable(self.cfg.resource_name)
+            except KubeletUnavailable as exc:
+                self.metrics.reads.labels("error").inc()
+                self.last_read_ok = False
+                log.warning("PodResources unavailable", extra={"error": str(exc)})
+                return []
+            self.metrics.reads.labels("ok").inc()
+            self.last_read_ok = True
+            self.metrics.allocatable.set(len(allocatable))
+            pods = [pod_record(o) for o in self.pods.objects()]
+            plan = decide(pods, allocations, self.numa_by_id)
+            for assignment in plan.assignments:
+                await self._apply(assignment)
+            return list(plan.assignments)
+
+    async def _apply(self, a: Assignment) -> None:
+        extra = {"pod": f"{a.namespace}/{a.name}", "outcome": a.outcome.value, "actual": ",".join(a.actual)}
+        if self.cfg.dry_run:
+            log.info("dry-run: would record the actual GPU set", extra=extra)
+            return
+        try:
+            pod = await self.kube.patch(PODS, a.name, a.patch(), namespace=a.namespace)
+        except KubeError as exc:
+            self.metrics.patch_errors.labels("pod").inc()
+            log.warning("cannot record the actual GPU set", extra={**extra, "error": str(exc)})
+            return
+        self.metrics.assignments.labels(a.outcome.value).inc()
+        log.info("recorded the actual GPU set", extra=extra)
+        if a.event_note:
+            with contextlib.suppress(KubeError):
+                await self.events.emit(
+                    ObjectRef.of(pod),
+                    reason="GPUAssignmentOverridden",
+                    note=a.event_note,
+                    action="ReconcileGPUs",
+                    type=EventType.WARNING,
+                )
+
+    def on_pod_event(self, _event: Any) -> None:
+        self._wake.set()
+
+    # ---------------------------------------------------------------- device plugin (enforce)
+    async def refresh_devices(self) -> None:
+        """The plugin's devices: Unhealthy once the health controller quarantined it."""
+        if self.plugin is None or self.topology_json is None:
+            return
+        node = self.nodes.get(self.node) or {}
+        bad = quarantined_uuids(node)
+        ids = list(json.loads(self.topology_json))
+        await self.plugin.set_devices(
+            {i: (self.uuid_by_id.get(i, i) not in bad and i not in bad) for i in ids}
+        )
+
+    async def on_node_event(self, _event: Any) -> None:
+        await self.refresh_devices()
+
+    async def prefer(self, available: Sequence[str], must_include: Sequence[str], size: int) -> Preference:
+        """GetPreferredAllocation: the recorded set of the pod being admitted (see nodeagent.admission)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.device_plugin.admission_wait_seconds
+        while True:
+            try:
+                allocs = await self.reader.allocations(self.cfg.resource_name)
+            except KubeletUnavailable:
+                allocs = []
+            allocated = {a.key: a.ids for a in allocs}
+            cands = []
+            for obj in self.pods.objects():
+                ann = (obj.get("metadata") or {}).get("annotations") or {}
+                c = candidate(obj, parse_ids(ann.get(GPU_IDS_ANNOTATION)))
+                if c is not None:
+                    cands.append(c)
+            pref = prefer(cands, allocated, available, must_include, size)
+            if pref.ids or loop.time() >= deadline:
+                return pref
+            await asyncio.sleep(0.05)  # the bound pod may not have reached our watch yet
+
+    async def reconcile_loop(self) -> None:
+        await self.pods.synced.wait()
+        while not self._stop.is_set():
+            self._wake.clear()
+            await self.reconcile_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.cfg.reconcile_interval_seconds)
+            # Bursts of pod events become one read per min_read_interval (the kubelet rate-limits).
+            await asyncio.sleep(self.cfg.min_read_interval_seconds)
+
+    async def topology_loop(self) -> None:
+        while not self._stop.is_set():
+            await self.publish_topology()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.topology_interval_seconds)
+
+    async def _run_plugin(self) -> None:
+        assert self.plugin is not None
+        await self.pods.synced.wait()
+        await self._topology_known.wait()  # no devices to offer before the topology is known
+        await self.plugin.run()
+
+    def ready(self) -> bool:
+        return self.pods.synced.is_set() and self.last_read_ok
+
+    def app(self) -> web.Application:
+        app = web.Application()
+
+        async def ok(_request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def ready(_request: web.Request) -> web.Response:
+            if not self.pods.synced.is_set():
+                return web.Response(status=503, text="pod watch not synced yet")
+            if not self.last_read_ok:
+                return web.Response(
+                    status=503, text=f"PodResources not answering at {self.reader.socket_path}"
+                )
+            return web.Response(text="ok")
+
+        app.router.add_get("/healthz", ok)
+        app.router.add_get("/livez", ok)
+        app.router.add_get("/readyz", ready)
+        app.router.add_get("/metrics", metrics_handler(self.registry))  # type: ignore[arg-type]
+        return app
+
+    async def run(self) -> None:
+        host, _, port = self.cfg.listen.rpartition(":")
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host or "0.0.0.0", int(port))
+        await site.start()
+        log.info(
+            "node agent running",
+            extra={"node": self.node, "listen": self.cfg.listen, "dry_run": self.cfg.dry_run},
+        )
+        tasks = [
+            asyncio.create_task(self.pods.run(self.on_pod_event), name="pod-watch"),
+            asyncio.create_task(self.nodes.run(self.on_node_event), name="node-watch"),
+            asyncio.create_task(self.topology_loop(), name="topology"),
+            asyncio.create_task(self.reconcile_loop(), name="reconcile"),
+        ]
+        if self.plugin is not None:
+            tasks.append(asyncio.create_task(self._run_plugin(), name="device-plugin"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self._stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.reader.aclose()
+            await runner.cleanup()
+
+
+async def run_node_agent(config: Config) -> None:
+    """Entry point of `gpuwarden node-agent`."""
+    node = node_name_from(config)
+    k = config.kubernetes
+    kube = KubeClient.from_config(
+        kubeconfig=k.kubeconfig,
+        context=k.context,
+        request_timeout=k.request_timeout_seconds,
+        field_manager=k.field_manager,
+    )
+    try:
+        await NodeAgent(config, kube, node).run()
+    finally:
+        await kube.aclose()

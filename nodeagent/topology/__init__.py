@@ -1,0 +1,1 @@
+"""GPU topology of this node, read from the hardware (see the modules for each source)."""
