@@ -11,7 +11,8 @@ to "first pending pod in list order"; gpushare matches by requested amount and s
 * so the pod being admitted is the **oldest** pod bound to this node that carries a recorded GPU set
   (`gpuwarden.io/gpu-ids`) of which part is still unallocated, whose unallocated part fits the request
   (every id available, at least the requested size), and that the kubelet has not started (no container
-  running).
+  running); among those, one whose unallocated part is exactly the requested size comes first, because
+  pods created in the same second tie on creationTimestamp.
 
 A wrong inference is never a double hand-out: the kubelet only offers *available* devices and we only
 prefer among them; and the reconcile loop then records the actual set and counts the override. When no pod
@@ -88,18 +89,20 @@ def prefer(
     `must_include`, `size`: the kubelet's request.
     """
     free = set(available)
+    fits: list[tuple[Candidate, list[str]]] = []
     for c in sorted(candidates, key=lambda c: (c.created, c.namespace, c.name)):
         if c.started:
             continue
-        remaining = [i for i in c.recorded if i not in set(allocated.get(c.key, ()))]
-        if not remaining:
-            continue  # fully allocated: admitted already
-        if len(remaining) < size or not set(remaining) <= free:
-            # The oldest unadmitted pod does not fit this request: the kubelet admits another (or ours was
-            # bound with a set someone else holds now). Do not guess further down the list.
-            return Preference(
-                (), c.key, f"oldest pending pod {c.namespace}/{c.name}: recorded set does not fit"
-            )
+        taken = set(allocated.get(c.key, ()))
+        remaining = [i for i in c.recorded if i not in taken]
+        if remaining and len(remaining) >= size and set(remaining) <= free:
+            fits.append((c, remaining))
+    # Pods created in the same second tie on creationTimestamp (the kubelet's sort is not stable), so a
+    # pod whose unallocated set is exactly this request's size goes first; a larger one is a multi-container
+    # pod getting its first container's share.
+    exact = [f for f in fits if len(f[1]) == size]
+    if fits:
+        c, remaining = (exact or fits)[0]
         chosen = list(canonical(must_include))
         for gpu in sorted(remaining, key=id_key):
             if len(chosen) >= size:
