@@ -242,6 +242,7 @@ class RealNode:
         self.run_dir = Path(tempfile.mkdtemp(prefix="gwtb-", dir="/tmp"))
         self._lock: IO[str] | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._cmds: dict[str, list[str]] = {}
         self._netns_before: set[str] = set()
         self._stopped = False
         self.timings: dict[str, float] = {}
@@ -367,6 +368,7 @@ class RealNode:
         )
         log.close()
         self._procs[name] = proc
+        self._cmds[name] = list(cmd)
         return proc
 
     def _ctr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -612,6 +614,13 @@ class RealNode:
                 f"--- containerd log tail:\n{_tail(self.log('containerd'))}"
             ) from exc
 
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet and start it again with the same flags (it wipes the device-plugin sockets as it
+        starts, as on a real node); wait until the Node is Ready again. Running containers keep running."""
+        self._terminate("kubelet")
+        self._spawn("kubelet", self._cmds["kubelet"])
+        self._wait_ready()
+
     # ---------------------------------------------------------------- stop
     def _shim_pids(self) -> list[int]:
         sock = str(self.containerd_socket)
@@ -632,27 +641,13 @@ class RealNode:
             # Never got the machine: the cgroups, netns, bridge and device-plugin files may be another node's.
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
-        kubelet = self._procs.get("kubelet")
-        if kubelet is not None and kubelet.poll() is None:
-            kubelet.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                kubelet.wait(timeout=10)
-            if kubelet.poll() is None:
-                kubelet.kill()
-                kubelet.wait(timeout=5)
+        self._terminate("kubelet")
         shims = self._shim_pids()
         children = _proc_children()
         containers = [pid for shim in shims for pid in _descendants(shim, children)]
         _kill(containers, signal.SIGKILL)
         _wait_gone(containers, 5)
-        containerd = self._procs.get("containerd")
-        if containerd is not None and containerd.poll() is None:
-            containerd.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                containerd.wait(timeout=10)
-            if containerd.poll() is None:
-                containerd.kill()
-                containerd.wait(timeout=5)
+        self._terminate("containerd")
         _kill(shims, signal.SIGKILL)
         _wait_gone(shims, 5)
         for mountpoint in reversed(_mounts_under([self.run_dir])):
@@ -672,6 +667,18 @@ class RealNode:
         self._lock.close()
         self._lock = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _terminate(self, name: str, grace: float = 10.0) -> None:
+        """SIGTERM one of our processes, SIGKILL it if it outlives ``grace`` seconds."""
+        proc = self._procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
 
     @staticmethod
     def _remove_pod_cgroups() -> None:

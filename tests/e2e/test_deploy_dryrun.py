@@ -37,6 +37,7 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, EventType, KubeClient, LeaderElector, ObjectRef
 from gpuwarden.testbed import Cluster, ensure_namespace
 from tests.unit.test_deploy_manifests import ADAPTER_CLUSTER, CONTROLLER_CLUSTER, CONTROLLER_NAMESPACE
+from tests.unit.test_deploy_node_agent import NODE_AGENT_CLUSTER
 from tests.unit.test_deploy_render import DEPLOY, OVERLAYS, by_identity, render
 
 NS = "gpuwarden"
@@ -44,6 +45,8 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 ADAPTER_SA = f"system:serviceaccount:{NS}:gpuwarden-adapter"
 CONTROLLER_SA = f"system:serviceaccount:{NS}:gpuwarden-controller"
+NODE_NS = "gpuwarden-node"
+NODE_AGENT_SA = f"system:serviceaccount:{NODE_NS}:gpuwarden-node-agent"
 Obj = dict[str, Any]
 
 
@@ -61,9 +64,12 @@ def as_list(objects: list[Obj]) -> str:
 def installed(cluster: Cluster) -> Iterator[list[Obj]]:
     """The namespaces and RBAC objects of base + scheduler overlay, applied for real (and removed after)."""
     ensure_namespace(cluster, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
+    ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
     ensure_namespace(cluster, "inference")
-    objects = render(DEPLOY / "overlays" / "scheduler")
-    rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
+    scheduler = by_identity(render(DEPLOY / "overlays" / "scheduler"))
+    node_agent = by_identity(render(DEPLOY / "overlays" / "node-agent"))
+    objects = {**scheduler, **node_agent}  # the node-agent overlay is the base plus its own objects
+    rbac = [o for o in objects.values() if o["kind"] in RBAC_KINDS]
     done = kubectl(cluster, "apply", "-f", "-", input=as_list(rbac))
     assert done.returncode == 0, done.stderr
     try:
@@ -73,7 +79,9 @@ def installed(cluster: Cluster) -> Iterator[list[Obj]]:
         system = [o for o in rbac if o["metadata"].get("namespace") == "kube-system"]
         kubectl(cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
                 input=as_list(cluster_scoped + system))  # fmt: skip
-        kubectl(cluster, "delete", "namespace", NS, "inference", "--ignore-not-found", "--wait=false")
+        kubectl(
+            cluster, "delete", "namespace", NS, NODE_NS, "inference", "--ignore-not-found", "--wait=false"
+        )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -150,6 +158,7 @@ def test_rbac_grants_exactly_what_the_components_need(cluster: Cluster, installe
         table(ADAPTER_SA, ADAPTER_CLUSTER)
         + table(CONTROLLER_SA, CONTROLLER_CLUSTER)
         + table(CONTROLLER_SA, CONTROLLER_NAMESPACE, NS)
+        + table(NODE_AGENT_SA, NODE_AGENT_CLUSTER)
         + [
             (ADAPTER_SA, attrs("authentication.k8s.io", "tokenreviews", "", "create")),
             (ADAPTER_SA, attrs("authorization.k8s.io", "subjectaccessreviews", "", "create")),
@@ -174,6 +183,13 @@ def test_rbac_grants_exactly_what_the_components_need(cluster: Cluster, installe
         (CONTROLLER_SA, attrs("coordination.k8s.io", "leases", "kube-scheduler", "update", "kube-system")),
         (CONTROLLER_SA, attrs("coordination.k8s.io", "leases", "other", "update", NS)),
         (CONTROLLER_SA, attrs("apps", "deployments", "", "patch", NS)),
+        (NODE_AGENT_SA, attrs("", "nodes", "", "update")),
+        (NODE_AGENT_SA, attrs("", "nodes/status", "", "patch")),
+        (NODE_AGENT_SA, attrs("", "pods", "", "delete", "default")),
+        (NODE_AGENT_SA, attrs("", "pods/eviction", "", "create", "default")),
+        (NODE_AGENT_SA, attrs("", "pods/binding", "", "create", "default")),
+        (NODE_AGENT_SA, attrs("", "secrets", "", "get", NODE_NS)),
+        (NODE_AGENT_SA, attrs("", "configmaps", "", "list", NODE_NS)),
     ]
     granted = allowed(cluster, extras)
     assert not any(granted), [c for c, ok in zip(extras, granted, strict=True) if ok]
@@ -304,3 +320,73 @@ async def test_controller_runs_under_its_service_account(
         ("create", "events"),
     } <= used
     assert ("create", "leases") in used or ("update", "leases") in used, seen
+
+
+# ------------------------------------------------------------------- the node agent's admission policy
+def test_admission_policy_keeps_the_node_agent_to_its_own_node_and_annotations(
+    cluster: Cluster, installed: list[Obj], tmp_path: Path
+) -> None:
+    """RBAC lets the agent patch any node or pod; the policy, keyed on the node of its pod-bound token,
+    lets it change only gpuwarden.io annotations of its own Node and of pods bound to that node."""
+    from tests.e2e.conftest import GPU_NODES
+
+    mine, other = GPU_NODES
+    policy = [o for o in render(DEPLOY / "overlays" / "node-agent")
+              if o["kind"].startswith("ValidatingAdmissionPolicy")]  # fmt: skip
+    assert len(policy) == 2
+    done = kubectl(cluster, "apply", "-f", "-", input=as_list(policy))
+    assert done.returncode == 0, done.stderr
+
+    def pod(name: str, node: str) -> Obj:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NODE_NS},
+                "spec": {"serviceAccountName": "gpuwarden-node-agent", "nodeName": node,
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "a", "image": "registry.invalid/agent:0"}]}}  # fmt: skip
+
+    try:
+        done = kubectl(cluster, "apply", "-f", "-", input=as_list([pod("agent", mine), pod("work", other),
+                                                                   pod("work-mine", mine)]))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        uid = kubectl(cluster, "get", "pod", "agent", "-n", NODE_NS, "-o", "jsonpath={.metadata.uid}").stdout
+        bound = ["--bound-object-kind", "Pod", "--bound-object-name", "agent", "--bound-object-uid", uid]
+        token = kubectl(cluster, "create", "token", "gpuwarden-node-agent", "-n", NODE_NS, *bound)
+        assert token.returncode == 0, token.stderr
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+            "clusters": [{"name": "t", "cluster": {"server": cluster.server,
+                                                   "certificate-authority": str(cluster.ca_cert)}}],
+            "users": [{"name": "agent", "user": {"token": token.stdout.strip()}}],
+            "contexts": [{"name": "agent", "context": {"cluster": "t", "user": "agent"}}],
+        }  # fmt: skip
+        kubeconfig = tmp_path / "agent.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
+
+        def as_agent(*args: str) -> subprocess.CompletedProcess[str]:
+            cmd = [str(cluster.binaries.path("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+        def annotate(kind: str, name: str, key: str, *ns: str) -> subprocess.CompletedProcess[str]:
+            body = json.dumps({"metadata": {"annotations": {key: "e2e"}}})
+            return as_agent("patch", kind, name, *ns, "--type=merge", "-p", body)
+
+        # The policy takes a moment to load: wait until the other node is refused.
+        deadline = time.monotonic() + 30
+        while (res := annotate("node", other, "gpuwarden.io/gpu-topology")).returncode == 0:
+            assert time.monotonic() < deadline, "the policy never denied a patch of another node"
+            time.sleep(0.5)
+        assert f'of node "{mine}" may only change its own Node' in res.stderr, res.stderr
+        ok = annotate("node", mine, "gpuwarden.io/gpu-topology")
+        assert ok.returncode == 0, ok.stderr
+        label = as_agent("label", "node", mine, "gpuwarden.io/e2e=x")
+        assert label.returncode != 0 and "may only change annotations" in label.stderr, label.stderr
+        foreign = annotate("node", mine, "example.com/not-ours")
+        assert foreign.returncode != 0 and "gpuwarden.io/ annotations" in foreign.stderr, foreign.stderr
+        assert annotate("pod", "work-mine", "gpuwarden.io/gpu-ids", "-n", NODE_NS).returncode == 0
+        denied = annotate("pod", "work", "gpuwarden.io/gpu-ids", "-n", NODE_NS)
+        assert denied.returncode != 0 and "own Node and pods bound to it" in denied.stderr, denied.stderr
+    finally:
+        kubectl(cluster, "delete", "-f", "-", "--ignore-not-found", "--wait=false", input=as_list(policy))
+        kubectl(cluster, "delete", "pods", "--all", "-n", NODE_NS, "--grace-period=0", "--force")
+        for node in (mine, other):
+            body = json.dumps({"metadata": {"annotations": {"gpuwarden.io/gpu-topology": None}}})
+            kubectl(cluster, "patch", "node", node, "--type=merge", "-p", body)

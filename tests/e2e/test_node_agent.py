@@ -273,3 +273,46 @@ def test_observe_mode_records_the_kubelets_choice_and_the_extender_follows_it(
         )
         agent.stop()
         plugin.stop()
+
+
+def test_enforce_mode_survives_a_kubelet_restart_and_drops_a_quarantined_gpu(
+    node_cluster: Cluster, real_node: RealNode, extender_on_node_cluster: RunningExtender, node_ns: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    agent = Agent(node_cluster, real_node, tmp_path, device_plugin=True)
+    record = {"version": 1, "state": "quarantined", "reason": "xid-79", "gpus": [UUIDS[0]], "xids": [79]}
+    try:
+        wait_allocatable(node_cluster, 8)
+        assert agent.metric("gpuwarden_node_device_plugin_registrations_total", 'outcome="ok"') == 1
+        # The kubelet restarts and wipes its device-plugin directory: the agent serves a new socket and
+        # registers again, and new pods still get their recorded sets.
+        real_node.restart_kubelet()
+        poll(
+            lambda: agent.metric("gpuwarden_node_device_plugin_registrations_total", 'outcome="ok"') >= 2,
+            timeout=60,
+            what="the agent re-registered after the kubelet restart",
+        )
+        wait_allocatable(node_cluster, 8)
+        create(node_cluster, node_ns, gpu_pod("after-restart", 2))
+        wait_phase(node_cluster, node_ns, "after-restart", "Running")
+        seen = visible_devices(node_cluster, node_ns, "after-restart")
+        ann = poll(
+            lambda: (
+                (a := annotations(node_cluster, node_ns, "after-restart")).get(SOURCE_ANNOTATION) == "kubelet"
+                and a
+            ),
+            timeout=30,
+            what="after-restart reconciled",
+        )
+        assert sorted(seen) == sorted(ann[GPU_IDS_ANNOTATION].split(",")) and REQUESTED_ANNOTATION not in ann
+        # The health record names GPU 0: it turns Unhealthy and the Node's allocatable drops by one.
+        patch = {"metadata": {"annotations": {"gpuwarden.io/quarantine": json.dumps(record)}}}
+        node_cluster.kubectl("patch", "node", REAL_NODE, "--type=merge", "-p", json.dumps(patch))
+        wait_allocatable(node_cluster, 7)
+    finally:
+        patch = {"metadata": {"annotations": {"gpuwarden.io/quarantine": None}}}
+        node_cluster.kubectl("patch", "node", REAL_NODE, "--type=merge", "-p", json.dumps(patch), check=False)
+        node_cluster.kubectl(
+            "delete", "pods", "--all", "-n", node_ns, "--grace-period=0", "--force", check=False
+        )
+        agent.stop()

@@ -19,7 +19,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("base", "overlays/dry-run", "overlays/monitoring", "overlays/scheduler", "examples")
+OVERLAYS = (
+    "base",
+    "overlays/dry-run",
+    "overlays/monitoring",
+    "overlays/scheduler",
+    "examples",
+    "overlays/node-agent",
+)
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
 Obj = dict[str, Any]
 
