@@ -736,6 +736,19 @@ def scheduling() -> Dashboard:
                 "only claim on its GPUs (the pod watch, or a LIST); binding: creating the Binding. Seconds "
                 "here with normal API latency mean the API server is overloaded.",
             ),
+            Panel(
+                "GPU sets checked on the node, by outcome",
+                [
+                    Target(
+                        f"sum by (outcome) (increase(gpuwarden_node_assignments_total[{PREEMPT_WINDOW}]))",
+                        "{{outcome}}",
+                    )
+                ],
+                stack=True,
+                description="The node agent compares the GPUs the kubelet gave each pod (PodResources) with "
+                "the set gpuwarden recorded: honoured = the same; overridden = the kubelet chose others (the "
+                "actual set is then written on the pod); unrecorded = bound without a recorded set.",
+            ),
             Row("Preemption"),
             Panel(
                 "Preemption victims",

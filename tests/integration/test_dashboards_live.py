@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
@@ -46,10 +47,13 @@ from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
+from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpuwarden.localprom import LocalPrometheus, scrape_target
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 from gpuwarden.simulator import RunningSimulator, load_scenario, start
+from nodeagent.app import NodeAgent
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -527,6 +531,62 @@ class Live:
     t1: float = 0.0
 
 
+AGENT_PODS = ("agent-honoured-0", "agent-overridden-0")
+
+
+class FakePodResources(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources API of one node (what a real kubelet answers; proven in the e2e tier)."""
+
+    def __init__(self, held: dict[tuple[str, str], list[str]]) -> None:
+        self.held = held
+
+    async def List(self, request: Any, context: Any) -> Any:
+        pods = [
+            pr.PodResources(
+                namespace=ns, name=name,
+                containers=[pr.ContainerResources(name="main", devices=[
+                    pr.ContainerDevices(resource_name=GPU, device_ids=[gpu]) for gpu in ids])],
+            )
+            for (ns, name), ids in self.held.items()
+        ]  # fmt: skip
+        return pr.ListPodResourcesResponse(pod_resources=pods)
+
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        ids = [str(i) for i in range(8)]
+        return pr.AllocatableResourcesResponse(
+            devices=[pr.ContainerDevices(resource_name=GPU, device_ids=ids)]
+        )
+
+
+async def fake_pod_resources(
+    directory: Path, held: dict[tuple[str, str], list[str]]
+) -> tuple[grpc.aio.Server, Path]:
+    server = grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(FakePodResources(held), server)  # type: ignore[no-untyped-call]
+    socket = directory / "kubelet.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server, socket
+
+
+def agent_config(socket: Path, directory: Path) -> Config:
+    topology = directory / "topology.yaml"
+    gpus = [{"index": i, "pciBusId": f"0000:{0x10 + i:02x}:00.0", "numa": i // 4} for i in range(8)]
+    topology.write_text(yaml.safe_dump({"gpus": gpus}))
+    return Config.model_validate(
+        {
+            "node_agent": {
+                "pod_resources_socket": str(socket),
+                "topology_source": "file",
+                "topology_file": str(topology),
+                "device_id_strategy": "index",
+                "publish_topology": False,  # the extender here reads the fixture's own topology annotation
+                "reconcile_interval_seconds": 1,
+            }
+        }
+    )
+
+
 async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -607,6 +667,10 @@ def populate(api: FakeApiServer, sim_pods: list[Obj]) -> None:
     api.put(
         "", "pods", pod_obj("batch", low1[0], "low", node="gpu-node-004", ids=[6], uid=low1[1], priority=500)
     )
+    for name, gpu in zip(
+        AGENT_PODS, (0, 1), strict=True
+    ):  # the node agent's: honoured (0), overridden (1 -> 5)
+        api.put("", "pods", pod_obj("batch", name, "agent-e2e", node="gpu-node-004", ids=[gpu]))
     api.put("events.k8s.io", "events", preempted_event(low0, mid0, "gpu-node-004", ago=120))
     api.put("events.k8s.io", "events", preempted_event(mid1, low1, "gpu-node-004", ago=60))
 
@@ -693,7 +757,27 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         )
         nominations = NominationLoop(config, kube_controller, registry=controller_registry, instance="c-0")
 
+        # The node agent of gpu-node-004 (observe mode): its kubelet's PodResources answer says one pod got
+        # the recorded GPU and one got another, so the agent honours one and records an override.
+        pr_server, pr_socket = await fake_pod_resources(
+            tmp_path_factory.mktemp("podresources"),
+            {("batch", AGENT_PODS[0]): ["0"], ("batch", AGENT_PODS[1]): ["5"]},
+        )
+        stack.push_async_callback(pr_server.stop, 0)
+        agent_registry = new_registry("node-agent")
+        kube_agent = kube_client(api_url, agent_registry)
+        stack.push_async_callback(kube_agent.aclose)
+        agent = NodeAgent(
+            agent_config(pr_socket, tmp_path_factory.mktemp("agent-topology")),
+            kube_agent,
+            "gpu-node-004",
+            registry=agent_registry,
+        )
+        runner, agent_port = await serve(agent.app())
+        stack.push_async_callback(bounded_cleanup, runner)
+
         prom.scrape_configs = [
+            scrape_target("gpuwarden-node-agent", f"127.0.0.1:{agent_port}"),
             scrape_target("dcgm-exporter", f"127.0.0.1:{sim.port}", honor_labels=True),
             scrape_target("kube-state-metrics", f"127.0.0.1:{ksm_port}", honor_labels=True),
             scrape_target("gpuwarden-adapter", f"127.0.0.1:{adapter_port}"),
@@ -701,7 +785,13 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         ]
         prom.write_config()
         await prom.reload()
-        for job in ("dcgm-exporter", "kube-state-metrics", "gpuwarden-adapter", "gpuwarden-controller"):
+        for job in (
+            "dcgm-exporter",
+            "kube-state-metrics",
+            "gpuwarden-adapter",
+            "gpuwarden-controller",
+            "gpuwarden-node-agent",
+        ):
             await prom.wait_for_up(job)
         await asyncio.sleep(3)  # some DCGM history before the controller's first pass ...
         later = [  # ... and before these counters move, so that increase() sees them move
@@ -710,6 +800,19 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         ]
         async with httpx.AsyncClient(base_url=sim.url, timeout=10) as http:
             (await http.post("/control/faults", json=later)).raise_for_status()
+        agent_tasks = [
+            asyncio.create_task(agent.pods.run(agent.on_pod_event)),
+            asyncio.create_task(agent.topology_loop()),
+            asyncio.create_task(agent.reconcile_loop()),
+        ]
+
+        async def stop_agent() -> None:
+            for task in agent_tasks:
+                task.cancel()
+            await asyncio.gather(*agent_tasks, return_exceptions=True)
+            await agent.reader.aclose()
+
+        stack.push_async_callback(stop_agent)
 
         # The controller: leader election gates the quarantine and nomination loops; every replica runs the
         # extender and the throttle. One-shot faults: the first quarantine write of gpu-node-002 fails, the
@@ -928,3 +1031,9 @@ async def test_the_run_really_exercised_the_controller(live: Live) -> None:
     assert any(p.endswith("/binding") and s == 201 for _, p, s in live.api.requests)
     events = {e.get("reason") for e in live.api.of("events", "events.k8s.io")}
     assert {"Preempted", "GPUQuarantined", "NominationCleared", "PreemptionThrottled"} <= events, events
+    assert "GPUAssignmentOverridden" in events, events
+    honoured = live.api.get("", "pods", AGENT_PODS[0], "batch") or {}
+    overridden = live.api.get("", "pods", AGENT_PODS[1], "batch") or {}
+    assert honoured["metadata"]["annotations"].get("gpuwarden.io/gpu-ids-source") == "kubelet"
+    assert overridden["metadata"]["annotations"]["gpuwarden.io/gpu-ids"] == "5"
+    assert overridden["metadata"]["annotations"]["gpuwarden.io/gpu-ids-requested"] == "1"
