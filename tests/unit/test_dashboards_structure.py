@@ -74,7 +74,7 @@ def base(name: str) -> str:
 
 def code_metrics() -> set[str]:
     names: set[str] = set()
-    for pkg in ("gpuwarden", "adapter", "controller"):
+    for pkg in ("gpuwarden", "adapter", "controller", "nodeagent"):
         for path in (ROOT / pkg).rglob("*.py"):
             names |= {base(n) for n in re.findall(r'"(gpuwarden_[a-z0-9_]+)"', path.read_text())}
     return names
