@@ -179,8 +179,9 @@ class NodeAgent:
             self.metrics.topology_errors.inc()
             log.warning("topology unreadable; keeping the published annotation", extra={"error": str(exc)})
             with contextlib.suppress(KubeError):
+                node = self.nodes.get(self.node)
                 await self.events.emit(
-                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "uid": self.node}},
+                    ObjectRef.of(node) if node else ObjectRef(api_version="v1", kind="Node", name=self.node),
                     reason="GPUTopologyUnreadable",
                     note=str(exc)[:900],
                     action="ReadTopology",

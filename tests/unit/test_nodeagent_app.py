@@ -1,0 +1,193 @@
+"""The node agent's shell around its pure cores: topology publishing (only on change, never a guess on
+error, dry-run writes nothing) and the reconcile pass against a PodResources server (a local gRPC server
+answering as the kubelet does; the real kubelet is in the e2e tier)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from gpuwarden.config.root import Config
+from gpuwarden.kube.resources import Resource
+from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
+from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
+from nodeagent.app import TOPOLOGY_ANNOTATION, NodeAgent, quarantined_uuids
+
+NODE = "gpu-node-7"
+
+
+class FakeKube:
+    """Just enough of KubeClient: one Node and its pods in memory, every write recorded."""
+
+    def __init__(self) -> None:
+        meta = {"name": NODE, "uid": "n-uid", "annotations": {}}
+        self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.created: list[dict[str, Any]] = []
+
+    async def get(self, resource: Resource, name: str, **_: Any) -> dict[str, Any]:
+        return copy.deepcopy(self.node)
+
+    async def patch(self, resource: Resource, name: str, body: Any, *, namespace: str | None = None,
+                    **_: Any) -> dict[str, Any]:  # fmt: skip
+        self.patches.append((resource.plural, name, body))
+        target = self.node if resource.plural == "nodes" else self.pods[(namespace or "", name)]
+        for key, value in body["metadata"].get("annotations", {}).items():
+            anns = target["metadata"].setdefault("annotations", {})
+            if value is None:
+                anns.pop(key, None)
+            else:
+                anns[key] = value
+        return copy.deepcopy(target)
+
+    async def create(self, resource: Resource, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.created.append(body)
+        return body
+
+
+def topology_file(tmp_path: Path, gpus: int = 4) -> Path:
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump({"gpus": [
+        {"index": i, "uuid": f"GPU-{i}", "pciBusId": f"0000:{0x10 + i:02x}:00.0", "numa": i // 2}
+        for i in range(gpus)]}))  # fmt: skip
+    return path
+
+
+def agent(kube: FakeKube, topo: Path, **node_agent: Any) -> NodeAgent:
+    config = Config.model_validate(
+        {"node_agent": {"topology_source": "file", "topology_file": str(topo), **node_agent}}
+    )
+    return NodeAgent(config, kube, NODE)  # type: ignore[arg-type]
+
+
+def metric(a: NodeAgent, name: str, labels: dict[str, str] | None = None) -> float:
+    value = a.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+async def test_topology_is_published_once_and_only_when_it_changed(tmp_path: Path) -> None:
+    kube = FakeKube()
+    a = agent(kube, topology_file(tmp_path))
+    await a.publish_topology()
+    await a.publish_topology()
+    assert len(kube.patches) == 1
+    published = json.loads(kube.node["metadata"]["annotations"][TOPOLOGY_ANNOTATION])
+    assert sorted(published) == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]  # the device plugin's ids (uuid)
+    assert a.numa_by_id == {"GPU-0": 0, "GPU-1": 0, "GPU-2": 1, "GPU-3": 1}
+    assert metric(a, "gpuwarden_node_topology_publishes_total") == 1
+    topology_file(tmp_path, gpus=3)  # a GPU fell off the bus: the annotation follows
+    await a.publish_topology()
+    assert len(kube.patches) == 2
+    assert len(json.loads(kube.node["metadata"]["annotations"][TOPOLOGY_ANNOTATION])) == 3
+
+
+async def test_unreadable_topology_keeps_the_previous_annotation_and_says_so(tmp_path: Path) -> None:
+    kube = FakeKube()
+    topo = topology_file(tmp_path)
+    a = agent(kube, topo)
+    await a.publish_topology()
+    before = kube.node["metadata"]["annotations"][TOPOLOGY_ANNOTATION]
+    topo.write_text("gpus:\n  - {index: 0, pciBusId: '0000:10:00.0', numa: 'zero'}\n")  # inconsistent
+    await a.publish_topology()
+    assert kube.node["metadata"]["annotations"][TOPOLOGY_ANNOTATION] == before
+    assert len(kube.patches) == 1
+    assert metric(a, "gpuwarden_node_topology_errors_total") == 1
+    (event,) = kube.created
+    assert event["reason"] == "GPUTopologyUnreadable" and event["type"] == "Warning"
+    assert event["regarding"]["kind"] == "Node" and event["regarding"]["name"] == NODE
+
+
+async def test_dry_run_publishes_nothing(tmp_path: Path) -> None:
+    kube = FakeKube()
+    a = agent(kube, topology_file(tmp_path), dry_run=True)
+    await a.publish_topology()
+    assert kube.patches == [] and a.topology_json is not None
+
+
+class Kubelet(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, held: dict[tuple[str, str], list[str]]) -> None:
+        self.held = held
+
+    async def List(self, request: Any, context: Any) -> Any:
+        return pr.ListPodResourcesResponse(pod_resources=[
+            pr.PodResources(namespace=ns, name=name, containers=[pr.ContainerResources(name="c", devices=[
+                pr.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[g]) for g in ids])])
+            for (ns, name), ids in self.held.items()])  # fmt: skip
+
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        return pr.AllocatableResourcesResponse(
+            devices=[pr.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-0", "GPU-1"])]
+        )
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["act", "dry-run"])
+async def test_reconcile_pass_writes_the_actual_set_and_counts(tmp_path: Path, dry_run: bool) -> None:
+    server = grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(Kubelet({("ns", "p"): ["GPU-3", "GPU-2"]}), server)  # type: ignore[no-untyped-call]
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    await server.start()
+    kube = FakeKube()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "ns", "name": "p", "uid": "u",
+           "annotations": {"gpuwarden.io/gpu-ids": "GPU-0,GPU-1"}}}  # fmt: skip
+    kube.pods[("ns", "p")] = pod
+    a = agent(kube, topology_file(tmp_path), pod_resources_socket=str(sock), dry_run=dry_run)
+    a.pods.store["ns/p"] = pod
+    a.pods.synced.set()
+    try:
+        await a.publish_topology()
+        (assignment,) = await a.reconcile_once()
+    finally:
+        await a.reader.aclose()
+        await server.stop(0)
+    assert assignment.outcome.value == "overridden"
+    assert a.ready()
+    pod_patches = [p for p in kube.patches if p[0] == "pods"]
+    if dry_run:
+        assert pod_patches == [] and kube.created == []
+        assert metric(a, "gpuwarden_node_assignments_total", {"outcome": "overridden"}) == 0
+        return
+    anns = kube.pods[("ns", "p")]["metadata"]["annotations"]
+    assert anns["gpuwarden.io/gpu-ids"] == "GPU-2,GPU-3"
+    assert anns["gpuwarden.io/gpu-ids-requested"] == "GPU-0,GPU-1"
+    assert anns["gpuwarden.io/numa-node"] == "1"
+    assert metric(a, "gpuwarden_node_assignments_total", {"outcome": "overridden"}) == 1
+    assert metric(a, "gpuwarden_node_allocatable_devices") == 2
+    assert [e["reason"] for e in kube.created] == ["GPUAssignmentOverridden"]
+
+
+async def test_kubelet_down_is_unknown_not_ready(tmp_path: Path) -> None:
+    kube = FakeKube()
+    a = agent(kube, topology_file(tmp_path), pod_resources_socket=str(tmp_path / "absent.sock"))
+    a.pods.synced.set()
+    try:
+        assert await a.reconcile_once() == []
+    finally:
+        await a.reader.aclose()
+    assert not a.ready() and kube.patches == []
+    assert metric(a, "gpuwarden_node_podresources_reads_total", {"outcome": "error"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expect"),
+    [
+        (None, set()),
+        ("not json", set()),
+        (json.dumps({"state": "quarantined", "gpus": ["GPU-1", "GPU-3"]}), {"GPU-1", "GPU-3"}),
+        (json.dumps({"state": "quarantined", "gpus": []}), set()),
+        (json.dumps(["GPU-1"]), set()),
+    ],
+    ids=["none", "garbage", "two-gpus", "node-level", "wrong-shape"],
+)
+def test_quarantined_uuids(annotation: str | None, expect: set[str]) -> None:
+    node = {
+        "metadata": {"annotations": {} if annotation is None else {"gpuwarden.io/quarantine": annotation}}
+    }
+    assert quarantined_uuids(node) == expect
