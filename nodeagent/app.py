@@ -45,7 +45,7 @@ COMPONENT = "node-agent"
 
 
 def quarantined_uuids(node: Mapping[str, Any]) -> set[str]:
-    """GPU UUIDs the health controller's record on this Node names (per-GPU faults only)."""
+    """GPU UUIDs a current quarantine record of the health controller names (per-GPU faults only)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(QUARANTINE_ANNOTATION)
     if not text:
         return set()
@@ -53,7 +53,9 @@ def quarantined_uuids(node: Mapping[str, Any]) -> set[str]:
         record = json.loads(text)
     except ValueError:
         return set()
-    gpus = record.get("gpus") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("state") != "quarantined":
+        return set()  # a released record keeps its evidence only to remember what was dismissed
+    gpus = record.get("gpus")
     return {str(g) for g in gpus} if isinstance(gpus, list) else set()
 
 

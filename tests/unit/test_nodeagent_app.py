@@ -183,8 +183,9 @@ async def test_kubelet_down_is_unknown_not_ready(tmp_path: Path) -> None:
         (json.dumps({"state": "quarantined", "gpus": ["GPU-1", "GPU-3"]}), {"GPU-1", "GPU-3"}),
         (json.dumps({"state": "quarantined", "gpus": []}), set()),
         (json.dumps(["GPU-1"]), set()),
+        (json.dumps({"state": "released", "gpus": ["GPU-1"]}), set()),
     ],
-    ids=["none", "garbage", "two-gpus", "node-level", "wrong-shape"],
+    ids=["none", "garbage", "two-gpus", "node-level", "wrong-shape", "released"],
 )
 def test_quarantined_uuids(annotation: str | None, expect: set[str]) -> None:
     node = {
