@@ -12,6 +12,7 @@ from pydantic import Field
 
 from gpuwarden.config.adapter import AdapterConfig
 from gpuwarden.config.base import Section
+from gpuwarden.config.drain import DrainConfig
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.kubernetes import KubernetesConfig
@@ -26,6 +27,7 @@ SECTIONS = (
     "kubernetes",
     "adapter",
     "health",
+    "drain",
     "nominations",
     "preemption",
     "extender",
@@ -45,6 +47,9 @@ class Config(Section):
     )
     adapter: AdapterConfig = Field(default_factory=AdapterConfig, description="The metrics API server.")
     health: HealthConfig = Field(default_factory=HealthConfig, description="GPU-health quarantine.")
+    drain: DrainConfig = Field(
+        default_factory=DrainConfig, description="Moving work off quarantined GPUs (opt-in)."
+    )
     nominations: NominationsConfig = Field(
         default_factory=NominationsConfig, description="Stale nominatedNodeName cleanup."
     )

@@ -1,0 +1,1 @@
+"""Drain: move running work off quarantined GPUs (pure plan and gate in `plan`; the shell comes next)."""

@@ -1,0 +1,244 @@
+"""The drain plan: for each quarantined node, which pods must move, how, and whether the gate lets them.
+
+Why it exists: moving work off a failed GPU is the step that ends running jobs, so every choice is made here,
+purely and table-tested, from what the API says (safety rule 5): the node's quarantine record (which GPUs,
+by UUID), the topology (UUID -> the id pods record), the pods bound to the node with their recorded or
+actual GPU set, the per-workload modes, the drain state already on the Node, the clock and the fleet's
+eviction history. The shell only evicts what this returns.
+
+Scope: a GPU-level fault moves only the pods holding one of the faulty GPUs; a node-level fault (no GPU
+named) or a GPU that cannot be mapped to an id moves every GPU pod of the node. Never moved: DaemonSet pods,
+mirror (static) pods, finished pods, pods already terminating, excluded namespaces and labels (reported).
+The gate: at most N nodes draining, at most M evictions per minute fleet-wide, no new drain while too few GPU
+nodes accept pods. No I/O, no clock reads, no logging.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuwarden.config.drain import DrainConfig, DrainMode
+
+
+class Verdict(StrEnum):
+    EVICT = "evict"
+    WAIT = "wait-completion"
+    DELETE = "delete"  # a rule's delete_after_seconds passed for a pod Evictions could not move
+    REPORT = "report"  # mode never, or excluded
+    BACKOFF = "backoff"  # evicted before and refused (429); retried after the back-off
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPod:
+    """A pod bound to a quarantined node, as the plan needs it."""
+
+    namespace: str
+    name: str
+    uid: str
+    gpu_ids: tuple[str, ...] | None
+    """The actual set when the node agent reconciled it, else the recorded one; None when unknown."""
+    gpus: int
+    owner_kinds: tuple[str, ...] = ()
+    mirror: bool = False
+    phase: str = "Running"
+    terminating: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodHistory:
+    """What the Node's drain state remembers about one pod."""
+
+    first_refused: float | None = None
+    last_attempt: float | None = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DrainNode:
+    """A quarantined node."""
+
+    name: str
+    fault_gpus: frozenset[str]
+    """UUIDs named by the quarantine record; empty = node-level fault."""
+    uuid_to_id: Mapping[str, str]
+    """Topology: GPU UUID -> the id pods record (`gpuwarden.io/gpu-ids`)."""
+    started: float | None = None
+    """When this node's drain began (from its drain state), None if not yet."""
+    history: Mapping[str, PodHistory] = field(default_factory=dict)
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodAction:
+    pod: DrainPod
+    verdict: Verdict
+    mode: DrainMode
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    node: str
+    scope: str  # "gpu" | "node"
+    actions: tuple[PodAction, ...]
+    start: bool = False
+    """The drain begins in this pass (the gate let it)."""
+    done: bool = False
+    """Nothing left to move: every pod in scope is gone (or only reported)."""
+    held: str = ""
+    """Why the gate held this node's new drain, empty when not held."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPlan:
+    nodes: tuple[NodePlan, ...]
+    gate_closed: tuple[str, ...] = ()
+    """Why the gate held something this pass (for Events, the metric and the alert)."""
+
+
+def mode_of(pod: DrainPod, policy: DrainConfig) -> tuple[DrainMode, str]:
+    """The first matching rule's mode (and name), else the default."""
+    for rule in policy.rules:
+        if rule.namespaces and not any(fnmatch.fnmatchcase(pod.namespace, ns) for ns in rule.namespaces):
+            continue
+        if any(pod.labels.get(k) != v for k, v in rule.match_labels.items()):
+            continue
+        return rule.mode, rule.name
+    return policy.default_mode, "default"
+
+
+def _rule(policy: DrainConfig, name: str) -> tuple[float | None, float]:
+    for rule in policy.rules:
+        if rule.name == name:
+            return rule.delete_after_seconds, rule.completion_deadline_seconds
+    return None, 3600.0
+
+
+def in_scope(node: DrainNode, pods: Iterable[DrainPod]) -> tuple[str, list[DrainPod]]:
+    """The pods the fault concerns: holders of the faulty GPUs, or every GPU pod when that cannot be told."""
+    gpu_pods = [p for p in pods if p.gpus > 0]
+    if not node.fault_gpus:
+        return "node", gpu_pods
+    ids = {node.uuid_to_id.get(u) for u in node.fault_gpus}
+    if None in ids:
+        return "node", gpu_pods  # a faulty GPU the topology does not map: everything on the node
+    if any(p.gpu_ids is None for p in gpu_pods):
+        return "node", gpu_pods  # a GPU pod without a known set could hold the faulty GPU
+    return "gpu", [p for p in gpu_pods if set(p.gpu_ids or ()) & ids]
+
+
+def _movable(pod: DrainPod) -> bool:
+    return not (pod.mirror or "DaemonSet" in pod.owner_kinds or pod.phase in ("Succeeded", "Failed"))
+
+
+def pod_actions(
+    node: DrainNode, pods: Iterable[DrainPod], policy: DrainConfig, now: float
+) -> tuple[str, list[PodAction]]:
+    scope, chosen = in_scope(node, pods)
+    out: list[PodAction] = []
+    started = node.started if node.started is not None else now
+    for pod in sorted(chosen, key=lambda p: p.key):
+        if not _movable(pod) or pod.terminating:
+            continue
+        mode, rule = mode_of(pod, policy)
+        if pod.namespace in policy.exclude_namespaces or pod.labels.get(policy.exclude_label) == "true":
+            out.append(PodAction(pod, Verdict.REPORT, mode, rule, "excluded"))
+            continue
+        if mode == "never":
+            out.append(PodAction(pod, Verdict.REPORT, mode, rule, f"rule {rule}: mode never"))
+            continue
+        delete_after, deadline = _rule(policy, rule)
+        if mode == "allow-completion" and now - started < deadline:
+            out.append(PodAction(pod, Verdict.WAIT, mode, rule, f"waits to finish (deadline {deadline:g}s)"))
+            continue
+        hist = node.history.get(pod.key, PodHistory())
+        if (
+            hist.first_refused is not None
+            and delete_after is not None
+            and now - hist.first_refused >= delete_after
+        ):
+            out.append(PodAction(pod, Verdict.DELETE, mode, rule, f"eviction refused for {delete_after:g}s"))
+            continue
+        if hist.last_attempt is not None and hist.attempts > 0:
+            backoff = min(120.0, policy.retry_backoff_seconds * 2 ** (hist.attempts - 1))
+            if now - hist.last_attempt < backoff:
+                out.append(PodAction(pod, Verdict.BACKOFF, mode, rule, f"refused; retry in {backoff:g}s"))
+                continue
+        out.append(
+            PodAction(
+                pod, Verdict.EVICT, mode, rule, "holds a faulty GPU" if scope == "gpu" else "node fault"
+            )
+        )
+    return scope, out
+
+
+def plan_drains(
+    nodes: Sequence[DrainNode],
+    pods_by_node: Mapping[str, Sequence[DrainPod]],
+    policy: DrainConfig,
+    now: float,
+    *,
+    evictions_last_minute: int,
+    gpu_nodes: int,
+    schedulable_gpu_nodes: int,
+) -> DrainPlan:
+    """The whole pass: per node its pod actions, with the gate applied (draining nodes first)."""
+    gate = policy.gate
+    held: list[str] = []
+    draining = sum(1 for n in nodes if n.started is not None)
+    floor_ok = gpu_nodes == 0 or 100.0 * schedulable_gpu_nodes / gpu_nodes >= gate.min_schedulable_percent
+    budget = max(0, gate.max_evictions_per_minute - evictions_last_minute)
+    plans: list[NodePlan] = []
+    for node in sorted(nodes, key=lambda n: (n.started is None, n.started or 0.0, n.name)):
+        scope, actions = pod_actions(node, pods_by_node.get(node.name, ()), policy, now)
+        moving = [a for a in actions if a.verdict is not Verdict.REPORT]
+        if node.started is None:
+            why = ""
+            if not moving:
+                plans.append(NodePlan(node.name, scope, tuple(actions), done=True))
+                continue
+            if policy.paused or node.paused:
+                why = "paused"
+            elif draining >= gate.max_draining_nodes:
+                why = f"{draining} nodes draining (max_draining_nodes {gate.max_draining_nodes})"
+            elif not floor_ok:
+                why = (f"only {schedulable_gpu_nodes} of {gpu_nodes} GPU nodes accept pods "
+                       f"(min_schedulable_percent {gate.min_schedulable_percent:g})")  # fmt: skip
+            if why:
+                held.append(f"{node.name}: {why}")
+                plans.append(NodePlan(node.name, scope, tuple(_hold(a) for a in actions), held=why))
+                continue
+            draining += 1
+            start = True
+        else:
+            start = False
+            if policy.paused or node.paused:
+                plans.append(NodePlan(node.name, scope, tuple(_hold(a) for a in actions), held="paused"))
+                continue
+        limited: list[PodAction] = []
+        for a in actions:
+            if a.verdict in (Verdict.EVICT, Verdict.DELETE):
+                if budget <= 0:
+                    limited.append(PodAction(a.pod, Verdict.BACKOFF, a.mode, a.rule, "eviction rate limit"))
+                    if f"eviction rate limit ({gate.max_evictions_per_minute}/min)" not in held:
+                        held.append(f"eviction rate limit ({gate.max_evictions_per_minute}/min)")
+                    continue
+                budget -= 1
+            limited.append(a)
+        plans.append(NodePlan(node.name, scope, tuple(limited), start=start, done=not moving))
+    return DrainPlan(tuple(plans), tuple(held))
+
+
+def _hold(a: PodAction) -> PodAction:
+    if a.verdict is Verdict.REPORT:
+        return a
+    return PodAction(a.pod, Verdict.BACKOFF, a.mode, a.rule, "drain held by the gate")
