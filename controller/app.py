@@ -28,6 +28,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry
 
+from controller.drain.loop import DrainLoop
 from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.health.loop import HealthLoop, controller_namespace
@@ -292,6 +293,16 @@ async def run_controller(
             settings=extender.service.current_settings if extender is not None else None,
         )
 
+        drain = DrainLoop(
+            config,
+            kube,
+            registry=registry,
+            dry_run=dry_run,
+            instance=identity,
+            pods=throttle.pods,
+            nodes=nodes,
+        )
+
         leading = asyncio.Event()
         elector: LeaderElector | None = None
         election: asyncio.Future[None] | None = None
@@ -314,6 +325,7 @@ async def run_controller(
         passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS)
         passes.add("health", health)  # both loops share the `nodes` and throttle's pod caches run here
         passes.add("nominations", nominations)
+        passes.add("drain", drain)  # the same node and pod caches; nothing scheduled when drain is off
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())

@@ -118,7 +118,14 @@ def _cmd_adapter(args: argparse.Namespace) -> int:
 def _cmd_controller(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {"prometheus.url": args.prometheus_url}
     if args.dry_run:
-        overrides.update({"health.dry_run": True, "nominations.dry_run": True, "preemption.dry_run": True})
+        overrides.update(
+            {
+                "health.dry_run": True,
+                "nominations.dry_run": True,
+                "preemption.dry_run": True,
+                "drain.dry_run": True,
+            }
+        )
     config = _load(args, overrides)
     if config is None:
         return EXIT_FAILED

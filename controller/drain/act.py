@@ -1,0 +1,202 @@
+"""Applying a drain plan: Evictions (policy/v1, so PodDisruptionBudgets hold), the rare delete, the state.
+
+Why a module: the only place drain touches the cluster. An Eviction answered 429 is never turned into a
+delete here — only the plan's `delete` verdict (a rule's `delete_after_seconds`) deletes, with the pod's uid
+as precondition. Each outcome updates the per-pod history that the next pass's back-off is computed from,
+and the node's `gpuwarden.io/drain` annotation is rewritten only when it changed. Dry-run evicts, deletes
+and writes nothing; it logs and events what it would do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controller.drain.plan import DrainPlan, NodePlan, PodAction, PodHistory, Verdict
+from controller.drain.state import DRAIN_ANNOTATION, DrainState
+from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, KubeClient, ObjectRef
+
+log = logging.getLogger(__name__)
+
+
+class DrainMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.evictions = Counter(
+            "gpuwarden_drain_evictions_total",
+            "Drain evictions: evicted, blocked (429: a PDB), deleted (delete_after), failed, dry_run.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("evicted", "blocked", "deleted", "failed", "dry_run"):
+            self.evictions.labels(outcome)
+        self.gate_closed = Counter(
+            "gpuwarden_drain_gate_closed_total",
+            "Passes in which the drain gate held something.",
+            registry=registry,
+        )
+        self.nodes = Gauge(
+            "gpuwarden_drain_nodes",
+            "Quarantined nodes by drain state at the last pass.",
+            ["state"],
+            registry=registry,
+        )
+        self.blocked_pods = Gauge(
+            "gpuwarden_drain_blocked_pods",
+            "Pods whose eviction is refused (PDB) at the last pass.",
+            registry=registry,
+        )
+
+
+@dataclass
+class ActResult:
+    evictions: int = 0
+    blocked: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+
+
+class DrainActuator:
+    def __init__(
+        self, kube: KubeClient, events: EventRecorder, metrics: DrainMetrics, clock: Callable[[], float]
+    ) -> None:
+        self.kube = kube
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+
+    async def apply(
+        self, plan: DrainPlan, states: Mapping[str, DrainState], node_objs: Mapping[str, dict[str, object]],
+        *, dry_run: bool,
+    ) -> ActResult:  # fmt: skip
+        result = ActResult()
+        for node_plan in plan.nodes:
+            state = states.get(node_plan.node)
+            new_state = await self._node(node_plan, state, node_objs.get(node_plan.node), dry_run, result)
+            if (
+                not dry_run
+                and new_state is not None
+                and (state is None or new_state.encode() != state.encode())
+            ):
+                await self._write_state(node_plan.node, new_state)
+        return result
+
+    async def _node(
+        self, plan: NodePlan, state: DrainState | None, node: dict[str, object] | None, dry_run: bool,
+        result: ActResult,
+    ) -> DrainState | None:  # fmt: skip
+        now = self.clock()
+        node_ref = ObjectRef.of(node) if node else ObjectRef(api_version="v1", kind="Node", name=plan.node)
+        if plan.held and state is None:
+            if plan.actions:
+                await self._emit(node_ref, "GPUDrainGateClosed", f"drain held: {plan.held}", dry_run)
+            return None
+        if state is None:
+            if plan.done:
+                return None  # nothing on the node to move
+            state = DrainState(started=now, scope=plan.scope)
+            what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
+            moving = ", ".join(a.pod.key for a in plan.actions if a.verdict is not Verdict.REPORT) or "none"
+            await self._emit(node_ref, "GPUDrainStarted", f"draining the {what}: {moving}", dry_run)
+        history = dict(state.history)
+        blocked: dict[str, str] = {}
+        pending: list[str] = []
+        for action in plan.actions:
+            key = action.pod.key
+            if action.verdict is Verdict.REPORT:
+                blocked[key] = action.reason
+                continue
+            pending.append(key)
+            if action.verdict in (Verdict.WAIT, Verdict.BACKOFF):
+                if key in state.blocked:
+                    blocked[key] = state.blocked[key]
+                continue
+            outcome = await self._move(action, dry_run, result)
+            h = history.get(key, PodHistory())
+            if outcome == "blocked":
+                history[key] = replace(
+                    h, first_refused=h.first_refused or now, last_attempt=now, attempts=h.attempts + 1
+                )
+                blocked[key] = "PodDisruptionBudget (429)"
+                result.blocked.append(key)
+            elif outcome == "failed":
+                history[key] = replace(h, last_attempt=now, attempts=h.attempts + 1)
+        if plan.done and state.done is None:
+            await self._emit(node_ref, "GPUDrainDone", f"drain done ({plan.scope} scope)", dry_run)
+        return state.with_(
+            scope=plan.scope,
+            pending=tuple(pending),
+            blocked=blocked,
+            history={k: v for k, v in history.items() if k in pending},
+            done=state.done if state.done is not None else (now if plan.done else None),
+        )
+
+    async def _move(self, action: PodAction, dry_run: bool, result: ActResult) -> str:
+        pod = action.pod
+        verb = "delete" if action.verdict is Verdict.DELETE else "evict"
+        ref = ObjectRef(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid)
+        note = f"{verb}: {action.reason} (mode {action.mode}, rule {action.rule})"
+        if dry_run:
+            self.metrics.evictions.labels("dry_run").inc()
+            log.info(f"[dry-run] {note}", extra={"pod": pod.key})
+            await self._emit(ref, "GPUPodEvicted", f"[dry-run] {note}", True)
+            return "dry_run"
+        try:
+            if verb == "delete":
+                await self.kube.request(
+                    "DELETE", PODS.path(pod.namespace, pod.name), verb="delete", resource="pods",
+                    body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}},
+                    content_type="application/json",
+                )  # fmt: skip
+            else:
+                body = {
+                    "apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace},
+                    "deleteOptions": {"preconditions": {"uid": pod.uid}},
+                }  # fmt: skip
+                await self.kube.request(
+                    "POST", PODS.path(pod.namespace, pod.name, "eviction"), verb="create",
+                    resource="pods/eviction", body=body, content_type="application/json",
+                )  # fmt: skip
+        except KubeNotFound:
+            return "gone"
+        except KubeError as exc:
+            if exc.status == 429:
+                self.metrics.evictions.labels("blocked").inc()
+                await self._emit(ref, "GPUDrainBlocked", f"{note} refused: {exc.message}", False)
+                return "blocked"
+            self.metrics.evictions.labels("failed").inc()
+            log.warning("drain eviction failed; retried", extra={"pod": pod.key, "error": str(exc)})
+            return "failed"
+        self.metrics.evictions.labels("deleted" if verb == "delete" else "evicted").inc()
+        result.evictions += 1
+        result.evicted.append(pod.key)
+        log.info(note, extra={"pod": pod.key})
+        await self._emit(ref, "GPUPodEvicted", note, False)
+        return "moved"
+
+    async def _write_state(self, node: str, state: DrainState | None) -> None:
+        value = None if state is None else state.encode()
+        try:
+            await self.kube.patch(NODES, node, {"metadata": {"annotations": {DRAIN_ANNOTATION: value}}})
+        except KubeError as exc:
+            log.warning("drain state not written", extra={"node": node, "error": str(exc)})
+
+    async def cancel(self, node: str, node_obj: dict[str, object] | None, dry_run: bool) -> None:
+        """The node was released: its drain ends here, nothing more is evicted."""
+        ref = ObjectRef.of(node_obj) if node_obj else ObjectRef(api_version="v1", kind="Node", name=node)
+        await self._emit(ref, "GPUDrainCancelled", "node released; drain cancelled", dry_run)
+        if not dry_run:
+            await self._write_state(node, None)
+
+    async def _emit(self, ref: ObjectRef, reason: str, note: str, dry_run: bool) -> None:
+        warning = reason in ("GPUDrainBlocked", "GPUDrainGateClosed", "GPUPodEvicted")
+        prefix = "[dry-run] " if dry_run and not note.startswith("[dry-run]") else ""
+        with contextlib.suppress(KubeError):
+            await self.events.emit(
+                ref, reason=reason, note=prefix + note, action="Drain",
+                type=EventType.WARNING if warning else EventType.NORMAL,
+            )  # fmt: skip

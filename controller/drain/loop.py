@@ -1,0 +1,124 @@
+"""The drain loop (leader-gated, beside the quarantine loop): observe the caches, plan, act.
+
+Why it exists: it is the scheduling shell around `plan_drains`; the PassScheduler of the controller runs its
+passes only while this replica leads. The fleet-wide eviction rate is counted from this process's own
+evictions of the last minute (after a leader change the new leader starts counting afresh, so at most one
+extra minute's budget is spent). Released nodes get their drain cancelled before anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from controller.drain.act import DrainActuator, DrainMetrics
+from controller.drain.observe import DrainSnapshot, build_snapshot
+from controller.drain.plan import DrainPlan, Verdict, plan_drains
+from gpuwarden.config.root import Config
+from gpuwarden.kube import NODES, PODS, EventRecorder, Informer, KubeClient
+
+log = logging.getLogger(__name__)
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+LOOP_INTERVAL_SECONDS = 5.0
+
+
+class DrainLoop:
+    def __init__(
+        self,
+        config: Config,
+        kube: KubeClient,
+        *,
+        registry: CollectorRegistry | None = None,
+        dry_run: bool | None = None,
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+        pods: Informer | None = None,
+        nodes: Informer | None = None,
+        interval_seconds: float = LOOP_INTERVAL_SECONDS,
+    ) -> None:
+        self.config = config
+        self.policy = config.drain
+        self.dry_run = self.policy.dry_run if dry_run is None else dry_run
+        self.clock = clock
+        self.resource = config.kubernetes.gpu_resource_name
+        self._interval = interval_seconds
+        self._owned: list[Informer] = []
+        if pods is None:
+            pods = Informer(kube, PODS, field_selector=LIVE_PODS)
+            self._owned.append(pods)
+        if nodes is None:
+            nodes = Informer(kube, NODES)
+            self._owned.append(nodes)
+        self.pods, self.nodes = pods, nodes
+        self.metrics = DrainMetrics(registry)
+        events = EventRecorder(kube, component="drain", instance=instance or socket.gethostname())
+        self.actuator = DrainActuator(kube, events, self.metrics, clock)
+        self._evicted_at: deque[float] = deque()
+        self.last_plan: DrainPlan | None = None
+
+    def snapshot(self) -> DrainSnapshot:
+        return build_snapshot(self.nodes.objects(), self.pods.objects(), resource=self.resource)
+
+    async def run_once(self, leading: asyncio.Event | None = None) -> DrainPlan:
+        now = self.clock()
+        while self._evicted_at and now - self._evicted_at[0] > 60.0:
+            self._evicted_at.popleft()
+        snap = self.snapshot()
+        plan = plan_drains(
+            snap.nodes,
+            snap.pods_by_node,
+            self.policy,
+            now,
+            evictions_last_minute=len(self._evicted_at),
+            gpu_nodes=snap.gpu_nodes,
+            schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
+        )
+        self.last_plan = plan
+        self._observe(plan)
+        if leading is not None and not leading.is_set():
+            return plan
+        node_objs = {str(n["metadata"]["name"]): n for n in self.nodes.objects()}
+        for name in snap.released:
+            await self.actuator.cancel(name, node_objs.get(name), self.dry_run)
+        if plan.gate_closed:
+            self.metrics.gate_closed.inc()
+            log.warning("drain gate closed", extra={"why": list(plan.gate_closed)})
+        result = await self.actuator.apply(plan, snap.states, node_objs, dry_run=self.dry_run)
+        self._evicted_at.extend([now] * result.evictions)
+        if result.evicted or result.blocked:
+            log.info(
+                "drain pass",
+                extra={"evicted": result.evicted, "blocked": result.blocked, "dry_run": self.dry_run},
+            )
+        return plan
+
+    def _observe(self, plan: DrainPlan) -> None:
+        states = {"draining": 0, "held": 0, "done": 0}
+        blocked = 0
+        for node in plan.nodes:
+            key = "held" if node.held else "done" if node.done else "draining"
+            states[key] += 1
+            blocked += sum(1 for a in node.actions if a.verdict is Verdict.BACKOFF)
+        for state, count in states.items():
+            self.metrics.nodes.labels(state).set(count)
+        self.metrics.blocked_pods.set(blocked)
+
+    # --- scheduling (controller.app.PassScheduler) --------------------------------------------------------
+    def interval(self) -> float | None:
+        return self._interval if self.policy.enabled else None
+
+    def ready(self) -> bool:
+        return self.pods.synced.is_set() and self.nodes.synced.is_set()
+
+    async def wait_ready(self) -> None:
+        await self.pods.synced.wait()
+        await self.nodes.synced.wait()
+
+    def caches(self) -> list[Informer]:
+        return list(self._owned)

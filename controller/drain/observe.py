@@ -1,0 +1,150 @@
+"""From the watch caches (raw Node and Pod JSON) to the drain plan's inputs.
+
+Why a module: what counts as "quarantined", "a GPU pod", "which GPUs it holds" and "a schedulable GPU node" is
+read the same way the rest of gpuwarden reads it — the health controller's taint and record, the extender's
+topology annotation and `gpuwarden.io/gpu-ids` (the node agent's actual set once it reconciled the pod).
+Unreadable data is unknown: a node whose record cannot be read is not drained; a pod whose GPU set is unknown
+widens the scope to the whole node (never narrows it). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.drain.plan import DrainNode, DrainPod
+from controller.drain.state import DRAIN_ANNOTATION, PAUSE_ANNOTATION, DrainState, decode
+from controller.extender.topology import TOPOLOGY_ANNOTATION, TopologyError, parse_annotation
+from controller.health.record import decode as decode_record
+
+QUARANTINE_TAINT = "gpuwarden.io/gpu-unhealthy"
+QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
+GPU_IDS_ANNOTATION = "gpuwarden.io/gpu-ids"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSnapshot:
+    nodes: tuple[DrainNode, ...]
+    pods_by_node: Mapping[str, tuple[DrainPod, ...]]
+    states: Mapping[str, DrainState]
+    """Drain state on quarantined nodes."""
+    released: tuple[str, ...]
+    """Nodes carrying a drain state but no longer quarantined: their drain is cancelled."""
+    gpu_nodes: int
+    schedulable_gpu_nodes: int
+    problems: tuple[str, ...] = field(default=())
+
+
+def _annotations(obj: Obj) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _gpus(obj: Obj, resource: str) -> int:
+    total = 0
+    for c in (obj.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
+        try:
+            total += int(value or 0)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def drain_pod(obj: Obj, resource: str) -> DrainPod:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    ann = _annotations(obj)
+    ids = ann.get(GPU_IDS_ANNOTATION)
+    return DrainPod(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        gpu_ids=tuple(i.strip() for i in ids.split(",") if i.strip()) if ids else None,
+        gpus=_gpus(obj, resource),
+        owner_kinds=tuple(str(o.get("kind", "")) for o in meta.get("ownerReferences") or []),
+        mirror=MIRROR_ANNOTATION in ann,
+        phase=str(status.get("phase", "")),
+        terminating=bool(meta.get("deletionTimestamp")),
+        labels=dict(meta.get("labels") or {}),
+    )
+
+
+def _allocatable(node: Obj, resource: str) -> int:
+    try:
+        return int(((node.get("status") or {}).get("allocatable") or {}).get(resource) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _schedulable(node: Obj) -> bool:
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    return not any(
+        t.get("effect") in ("NoSchedule", "NoExecute")
+        and t.get("key") in (QUARANTINE_TAINT, "node.kubernetes.io/unschedulable")
+        for t in spec.get("taints") or []
+    )
+
+
+def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) -> DrainSnapshot:
+    by_node: dict[str, list[DrainPod]] = {}
+    for obj in pods:
+        bound = str((obj.get("spec") or {}).get("nodeName") or "")
+        if bound:
+            by_node.setdefault(bound, []).append(drain_pod(obj, resource))
+    out: list[DrainNode] = []
+    states: dict[str, DrainState] = {}
+    released: list[str] = []
+    problems: list[str] = []
+    gpu_nodes = schedulable = 0
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        ann = _annotations(node)
+        if _allocatable(node, resource) > 0 or TOPOLOGY_ANNOTATION in ann:
+            gpu_nodes += 1
+            schedulable += _schedulable(node)
+        state, why = decode(ann.get(DRAIN_ANNOTATION))
+        if why:
+            problems.append(f"{name}: {why}")
+        tainted = any(t.get("key") == QUARANTINE_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+        record, rwhy = decode_record(ann.get(QUARANTINE_ANNOTATION))
+        if not tainted or record is None or record.state != "quarantined":
+            if rwhy and tainted:
+                problems.append(f"{name}: {rwhy}")  # unknown: not drained
+            if state is not None or ann.get(DRAIN_ANNOTATION):
+                released.append(name)
+            continue
+        node_level = any(not e.gpu for e in record.evidence) or not record.evidence
+        uuid_to_id: dict[str, str] = {}
+        try:
+            topo = parse_annotation(ann[TOPOLOGY_ANNOTATION]) if TOPOLOGY_ANNOTATION in ann else None
+        except TopologyError as exc:
+            problems.append(f"{name}: {exc}")
+            topo = None
+        if topo is not None:
+            uuid_to_id = {g.uuid: g.id for g in topo.gpus if g.uuid}
+        if state is not None:
+            states[name] = state
+        out.append(
+            DrainNode(
+                name=name,
+                fault_gpus=frozenset() if node_level else frozenset(e.gpu for e in record.evidence if e.gpu),
+                uuid_to_id=uuid_to_id,
+                started=state.started if state is not None else None,
+                history=dict(state.history) if state is not None else {},
+                paused=ann.get(PAUSE_ANNOTATION) == "true",
+            )
+        )
+    return DrainSnapshot(
+        nodes=tuple(out),
+        pods_by_node={k: tuple(v) for k, v in by_node.items()},
+        states=states,
+        released=tuple(released),
+        gpu_nodes=gpu_nodes,
+        schedulable_gpu_nodes=schedulable,
+        problems=tuple(problems),
+    )

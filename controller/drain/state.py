@@ -1,0 +1,89 @@
+"""The `gpuwarden.io/drain` node annotation: a drain's progress, kept on the Node it concerns.
+
+Why it exists: safety rule 5 — a restarted or new leader continues a drain where the last one stopped, and
+`kubectl describe node` shows it: when it started, its scope, which pods are still to move, which are blocked
+and by what (a PodDisruptionBudget's 429), and when it was done. The per-pod retry history is what the plan's
+back-off and `delete_after_seconds` deadlines are computed from. Pure: encode/decode only, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from controller.drain.plan import PodHistory
+from controller.health.record import iso, parse_iso
+
+DRAIN_ANNOTATION = "gpuwarden.io/drain"
+PAUSE_ANNOTATION = "gpuwarden.io/drain-pause"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainState:
+    started: float
+    scope: str = "gpu"
+    pending: tuple[str, ...] = ()
+    blocked: Mapping[str, str] = field(default_factory=dict)
+    history: Mapping[str, PodHistory] = field(default_factory=dict)
+    done: float | None = None
+
+    def with_(self, **changes: Any) -> DrainState:
+        return replace(self, **changes)
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {
+            "version": 1,
+            "started": iso(self.started),
+            "scope": self.scope,
+            "pending": sorted(self.pending),
+            "blocked": dict(sorted(self.blocked.items())),
+            "history": {
+                key: {
+                    k: v
+                    for k, v in (
+                        ("first_refused", iso(h.first_refused)),
+                        ("last_attempt", iso(h.last_attempt)),
+                        ("attempts", h.attempts),
+                    )
+                    if v is not None
+                }
+                for key, h in sorted(self.history.items())
+            },
+        }
+        if self.done is not None:
+            body["done"] = iso(self.done)
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def decode(text: str | None) -> tuple[DrainState | None, str]:
+    """(state, "") or (None, why it could not be read); an absent annotation is (None, "")."""
+    if not text:
+        return None, ""
+    try:
+        raw = json.loads(text)
+        started = parse_iso(raw["started"])
+        if started is None:
+            raise ValueError("started is null")
+        history = {
+            str(key): PodHistory(
+                first_refused=parse_iso(h.get("first_refused")),
+                last_attempt=parse_iso(h.get("last_attempt")),
+                attempts=int(h.get("attempts", 0)),
+            )
+            for key, h in (raw.get("history") or {}).items()
+        }
+        return (
+            DrainState(
+                started=started,
+                scope=str(raw.get("scope", "gpu")),
+                pending=tuple(str(p) for p in raw.get("pending") or ()),
+                blocked={str(k): str(v) for k, v in (raw.get("blocked") or {}).items()},
+                history=history,
+                done=parse_iso(raw.get("done")),
+            ),
+            "",
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"{DRAIN_ANNOTATION} unreadable: {exc}"
