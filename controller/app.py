@@ -18,7 +18,7 @@ import socket
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -380,12 +380,17 @@ async def run_controller(
 
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> ControllerPlan:
     """`gpuwarden plan`: what the quarantine and nomination loops would do now; reads only, writes nothing."""
+    from controller.drain.loop import plan_once as drain_plan_once
+    from controller.drain.plan import plan_to_dict
     from controller.health.loop import plan_once as health_plan_once
     from controller.nominations.loop import plan_once as nominations_plan_once
 
     quarantine = await health_plan_once(config, kubeconfig=kubeconfig)
     nominations = await nominations_plan_once(config, kubeconfig=kubeconfig)
-    return ControllerPlan(quarantine.to_dict(), quarantine.render_table(), nominations.to_json())
+    drain = await drain_plan_once(config, kubeconfig=kubeconfig)
+    return ControllerPlan(
+        quarantine.to_dict(), quarantine.render_table(), nominations.to_json(), plan_to_dict(drain)
+    )
 
 
 @dataclass(frozen=True)
@@ -395,9 +400,21 @@ class ControllerPlan:
     quarantine: dict[str, Any]
     quarantine_table: str
     nominations: dict[str, Any]
+    drain: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"quarantine": self.quarantine, "nominations": self.nominations}
+        return {"quarantine": self.quarantine, "nominations": self.nominations, "drain": self.drain}
+
+    def drain_table(self) -> list[str]:
+        lines = ["", "DRAIN" + ("" if self.drain.get("nodes") else ": no quarantined node to drain")]
+        for why in self.drain.get("gate_closed") or []:
+            lines.append(f"gate closed: {why}")
+        for node in self.drain.get("nodes") or []:
+            state = "held: " + node["held"] if node["held"] else "done" if node["done"] else "draining"
+            lines.append(f"{node['node']} ({node['scope']} scope, {state})")
+            for pod in node["pods"]:
+                lines.append(f"  {pod['verdict']:<16} {pod['pod']:<40} {pod['mode']:<17} {pod['reason']}")
+        return lines
 
     def render_table(self) -> str:
         lines = ["QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
@@ -415,4 +432,4 @@ class ControllerPlan:
                     + "  "
                     + str(row[4])
                 )
-        return "\n".join(lines)
+        return "\n".join(lines + self.drain_table())

@@ -14,6 +14,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -122,3 +123,23 @@ class DrainLoop:
 
     def caches(self) -> list[Informer]:
         return list(self._owned)
+
+
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> DrainPlan:
+    """`gpuwarden plan` for drains: list nodes and live pods once, decide; changes nothing, no Events."""
+    k = config.kubernetes
+    async with KubeClient.from_config(
+        kubeconfig=kubeconfig or k.kubeconfig, context=k.context, request_timeout=k.request_timeout_seconds
+    ) as kube:
+        pods = await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)
+        nodes = await kube.list_objects(NODES, limit=k.list_page_size)
+    snap = build_snapshot(nodes.items, pods.items, resource=k.gpu_resource_name)
+    return plan_drains(
+        snap.nodes,
+        snap.pods_by_node,
+        config.drain,
+        time.time(),
+        evictions_last_minute=0,
+        gpu_nodes=snap.gpu_nodes,
+        schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
+    )

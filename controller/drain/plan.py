@@ -242,3 +242,30 @@ def _hold(a: PodAction) -> PodAction:
     if a.verdict is Verdict.REPORT:
         return a
     return PodAction(a.pod, Verdict.BACKOFF, a.mode, a.rule, "drain held by the gate")
+
+
+def plan_to_dict(plan: DrainPlan) -> dict[str, object]:
+    """The plan as JSON (`gpuwarden plan -o json`)."""
+    return {
+        "gate_closed": list(plan.gate_closed),
+        "nodes": [
+            {
+                "node": n.node,
+                "scope": n.scope,
+                "start": n.start,
+                "done": n.done,
+                "held": n.held,
+                "pods": [
+                    {
+                        "pod": a.pod.key,
+                        "verdict": a.verdict.value,
+                        "mode": a.mode,
+                        "rule": a.rule,
+                        "reason": a.reason,
+                    }
+                    for a in n.actions
+                ],
+            }
+            for n in plan.nodes
+        ],
+    }

@@ -144,3 +144,20 @@ def test_config_rejects_repeated_rule_names() -> None:
         DrainConfig.model_validate(
             {"rules": [{"name": "a", "mode": "never"}, {"name": "a", "mode": "never"}]}
         )
+
+
+def test_plan_as_json_and_table() -> None:
+    from controller.app import ControllerPlan
+    from controller.drain.plan import plan_to_dict
+
+    n = DrainNode("n1", frozenset({"GPU-2"}), UUIDS)
+    plan = plan_drains([n], {"n1": [pod("a", "2"), pod("b", "3")]}, POLICY, NOW, evictions_last_minute=0,
+                       gpu_nodes=4, schedulable_gpu_nodes=3)  # fmt: skip
+    doc = plan_to_dict(plan)
+    assert doc["nodes"] == [
+        {"node": "n1", "scope": "gpu", "start": True, "done": False, "held": "",
+         "pods": [{"pod": "train/a", "verdict": "evict", "mode": "immediate", "rule": "default",
+                   "reason": "holds a faulty GPU"}]},
+    ]  # fmt: skip
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, doc).render_table()
+    assert "n1 (gpu scope, draining)" in table and "train/a" in table and "train/b" not in table
