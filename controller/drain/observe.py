@@ -147,6 +147,7 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
                 started=state.started if state is not None else None,
                 history=dict(state.history) if state is not None else {},
                 paused=ann.get(PAUSE_ANNOTATION) == "true",
+                finished=state is not None and state.done is not None,
             )
         )
     return DrainSnapshot(

@@ -74,6 +74,8 @@ class DrainNode:
     """When this node's drain began (from its drain state), None if not yet."""
     history: Mapping[str, PodHistory] = field(default_factory=dict)
     paused: bool = False
+    finished: bool = False
+    """Its drain state says done: it no longer counts against max_draining_nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +196,7 @@ def plan_drains(
     """The whole pass: per node its pod actions, with the gate applied (draining nodes first)."""
     gate = policy.gate
     held: list[str] = []
-    draining = sum(1 for n in nodes if n.started is not None)
+    draining = sum(1 for n in nodes if n.started is not None and not n.finished)
     floor_ok = gpu_nodes == 0 or 100.0 * schedulable_gpu_nodes / gpu_nodes >= gate.min_schedulable_percent
     budget = max(0, gate.max_evictions_per_minute - evictions_last_minute)
     plans: list[NodePlan] = []

@@ -161,3 +161,12 @@ def test_plan_as_json_and_table() -> None:
     ]  # fmt: skip
     table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, doc).render_table()
     assert "n1 (gpu scope, draining)" in table and "train/a" in table and "train/b" not in table
+
+
+def test_finished_drains_do_not_count_against_the_limit() -> None:
+    done = [DrainNode(f"d{i}", frozenset(), UUIDS, started=NOW - 100, finished=True) for i in range(2)]
+    fresh = DrainNode("new", frozenset(), UUIDS)
+    plan = plan_drains([*done, fresh], {"new": [pod("a", "0")]}, POLICY, NOW, evictions_last_minute=0,
+                       gpu_nodes=10, schedulable_gpu_nodes=10)  # fmt: skip
+    by = {p.node: p for p in plan.nodes}
+    assert by["new"].start and not by["new"].held
