@@ -624,6 +624,34 @@ def fleet_health() -> Dashboard:
                 description="Deliberately left alone: excluded, not ours, telemetry unknown, breaker "
                 "open, ...",
             ),
+            Row("Drain"),
+            Panel(
+                "Drain evictions by outcome",
+                [
+                    Target(
+                        "sum by (outcome) (increase(gpuwarden_drain_evictions_total[$__rate_interval]))",
+                        "{{outcome}}",
+                    )
+                ],
+                stack=True,
+                width=8,
+                description="evicted: moved off a quarantined GPU; blocked: a PodDisruptionBudget refused "
+                "(429, retried); deleted: a rule's delete_after passed; dry_run: would have been evicted.",
+            ),
+            Panel(
+                "Pods that cannot be moved",
+                [Target("max(gpuwarden_drain_blocked_pods)", "blocked")],
+                width=8,
+                thresholds=[(None, "green"), (1, "orange")],
+                description="Pods on failed GPUs held by a PDB or by the drain gate at the last pass.",
+            ),
+            Panel(
+                "Drain gate closed",
+                [Target("sum(increase(gpuwarden_drain_gate_closed_total[$__rate_interval]))", "passes held")],
+                width=8,
+                description="Passes in which the gate held a drain: max draining nodes, eviction rate, "
+                "capacity floor, or pause (the GPUDrainGateClosed Events say which).",
+            ),
         ],
     )
 
