@@ -96,7 +96,9 @@ class DrainActuator:
             return None
         if state is None:
             if plan.done:
-                return None  # nothing on the node to move
+                # Nothing to move: the drain is done at once (the remediation hand-off can follow).
+                await self._emit(node_ref, "GPUDrainDone", f"nothing to move ({plan.scope} scope)", dry_run)
+                return DrainState(started=now, scope=plan.scope, done=now)
             state = DrainState(started=now, scope=plan.scope)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
             moving = ", ".join(a.pod.key for a in plan.actions if a.verdict is not Verdict.REPORT) or "none"

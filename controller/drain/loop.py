@@ -14,13 +14,17 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from controller.drain.act import DrainActuator, DrainMetrics
+from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import DrainSnapshot, build_snapshot
 from controller.drain.plan import DrainPlan, Verdict, plan_drains
+from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, PODS, EventRecorder, Informer, KubeClient
 
@@ -60,6 +64,7 @@ class DrainLoop:
         self.metrics = DrainMetrics(registry)
         events = EventRecorder(kube, component="drain", instance=instance or socket.gethostname())
         self.actuator = DrainActuator(kube, events, self.metrics, clock)
+        self.handoff = Handoff(kube, events)
         self._evicted_at: deque[float] = deque()
         self.last_plan: DrainPlan | None = None
 
@@ -92,12 +97,27 @@ class DrainLoop:
             log.warning("drain gate closed", extra={"why": list(plan.gate_closed)})
         result = await self.actuator.apply(plan, snap.states, node_objs, dry_run=self.dry_run)
         self._evicted_at.extend([now] * result.evictions)
+        await self._remediate(snap, node_objs, now)
         if result.evicted or result.blocked:
             log.info(
                 "drain pass",
                 extra={"evicted": result.evicted, "blocked": result.blocked, "dry_run": self.dry_run},
             )
         return plan
+
+    async def _remediate(self, snap: DrainSnapshot, node_objs: dict[str, Any], now: float) -> None:
+        policy = self.policy.remediation
+        if not policy.enabled:
+            return
+        for obj in node_objs.values():
+            view = inputs(obj, snap, policy)
+            if view is None:
+                continue
+            if view.state is not None and not view.state.final:
+                view = replace(view, condition=await self.handoff.condition(view, policy))
+            decision = decide(view, policy, now)
+            if decision is not None:
+                await self.handoff.apply(decision, obj, dry_run=self.dry_run)
 
     def _observe(self, plan: DrainPlan) -> None:
         states = {"draining": 0, "held": 0, "done": 0}

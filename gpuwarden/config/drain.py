@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, Percent, PositiveCount, Seconds
+from gpuwarden.config.remediation import RemediationConfig
 
 DrainMode = Literal["immediate", "allow-completion", "never"]
 
@@ -90,6 +91,9 @@ class DrainConfig(Section):
         default=10.0, description="First retry after an Eviction answered 429 (PDB); doubles up to 2 min."
     )
     gate: DrainGate = Field(default_factory=DrainGate, description="Fleet-wide bounds.")
+    remediation: RemediationConfig = Field(
+        default_factory=RemediationConfig, description="Hand-off of drained nodes to a remediator (opt-in)."
+    )
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> DrainConfig:

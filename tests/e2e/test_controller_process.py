@@ -142,7 +142,7 @@ def test_controller_serves_leads_filters_and_releases_on_sigterm(
     assert _lease_holder(cluster) == "", f"SIGTERM must release the Lease held by {holder}"
 
 
-def test_plan_prints_both_loops_as_json(cluster: Cluster, controller_config: tuple[Path, int]) -> None:
+def test_plan_prints_every_loop_as_json(cluster: Cluster, controller_config: tuple[Path, int]) -> None:
     path, _ = controller_config
     proc = subprocess.run(
         _gpuwarden("plan", "--config", str(path), "-o", "json"),
@@ -154,5 +154,6 @@ def test_plan_prints_both_loops_as_json(cluster: Cluster, controller_config: tup
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"quarantine", "nominations"}
+    assert set(doc) == {"quarantine", "nominations", "drain"}
+    assert set(doc["drain"]) == {"gate_closed", "nodes"}
     assert doc["nominations"]["clear"] == []
