@@ -100,7 +100,7 @@ def prefer(
     # Pods created in the same second tie on creationTimestamp (the kubelet's sort is not stable), so a
     # pod whose unallocated set is exactly this request's size goes first; a larger one is a multi-container
     # pod getting its first container's share.
-    exact = [f for f in fits if len(f[1]) == size]
+    exact = [f for f in fits if len(f[1]) == size and f[0].created == fits[0][0].created]
     if fits:
         c, remaining = (exact or fits)[0]
         chosen = list(canonical(must_include))

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ class GpuDevicePlugin(dp_grpc.DevicePluginServicer):
         self._changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
         self._stopping = False
-        self.allocations: list[tuple[str, ...]] = []
+        self.allocations: deque[tuple[str, ...]] = deque(maxlen=256)
+        """The last Allocate answers (bounded), for debugging and tests."""
 
     @property
     def socket(self) -> Path:

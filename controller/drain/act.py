@@ -67,13 +67,19 @@ class DrainActuator:
         self.events = events
         self.metrics = metrics
         self.clock = clock
+        self._still_go: Callable[[str], bool] | None = None
 
     async def apply(
         self, plan: DrainPlan, states: Mapping[str, DrainState], node_objs: Mapping[str, dict[str, object]],
-        *, dry_run: bool,
+        *, dry_run: bool, still_go: Callable[[str], bool] | None = None,
     ) -> ActResult:  # fmt: skip
+        """Apply the plan. `still_go(node)` is asked before every eviction: a lost lease or a node released
+        since the snapshot stops the pass there (what is left is retried by the next leader's pass)."""
         result = ActResult()
+        self._still_go = still_go
         for node_plan in plan.nodes:
+            if still_go is not None and not still_go(node_plan.node):
+                continue
             state = states.get(node_plan.node)
             new_state = await self._node(node_plan, state, node_objs.get(node_plan.node), dry_run, result)
             if (
@@ -116,6 +122,8 @@ class DrainActuator:
                 if key in state.blocked:
                     blocked[key] = state.blocked[key]
                 continue
+            if self._still_go is not None and not self._still_go(plan.node):
+                continue  # lost the lease, or the node was released: no more evictions in this pass
             outcome = await self._move(action, dry_run, result)
             h = history.get(key, PodHistory())
             if outcome == "blocked":

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from controller.drain.observe import DrainSnapshot
 from controller.drain.remediation import (
     REMEDIATION_ANNOTATION,
@@ -43,7 +45,9 @@ def inputs(node: Mapping[str, Any], snap: DrainSnapshot, policy: RemediationConf
     ann = meta.get("annotations") or {}
     quarantined = {n.name: n for n in snap.nodes}
     text = ann.get(REMEDIATION_ANNOTATION)
-    if name not in quarantined and not text:
+    if name in snap.unknown or name in snap.recovering or (name not in quarantined and not text):
+        # Unknown (unreadable record or state), or recovering (evidence gone, healthy period running): no
+        # step starts or escalates, nothing is called succeeded.
         return None
     state = decode(text)
     drain = snap.states.get(name)
@@ -51,7 +55,8 @@ def inputs(node: Mapping[str, Any], snap: DrainSnapshot, policy: RemediationConf
     return NodeRemediation(
         node=name,
         quarantined=q is not None,
-        drain_done=drain is not None and drain.done is not None,
+        # Done, and nothing left on the node that the drain only reported (mode never, excluded, blocked).
+        drain_done=drain is not None and drain.done is not None and not drain.blocked,
         state=state,
         readable=not text or state is not None,
         gpus=tuple(sorted(q.fault_gpus)) if q else (),
@@ -100,6 +105,11 @@ class Handoff:
         for step in d.remove:
             (labels if step.action == "label" else annotations)[step.key] = None
         state = d.state
+        if d.delete_object:
+            with contextlib.suppress(KubeError):
+                await self.kube.request(
+                    "DELETE", d.delete_object, verb="delete", resource="remediation-object"
+                )
         if d.apply is not None:
             state = await self._start(d, d.apply, labels, annotations, state)
         annotations[REMEDIATION_ANNOTATION] = None if state is None else state.encode()
@@ -126,7 +136,7 @@ class Handoff:
             collection = object_path(obj, step.resource)
             await self.kube.request("POST", collection, verb="create", resource=step.resource, body=obj,
                                     content_type="application/json")  # fmt: skip
-        except (KubeError, ValueError) as exc:
+        except (KubeError, ValueError, yaml.YAMLError) as exc:
             # The step cannot start: record it, so it times out and the next step follows.
             log.warning("remediation object not created", extra={"node": d.node, "error": str(exc)})
             return state

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.drain.act import DrainActuator, DrainMetrics
 from controller.drain.handoff import Handoff, inputs
-from controller.drain.observe import DrainSnapshot, build_snapshot
+from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot
 from controller.drain.plan import DrainPlan, Verdict, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
@@ -95,7 +95,17 @@ class DrainLoop:
         if plan.gate_closed:
             self.metrics.gate_closed.inc()
             log.warning("drain gate closed", extra={"why": list(plan.gate_closed)})
-        result = await self.actuator.apply(plan, snap.states, node_objs, dry_run=self.dry_run)
+
+        def still_go(node: str) -> bool:
+            if leading is not None and not leading.is_set():
+                return False
+            current = self.nodes.get(node) or {}
+            taints = (current.get("spec") or {}).get("taints") or []
+            return any(t.get("key") == QUARANTINE_TAINT for t in taints)
+
+        result = await self.actuator.apply(
+            plan, snap.states, node_objs, dry_run=self.dry_run, still_go=still_go
+        )
         self._evicted_at.extend([now] * result.evictions)
         await self._remediate(snap, node_objs, now)
         if result.evicted or result.blocked:

@@ -36,6 +36,10 @@ class DrainSnapshot:
     gpu_nodes: int
     schedulable_gpu_nodes: int
     problems: tuple[str, ...] = field(default=())
+    unknown: tuple[str, ...] = ()
+    """Nodes whose drain state or quarantine record cannot be read: left alone entirely."""
+    recovering: tuple[str, ...] = ()
+    """Quarantined nodes whose evidence is gone (healthy period running): no remediation step starts."""
 
 
 def _annotations(obj: Obj) -> Mapping[str, str]:
@@ -107,6 +111,8 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
     out: list[DrainNode] = []
     states: dict[str, DrainState] = {}
     released: list[str] = []
+    unknown: list[str] = []
+    recovering: list[str] = []
     problems: list[str] = []
     gpu_nodes = schedulable = 0
     for node in nodes:
@@ -120,14 +126,21 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
             continue  # the common case: a healthy node with no drain to cancel
         state, why = decode(ann.get(DRAIN_ANNOTATION))
         if why:
-            problems.append(f"{name}: {why}")
+            problems.append(f"{name}: {why}")  # unknown: neither drained nor cancelled; the state is kept
+            unknown.append(name)
+            continue
         record, rwhy = decode_record(ann.get(QUARANTINE_ANNOTATION))
+        if tainted and record is None:
+            # Our taint without a readable record: unknown, never "released" (that would cancel the drain).
+            problems.append(f"{name}: {rwhy or 'tainted without a quarantine record'}")
+            unknown.append(name)
+            continue
         if not tainted or record is None or record.state != "quarantined":
-            if rwhy and tainted:
-                problems.append(f"{name}: {rwhy}")  # unknown: not drained
-            if state is not None or ann.get(DRAIN_ANNOTATION):
+            if state is not None:
                 released.append(name)
             continue
+        if record.healthy_since is not None:
+            recovering.append(name)
         node_level = any(not e.gpu for e in record.evidence) or not record.evidence
         uuid_to_id: dict[str, str] = {}
         try:
@@ -155,6 +168,8 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
         pods_by_node={k: tuple(v) for k, v in by_node.items()},
         states=states,
         released=tuple(released),
+        unknown=tuple(unknown),
+        recovering=tuple(recovering),
         gpu_nodes=gpu_nodes,
         schedulable_gpu_nodes=schedulable,
         problems=tuple(problems),

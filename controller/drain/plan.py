@@ -149,7 +149,11 @@ def pod_actions(
     out: list[PodAction] = []
     started = node.started if node.started is not None else now
     for pod in sorted(chosen, key=lambda p: p.key):
-        if not _movable(pod) or pod.terminating:
+        if not _movable(pod):
+            continue
+        if pod.terminating:
+            # Within its grace period: nothing to do, but the drain is not done until it is gone.
+            out.append(PodAction(pod, Verdict.WAIT, "immediate", "", "terminating"))
             continue
         mode, rule = mode_of(pod, policy)
         if pod.namespace in policy.exclude_namespaces or pod.labels.get(policy.exclude_label) == "true":
@@ -163,6 +167,12 @@ def pod_actions(
             out.append(PodAction(pod, Verdict.WAIT, mode, rule, f"waits to finish (deadline {deadline:g}s)"))
             continue
         hist = node.history.get(pod.key, PodHistory())
+        if hist.last_attempt is not None and hist.attempts > 0:
+            # Capped exponent: a pod refused for days must not overflow the float (and stop every pass).
+            backoff = min(120.0, policy.retry_backoff_seconds * 2 ** min(hist.attempts - 1, 16))
+            if now - hist.last_attempt < backoff:
+                out.append(PodAction(pod, Verdict.BACKOFF, mode, rule, f"refused; retry in {backoff:g}s"))
+                continue
         if (
             hist.first_refused is not None
             and delete_after is not None
@@ -170,11 +180,6 @@ def pod_actions(
         ):
             out.append(PodAction(pod, Verdict.DELETE, mode, rule, f"eviction refused for {delete_after:g}s"))
             continue
-        if hist.last_attempt is not None and hist.attempts > 0:
-            backoff = min(120.0, policy.retry_backoff_seconds * 2 ** (hist.attempts - 1))
-            if now - hist.last_attempt < backoff:
-                out.append(PodAction(pod, Verdict.BACKOFF, mode, rule, f"refused; retry in {backoff:g}s"))
-                continue
         out.append(
             PodAction(
                 pod, Verdict.EVICT, mode, rule, "holds a faulty GPU" if scope == "gpu" else "node fault"

@@ -92,6 +92,8 @@ class Decision:
     event: tuple[str, str] | None = None
     """(reason, note)."""
     context: Mapping[str, str] = field(default_factory=dict)
+    delete_object: str = ""
+    """API path of a finished step's object to delete, so nothing acts on it any more."""
 
 
 def _marker(step: RemediationStep) -> bool:
@@ -125,6 +127,7 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
         )
         return Decision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
                         remove=tuple(s for s in steps[: st.step + 1] if _marker(s)),
+                        delete_object=st.object_path,
                         event=("GPURemediationSucceeded", f"step {current.name}: node released"))  # fmt: skip
     if current.action == "object" and n.condition is True:
         done = (
@@ -145,7 +148,7 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
     history = (*st.history, StepOutcome(current.name, outcome, now, why))
     if st.step + 1 >= len(steps):
         return Decision(n.node, RemediationState(st.step, st.started, history, "exhausted"),
-                        remove=tuple(s for s in steps if _marker(s)),
+                        remove=tuple(s for s in steps if _marker(s)), delete_object=st.object_path,
                         event=("GPURemediationExhausted",
                                f"every step failed (last: {current.name} {outcome}); the node stays "
                                "quarantined for an operator"))  # fmt: skip
@@ -153,6 +156,7 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
     note = f"step {current.name} {outcome} ({why}); next: {nxt.name}"
     return Decision(n.node, RemediationState(st.step + 1, now, history), apply=nxt,
                     remove=(current,) if _marker(current) else (), context={**ctx, "step": nxt.name},
+                    delete_object=st.object_path,
                     event=("GPURemediationEscalated", note))  # fmt: skip
 
 

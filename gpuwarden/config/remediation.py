@@ -10,8 +10,10 @@ Off by default: it acts on nodes, and what acts on the label is outside gpuwarde
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
+import yaml
 from pydantic import Field, model_validator
 
 from gpuwarden.config.base import Section
@@ -54,6 +56,13 @@ class RemediationStep(Section):
             raise FieldError("key", f"is required for a {self.action} step")
         if self.action == "object" and not self.template:
             raise FieldError("template", "is required for an object step")
+        if self.action == "object":
+            try:
+                obj = yaml.safe_load(re.sub(r"\{(node|gpus|reason|step)\}", "x", self.template))
+            except yaml.YAMLError as exc:
+                raise FieldError("template", f"is not YAML: {exc}") from None
+            if not isinstance(obj, dict) or "apiVersion" not in obj or "kind" not in obj:
+                raise FieldError("template", "must be one object with apiVersion and kind")
         if self.action == "object" and not self.resource:
             raise FieldError("resource", "is required for an object step (the kind's plural, e.g. gpuresets)")
         return self

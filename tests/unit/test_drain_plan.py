@@ -88,7 +88,6 @@ def test_pod_verdicts(p: DrainPod, hist: PodHistory | None, started: float | Non
         pod("static", "0", mirror=True),
         pod("done", "0", phase="Succeeded"),
         pod("failed", "0", phase="Failed"),
-        pod("going", "0", terminating=True),
     ],
     ids=lambda p: p.name,
 )
@@ -170,3 +169,19 @@ def test_finished_drains_do_not_count_against_the_limit() -> None:
                        gpu_nodes=10, schedulable_gpu_nodes=10)  # fmt: skip
     by = {p.node: p for p in plan.nodes}
     assert by["new"].start and not by["new"].held
+
+
+def test_a_terminating_pod_is_left_alone_but_keeps_the_drain_open() -> None:
+    n = DrainNode("n1", frozenset(), UUIDS, started=NOW - 10)
+    pods = {"n1": [pod("going", "0", terminating=True)]}
+    plan = plan_drains([n], pods, POLICY, NOW, evictions_last_minute=0, gpu_nodes=4, schedulable_gpu_nodes=4)
+    (node_plan,) = plan.nodes
+    assert [a.verdict for a in node_plan.actions] == [Verdict.WAIT] and not node_plan.done
+
+
+def test_back_off_exponent_is_capped() -> None:
+    p = pod("a", "0", ns="serve")
+    hist = PodHistory(first_refused=NOW - 10**6, last_attempt=NOW - 200, attempts=5000)
+    n = node(set(), started=NOW - 10**6, history={p.key: hist})
+    _, actions = pod_actions(n, [p], POLICY, NOW)  # no OverflowError; the delete_after path is reached
+    assert [a.verdict for a in actions] == [Verdict.DELETE]

@@ -100,9 +100,26 @@ def test_state_round_trip_and_template() -> None:
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="required for a label step"):
         RemediationConfig.model_validate({"enabled": True, "steps": [{"name": "a", "action": "label"}]})
+    with pytest.raises(ValueError, match="apiVersion and kind"):
+        RemediationConfig.model_validate(
+            {
+                "enabled": True,
+                "steps": [{"name": "a", "action": "object", "template": "x: 1", "resource": "xs"}],
+            }
+        )
+    with pytest.raises(ValueError, match="is not YAML"):
+        RemediationConfig.model_validate(
+            {
+                "enabled": True,
+                "steps": [{"name": "a", "action": "object", "template": "a: [", "resource": "xs"}],
+            }
+        )
     with pytest.raises(ValueError, match="the kind's plural"):
         RemediationConfig.model_validate(
-            {"enabled": True, "steps": [{"name": "a", "action": "object", "template": "x: 1"}]}
+            {
+                "enabled": True,
+                "steps": [{"name": "a", "action": "object", "template": "apiVersion: v1\nkind: X"}],
+            }
         )
     with pytest.raises(ValueError, match="at least one step"):
         RemediationConfig.model_validate({"enabled": True})
