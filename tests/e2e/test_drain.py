@@ -249,8 +249,18 @@ def test_allow_completion_lets_a_job_finish(
     node_cluster: Cluster, gpu_node: RealNode, node_ns: str, tmp_path: Path
 ) -> None:
     records = tmp_path / "records"
-    create(node_cluster, node_ns, gpu_pod("finisher", records, sleep="6"))
-    wait_phase(node_cluster, node_ns, "finisher", "Running")
+    template = gpu_pod("finisher", records, sleep="6")
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "finisher"},
+           "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "finisher"}},
+                                                    "spec": template["spec"]}}}  # fmt: skip
+    create(node_cluster, node_ns, job)
+    pod_name = poll(
+        lambda: node_cluster.kubectl("get", "pods", "-n", node_ns, "-l", "job-name=finisher",
+                                     "-o", "jsonpath={.items[0].metadata.name}", check=False),
+        timeout=60,
+        what="the Job's pod",
+    )  # fmt: skip
+    wait_phase(node_cluster, node_ns, pod_name, "Running")
     rule = {
         "name": "jobs",
         "namespaces": [node_ns],
@@ -261,7 +271,10 @@ def test_allow_completion_lets_a_job_finish(
         quarantine(node_cluster, None)
         drain_until(
             node_cluster,
-            lambda: pod_phase(node_cluster, node_ns, "finisher") == "Succeeded",
+            lambda: (
+                node_cluster.get_json("job", "finisher", "-n", node_ns).get("status", {}).get("succeeded")
+                == 1
+            ),
             drain={"rules": [rule]},
         )
         log = events((records / "finisher.log").read_text())
