@@ -160,6 +160,7 @@ class NodeAgent:
         self.topology_json: str | None = None
         self.last_read_ok = False
         self._wake = asyncio.Event()
+        self._written: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self._topology_known = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -237,21 +238,34 @@ class NodeAgent:
             self.metrics.allocatable.set(len(allocatable))
             pods = [pod_record(o) for o in self.pods.objects()]
             plan = decide(pods, allocations, self.numa_by_id)
-            for assignment in plan.assignments:
-                await self._apply(assignment)
-            return list(plan.assignments)
+            # The watch may not have delivered our own last write yet: a pod we already recorded with the
+            # same actual set (same uid) is not patched, counted or evented again.
+            live = {(p.namespace, p.name): p.uid for p in pods}
+            self._written = {k: v for k, v in self._written.items() if live.get(k) == v[0]}
+            todo = [
+                a
+                for a in plan.assignments
+                if self._written.get((a.namespace, a.name), ("", ()))[1] != a.actual
+            ]
+            for assignment in todo:
+                if await self._apply(assignment):
+                    self._written[(assignment.namespace, assignment.name)] = (
+                        live.get((assignment.namespace, assignment.name), ""),
+                        assignment.actual,
+                    )
+            return todo
 
-    async def _apply(self, a: Assignment) -> None:
+    async def _apply(self, a: Assignment) -> bool:
         extra = {"pod": f"{a.namespace}/{a.name}", "outcome": a.outcome.value, "actual": ",".join(a.actual)}
         if self.cfg.dry_run:
             log.info("dry-run: would record the actual GPU set", extra=extra)
-            return
+            return False
         try:
             pod = await self.kube.patch(PODS, a.name, a.patch(), namespace=a.namespace)
         except KubeError as exc:
             self.metrics.patch_errors.labels("pod").inc()
             log.warning("cannot record the actual GPU set", extra={**extra, "error": str(exc)})
-            return
+            return False
         self.metrics.assignments.labels(a.outcome.value).inc()
         log.info("recorded the actual GPU set", extra=extra)
         if a.event_note:
@@ -263,6 +277,7 @@ class NodeAgent:
                     action="ReconcileGPUs",
                     type=EventType.WARNING,
                 )
+        return True
 
     def on_pod_event(self, _event: Any) -> None:
         self._wake.set()

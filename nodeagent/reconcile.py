@@ -8,8 +8,8 @@ accounting then follows the allocation, and pods bound by other schedulers becom
 count-only. The extender's original choice is kept beside it (`gpuwarden.io/gpu-ids-requested`) and the pod is
 marked `gpuwarden.io/gpu-ids-source: kubelet`, which also makes each pod counted and evented once.
 
-Pure: no I/O, no clock, no logging. Missing data is unknown: a pod the watch does not know, or one whose uid
-differs from the kubelet's record, is skipped, never guessed at.
+Pure: no I/O, no clock, no logging. Missing data is unknown: a pod the watch does not know is skipped, never
+guessed at (PodResources names pods by namespace and name only; the shell keys its own writes by uid).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ class FakeKube:
     async def patch(self, resource: Resource, name: str, body: Any, *, namespace: str | None = None,
                     **_: Any) -> dict[str, Any]:  # fmt: skip
         self.patches.append((resource.plural, name, body))
+        if resource.plural not in ("nodes", "pods"):
+            return dict(body)  # an Event series update
         target = self.node if resource.plural == "nodes" else self.pods[(namespace or "", name)]
         for key, value in body["metadata"].get("annotations", {}).items():
             anns = target["metadata"].setdefault("annotations", {})
@@ -192,3 +194,28 @@ def test_quarantined_uuids(annotation: str | None, expect: set[str]) -> None:
         "metadata": {"annotations": {} if annotation is None else {"gpuwarden.io/quarantine": annotation}}
     }
     assert quarantined_uuids(node) == expect
+
+
+async def test_a_write_the_watch_has_not_delivered_yet_is_not_repeated(tmp_path: Path) -> None:
+    server = grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(Kubelet({("ns", "p"): ["GPU-3"]}), server)  # type: ignore[no-untyped-call]
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    await server.start()
+    kube = FakeKube()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "ns", "name": "p", "uid": "u1",
+           "annotations": {"gpuwarden.io/gpu-ids": "GPU-0"}}}  # fmt: skip
+    kube.pods[("ns", "p")] = copy.deepcopy(pod)
+    a = agent(kube, topology_file(tmp_path), pod_resources_socket=str(sock))
+    a.pods.store["ns/p"] = pod  # the watch cache keeps the old annotations (our patch not delivered yet)
+    try:
+        assert len(await a.reconcile_once()) == 1
+        assert await a.reconcile_once() == []  # not patched, counted or evented twice
+        # A new pod of the same name (another uid) is reconciled afresh.
+        a.pods.store["ns/p"] = {**pod, "metadata": {**pod["metadata"], "uid": "u2"}}
+        assert len(await a.reconcile_once()) == 1
+    finally:
+        await a.reader.aclose()
+        await server.stop(0)
+    assert metric(a, "gpuwarden_node_assignments_total", {"outcome": "overridden"}) == 2
+    assert len([p for p in kube.patches if p[0] == "pods"]) == 2
