@@ -199,11 +199,13 @@ class NodeAgent:
         await self.refresh_devices()
         if not self.cfg.publish_topology:
             return
-        try:
-            node = await self.kube.get(NODES, self.node)
-        except KubeError as exc:
-            log.warning("cannot read own Node", extra={"error": str(exc)})
-            return
+        node = self.nodes.get(self.node) if self.nodes.synced.is_set() else None
+        if node is None:  # before the node watch has listed (the first publish at start-up)
+            try:
+                node = await self.kube.get(NODES, self.node)
+            except KubeError as exc:
+                log.warning("cannot read own Node", extra={"error": str(exc)})
+                return
         current = ((node.get("metadata") or {}).get("annotations") or {}).get(TOPOLOGY_ANNOTATION)
         if current == text:
             return

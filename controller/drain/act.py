@@ -20,6 +20,7 @@ from controller.drain.plan import DrainPlan, NodePlan, PodAction, PodHistory, Ve
 from controller.drain.state import DRAIN_ANNOTATION, DrainState
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, KubeClient, ObjectRef
+from gpuwarden.kube.eviction import evict
 
 log = logging.getLogger(__name__)
 
@@ -162,15 +163,7 @@ class DrainActuator:
                     content_type="application/json",
                 )  # fmt: skip
             else:
-                body = {
-                    "apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace},
-                    "deleteOptions": {"preconditions": {"uid": pod.uid}},
-                }  # fmt: skip
-                await self.kube.request(
-                    "POST", PODS.path(pod.namespace, pod.name, "eviction"), verb="create",
-                    resource="pods/eviction", body=body, content_type="application/json",
-                )  # fmt: skip
+                await evict(self.kube, pod.namespace, pod.name, pod.uid)
         except KubeNotFound:
             return "gone"
         except KubeError as exc:

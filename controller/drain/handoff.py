@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from controller.drain.observe import DrainSnapshot
+from controller.drain.plan import DrainNode
 from controller.drain.remediation import (
     REMEDIATION_ANNOTATION,
     Decision,
@@ -38,12 +39,14 @@ def object_path(obj: Mapping[str, Any], resource: str) -> str:
     return f"{base}/namespaces/{ns}/{resource}" if ns else f"{base}/{resource}"
 
 
-def inputs(node: Mapping[str, Any], snap: DrainSnapshot, policy: RemediationConfig) -> NodeRemediation | None:
-    """The hand-off's view of one node (None: nothing to consider: healthy and no remediation state)."""
+def inputs(
+    node: Mapping[str, Any], snap: DrainSnapshot, quarantined: Mapping[str, DrainNode]
+) -> NodeRemediation | None:
+    """The hand-off's view of one node (None: nothing to consider: healthy and no remediation state).
+    `quarantined`: the snapshot's nodes by name, built once per pass."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     ann = meta.get("annotations") or {}
-    quarantined = {n.name: n for n in snap.nodes}
     text = ann.get(REMEDIATION_ANNOTATION)
     if name in snap.unknown or name in snap.recovering or (name not in quarantined and not text):
         # Unknown (unreadable record or state), or recovering (evidence gone, healthy period running): no

@@ -119,8 +119,9 @@ class DrainLoop:
         policy = self.policy.remediation
         if not policy.enabled:
             return
+        quarantined = {n.name: n for n in snap.nodes}
         for obj in node_objs.values():
-            view = inputs(obj, snap, policy)
+            view = inputs(obj, snap, quarantined)
             if view is None:
                 continue
             if view.state is not None and not view.state.final:

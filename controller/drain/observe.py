@@ -15,12 +15,13 @@ from typing import Any
 
 from controller.drain.plan import DrainNode, DrainPod
 from controller.drain.state import DRAIN_ANNOTATION, PAUSE_ANNOTATION, DrainState, decode
+from controller.extender.objects import GPU_IDS_ANNOTATION
 from controller.extender.topology import TOPOLOGY_ANNOTATION, TopologyError, parse_annotation
 from controller.health.record import decode as decode_record
+from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 
-QUARANTINE_TAINT = "gpuwarden.io/gpu-unhealthy"
-QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
-GPU_IDS_ANNOTATION = "gpuwarden.io/gpu-ids"
+QUARANTINE_TAINT = TAINT_KEY
+QUARANTINE_ANNOTATION = RECORD_ANNOTATION
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 Obj = Mapping[str, Any]
 

@@ -32,6 +32,7 @@ from controller.nominations.snapshot import NOMINATION_ANNOTATION, NominationRec
 from controller.preemption.signals import terminating_by_preemption
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import PODS, EventRecorder, EventType, JsonObject, ObjectRef, PatchType, patch_with_retry
+from gpuwarden.kube.eviction import evict as evict_pod
 from gpuwarden.kube.patch import ObjectClient
 from gpuwarden.kube.resources import ObjectList, Resource
 
@@ -184,17 +185,8 @@ class NominationActuator:
                 log.info(f"[dry-run] {note}", extra={"pod": pod.key})
                 await self._emit(pod, "NominatedPodEvicted", note, True, warning=True)
                 return
-            body = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": pod.name, "namespace": pod.namespace},
-                "deleteOptions": {"preconditions": {"uid": pod.uid}},
-            }
             try:
-                await self.client.request(
-                    "POST", PODS.path(pod.namespace, pod.name, "eviction"), verb="create",
-                    resource="pods/eviction", body=body, content_type="application/json",
-                )  # fmt: skip
+                await evict_pod(self.client, pod.namespace, pod.name, pod.uid)
             except KubeNotFound:
                 return
             except KubeError as exc:
