@@ -34,7 +34,9 @@ from controller.extender.objects import (
     CLAIMED_AT_ANNOTATION,
     GPU_IDS_ANNOTATION,
     NUMA_ANNOTATION,
+    RESERVED_UNTIL_ANNOTATION,
     PodInfo,
+    claim_fresh,
 )
 from controller.extender.topology import gpu_sort_key
 
@@ -53,10 +55,14 @@ def claim_selector(node: str) -> str:
     return f"{CLAIM_LABEL}={label_value(node)}"
 
 
-def claim_patch(node: str, choice: Choice, now: float, resource_version: str) -> dict[str, Any]:
-    """JSON merge patch writing the claim; `resourceVersion` makes it conditional (409 on a lost race)."""
+def claim_patch(
+    node: str, choice: Choice, now: float, resource_version: str, reserved_until: float | None = None
+) -> dict[str, Any]:
+    """JSON merge patch writing the claim; `resourceVersion` makes it conditional (409 on a lost race).
+    `reserved_until` makes it a preemption reservation (held until then); on bind's own claim (None)
+    a reservation of the pod keeps its deadline (at most that long: a bind that fails holds no longer)."""
     numa = ",".join(str(n) for n in choice.numa_nodes) or None
-    return {
+    patch: dict[str, Any] = {
         "metadata": {
             "resourceVersion": resource_version,
             "labels": {CLAIM_LABEL: label_value(node)},
@@ -68,11 +74,17 @@ def claim_patch(node: str, choice: Choice, now: float, resource_version: str) ->
             },
         }
     }
+    if reserved_until is not None:
+        patch["metadata"]["annotations"][RESERVED_UNTIL_ANNOTATION] = f"{reserved_until:.3f}"
+    return patch
 
 
 def release_patch() -> dict[str, Any]:
     """JSON merge patch withdrawing a claim from a pod that is still unbound."""
-    keys = (GPU_IDS_ANNOTATION, NUMA_ANNOTATION, CLAIM_NODE_ANNOTATION, CLAIMED_AT_ANNOTATION)
+    keys = (
+        GPU_IDS_ANNOTATION, NUMA_ANNOTATION, CLAIM_NODE_ANNOTATION, CLAIMED_AT_ANNOTATION,
+        RESERVED_UNTIL_ANNOTATION,
+    )  # fmt: skip
     return {"metadata": {"labels": {CLAIM_LABEL: None}, "annotations": dict.fromkeys(keys)}}
 
 
@@ -82,8 +94,7 @@ def holds(pod: PodInfo, node: str, now: float, ttl: float) -> bool:
         return False
     if pod.node_name:
         return pod.node_name == node
-    fresh = pod.claimed_at is None or now - pod.claimed_at < ttl
-    return pod.claim_node == node and fresh
+    return pod.claim_node == node and claim_fresh(pod.claimed_at, pod.reserved_until, now, ttl)
 
 
 def conflicts(
@@ -105,6 +116,6 @@ def reusable_claim(pod: PodInfo, node: str, now: float, ttl: float) -> tuple[str
     """The pod's own earlier claim on `node` when a retried bind may reuse it (same node, fresh, complete)."""
     if pod.node_name or pod.claim_node != node or not pod.gpu_ids or len(pod.gpu_ids) != pod.gpus:
         return None
-    if pod.claimed_at is not None and now - pod.claimed_at >= ttl:
+    if not claim_fresh(pod.claimed_at, pod.reserved_until, now, ttl):
         return None
     return pod.gpu_ids

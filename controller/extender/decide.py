@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from controller.extender.model import Holder, NodeView
-from controller.extender.objects import POLICY_ANNOTATION, PodInfo
+from controller.extender.objects import POLICY_ANNOTATION, PodInfo, claim_fresh
 from controller.extender.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
 from controller.extender.topology import TOPOLOGY_ANNOTATION, Gpu
 from controller.extender.wire import MAX_EXTENDER_PRIORITY
@@ -83,6 +83,9 @@ class Verdict:
     choice: Choice | None = None
     reason: str = ""
     resolvable: bool = False
+    fragmented: bool = False
+    """Enough GPUs are free by count but no set satisfies the policy: kube-scheduler would find no victims
+    to preempt here (it counts), so the node is reported unresolvable; GPU preemption can still help."""
 
     @property
     def fits(self) -> bool:
@@ -96,6 +99,8 @@ class FilterResult:
     passed: tuple[str, ...]
     failed: dict[str, str]
     unresolvable: dict[str, str]
+    fragmented: tuple[str, ...] = ()
+    """The unresolvable nodes whose verdict is `fragmented` (victims.explain_room adds what would help)."""
 
 
 def policy_of(pod: PodInfo, settings: Settings) -> Policy | str:
@@ -208,18 +213,26 @@ def _yielding(pod: PodInfo, view: NodeView) -> list[Holder]:
 
 
 def _free(
-    pod: PodInfo, view: NodeView, healthy: list[Gpu], s: Settings, now: float
+    pod: PodInfo,
+    view: NodeView,
+    healthy: list[Gpu],
+    s: Settings,
+    now: float,
+    freed: Sequence[Holder] = (),
 ) -> tuple[list[Gpu], int, str]:
-    """Healthy GPUs not taken, the count held where we cannot see, and a note on what else holds GPUs."""
+    """Healthy GPUs not taken, the count held where we cannot see, and a note on what else holds GPUs.
+    `freed`: holders to count as gone as well (victims.py asks "what if these were preempted?")."""
     taken = set(view.used)
     unknown = view.used_unknown
     yielded = _yielding(pod, view)
+    if freed:
+        yielded = [*yielded, *(h for h in freed if h not in yielded)]
     for holder in yielded:
         taken.difference_update(holder.ids)
         unknown -= holder.unknown
     for claim in view.claims:
         # the same arithmetic as `NodeView.claims_stable_until`, which bounds answers cached with claims
-        fresh = claim.claimed_at is None or now < claim.claimed_at + s.claim_ttl_seconds
+        fresh = claim_fresh(claim.claimed_at, claim.until, now, s.claim_ttl_seconds)
         if claim.pod != pod.key and fresh:
             taken.update(claim.ids)
     free = [g for g in healthy if g.id not in taken] if taken else healthy
@@ -247,6 +260,22 @@ def _free(
     if promised:
         notes.append(f"{promised} promised to nominated pods of priority >= {pod.priority}")
     return free, unknown, ("; " + ", ".join(notes)) if notes else ""
+
+
+def scheduler_free(pod: PodInfo, view: NodeView, s: Settings, now: float) -> int:
+    """GPUs free on the node *by count*, as kube-scheduler's NodeResourcesFit sees them for `pod`:
+    allocatable minus every bound holder's request (terminating ones too), fresh claims of other pods
+    (binds in flight, assumed in its cache) and nominated pods of at least its priority. When this covers
+    the request, its preemption dry run finds no victim on the node and fails the whole attempt
+    (`expected at least one victim pod`, kubernetes v1.35 preemption.go)."""
+    held = len(view.used) + view.used_unknown
+    held += sum(
+        len(c.ids)
+        for c in view.claims
+        if c.pod != pod.key and claim_fresh(c.claimed_at, c.until, now, s.claim_ttl_seconds)
+    )
+    held += sum(n.gpus for n in view.nominated if n.pod != pod.key and n.priority >= pod.priority)
+    return view.allocatable - held
 
 
 def _summary(gpus: list[Gpu], level: str) -> str:
@@ -290,6 +319,19 @@ def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: st
     free, unknown, note = _free(pod, view, healthy, s, now)
     if fits(free, unknown, need):
         return _Fit(need, healthy, free, unknown)
+    counted = scheduler_free(pod, view, s, now)
+    if counted >= pod.gpus and need.level is not None and len(free) - unknown >= pod.gpus:
+        level = need.level
+        sizes = sorted(group_sizes(free, level), reverse=True)
+        if need.span > 1:
+            where = f"the {need.span} fullest {_LEVEL_NAME[level]}s have {sum(sizes[: need.span])}"
+        else:
+            where = f"largest {_LEVEL_NAME[level]} has {sizes[0] if sizes else 0}"
+        why = (
+            f"fragmented: {len(free) - unknown} free, {where} "
+            f"({_summary(free, level)}; {pod.gpus} requested with policy {policy}){note}"
+        )
+        return Verdict(name, reason=why, fragmented=True)
     if need.level is None:
         why = f"{max(0, len(free) - unknown)} healthy GPUs free; {pod.gpus} requested{note}"
     elif need.span > 1:
@@ -297,7 +339,8 @@ def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: st
     else:
         lvl = _LEVEL_NAME[need.level]
         why = f"no {lvl} with {pod.gpus} free GPUs ({_summary(free, need.level)}){note}"
-    return Verdict(name, reason=why, resolvable=True)
+    # enough by count (quarantined or unseen GPUs): the scheduler's dry run would find no victim here
+    return Verdict(name, reason=why, resolvable=counted < pod.gpus)
 
 
 def _score(chosen: list[Gpu], fit: _Fit, view: NodeView, s: Settings) -> int:
@@ -366,6 +409,7 @@ def filter_nodes(
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
+    fragmented: list[str] = []
     if pod.gpus <= 0:
         return FilterResult(tuple(name for name, _ in nodes), failed, unresolvable)
     key, nominated = ("assess", pod.gpus, pod.policy), pod.nominated
@@ -390,7 +434,9 @@ def filter_nodes(
             failed[name] = verdict.reason
         else:
             unresolvable[name] = verdict.reason
-    return FilterResult(tuple(passed), failed, unresolvable)
+            if verdict.fragmented:
+                fragmented.append(name)
+    return FilterResult(tuple(passed), failed, unresolvable, tuple(fragmented))
 
 
 class NodeScore(NamedTuple):

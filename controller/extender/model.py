@@ -39,6 +39,8 @@ class Claim:
     pod: str
     ids: tuple[str, ...]
     claimed_at: float | None
+    until: float | None = None
+    """A preemption reservation's deadline (holds until then instead of for the claim TTL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,7 @@ class Holder:
     priority: int
     terminating: bool
     preempted: bool = False
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,11 @@ class NodeView:
     def claims_stable_until(self, now: float, ttl: float) -> float:
         """Until when (from `now` on) every claim here stays as fresh or expired as it is at `now`: the
         earliest expiry still ahead (+inf when none is); answers derived at `now` hold until then."""
-        ahead = [c.claimed_at + ttl for c in self.claims if c.claimed_at is not None]
+        ahead = [
+            c.until if c.until is not None else c.claimed_at + ttl  # type: ignore[operator]
+            for c in self.claims
+            if c.until is not None or c.claimed_at is not None
+        ]
         return min((t for t in ahead if t > now), default=float("inf"))
 
     def with_claims(self, extra: Iterable[Claim]) -> NodeView:
@@ -156,10 +163,13 @@ def build_view(
             used.update(known)
             hidden = max(pod.gpus, len(pod.gpu_ids or ())) - len(known)
             unknown += hidden
-            holder = Holder(pod.key, tuple(known), hidden, pod.priority, pod.terminating, pod.preempted)
+            holder = Holder(
+                pod.key, tuple(known), hidden, pod.priority, pod.terminating, pod.preempted, pod.uid
+            )
             holders.append(holder)
         elif not pod.node_name and pod.claim_node == info.name and pod.gpu_ids:
-            claims.append(Claim(pod.key, tuple(i for i in pod.gpu_ids if i in ids), pod.claimed_at))
+            claim_ids = tuple(i for i in pod.gpu_ids if i in ids)
+            claims.append(Claim(pod.key, claim_ids, pod.claimed_at, pod.reserved_until))
         elif not pod.node_name and pod.nominated == info.name and pod.gpus > 0:
             nominated.append(Nominated(pod.key, pod.gpus, pod.priority, pod.policy))
     return NodeView(

@@ -23,6 +23,9 @@ POLICY_ANNOTATION = "gpuwarden.io/topology-policy"
 CLAIM_LABEL = "gpuwarden.io/gpu-node"
 CLAIM_NODE_ANNOTATION = "gpuwarden.io/gpu-node"
 CLAIMED_AT_ANNOTATION = "gpuwarden.io/gpu-claimed-at"
+RESERVED_UNTIL_ANNOTATION = "gpuwarden.io/gpu-reserved-until"
+"""Set with a claim by the controller's GPU preemption (not by bind): the claim holds until this Unix time
+instead of for the claim TTL, so GPUs freed for a preemptor are not taken back while its victims exit."""
 JsonObject = dict[str, Any]
 
 
@@ -81,6 +84,8 @@ class PodInfo:
     claim_node: str = ""
     claimed_at: float | None = None
     resource_version: str = ""
+    reserved_until: float | None = None
+    """A preemption reservation's deadline (`RESERVED_UNTIL_ANNOTATION`); None for an ordinary claim."""
 
     @property
     def holds_gpus(self) -> bool:
@@ -104,6 +109,10 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
         claimed_at = float(annotations[CLAIMED_AT_ANNOTATION])
     except (KeyError, TypeError, ValueError):
         claimed_at = None
+    try:
+        reserved_until: float | None = float(annotations[RESERVED_UNTIL_ANNOTATION])
+    except (KeyError, TypeError, ValueError):
+        reserved_until = None
     policy = annotations.get(POLICY_ANNOTATION)
     priority = spec.get("priority")
     disruptions = [
@@ -127,7 +136,16 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
         claim_node=str(annotations.get(CLAIM_NODE_ANNOTATION) or ""),
         claimed_at=claimed_at,
         resource_version=str(meta.get("resourceVersion", "")),
+        reserved_until=reserved_until,
     )
+
+
+def claim_fresh(claimed_at: float | None, reserved_until: float | None, now: float, ttl: float) -> bool:
+    """Whether a claim still holds its GPUs: a reservation until its deadline, else for `ttl` after it was
+    written (a claim without a readable time holds: unknown is never free)."""
+    if reserved_until is not None:
+        return now < reserved_until
+    return claimed_at is None or now - claimed_at < ttl
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from controller.extender.events import BindEvents, bind_event
 from controller.extender.metrics import ExtenderMetrics
 from controller.extender.model import Claim, ClusterModel, NodeView
 from controller.extender.objects import PodInfo, pod_info
+from controller.extender.victims import explain_room
 from controller.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -179,6 +180,8 @@ class ExtenderService:
             except NotSynced:
                 return ExtenderFilterResult(error=NOT_SYNCED)
             result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
+        if result.fragmented:
+            result = explain_room(pod, result, dict(nodes), self.current_settings(), self.clock())
         for label, count in (
             ("passed", len(result.passed)),
             ("failed", len(result.failed)),

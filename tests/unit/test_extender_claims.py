@@ -46,6 +46,7 @@ def test_release_patch_removes_every_claim_key() -> None:
         "gpuwarden.io/numa-node",
         "gpuwarden.io/gpu-node",
         "gpuwarden.io/gpu-claimed-at",
+        "gpuwarden.io/gpu-reserved-until",
     }
     assert all(v is None for v in meta["annotations"].values())
 

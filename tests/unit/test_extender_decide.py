@@ -46,8 +46,9 @@ CASES = [
         "4gpu-numa-split-rejected",
         pod("x", 4),
         pods=[pod("a", 2, node="n", ids="0,1"), pod("b", 1, node="n", ids="4")],
-        reason="no NUMA node with 4 free GPUs (NUMA0: 2 free, NUMA1: 3 free)",
-        resolvable=True,
+        reason="fragmented: 5 free, largest NUMA node has 3 (NUMA0: 2 free, NUMA1: 3 free; "
+        "4 requested with policy single-numa)",
+        resolvable=False,
     ),
     Case(
         "4gpu-takes-the-free-numa-node",
@@ -110,8 +111,9 @@ CASES = [
         pod("x", 6),
         nodes=[node("n", 12, topo=topology(3, 4))],
         pods=[pod("a", 6, node="n", ids="0,1,4,5,8,9")],
-        resolvable=True,
-        reason="no 6 free GPUs on 2 NUMA nodes (NUMA0: 2 free, NUMA1: 2 free, NUMA2: 2 free)",
+        resolvable=False,
+        reason="fragmented: 6 free, the 2 fullest NUMA nodes have 4 (NUMA0: 2 free, NUMA1: 2 free, "
+        "NUMA2: 2 free; 6 requested with policy single-numa)",
     ),
     Case(
         "6gpu-over-fleet-max-spans-two",
@@ -166,9 +168,9 @@ CASES = [
         "single-pcie-switch-busy",
         pod("x", 2, policy="single-pcie"),
         pods=[pod("a", 4, node="n", ids="0,2,4,6")],
-        resolvable=True,
-        reason="no PCIe switch with 2 free GPUs "
-        "(pci0-0: 1 free, pci0-1: 1 free, pci1-0: 1 free, pci1-1: 1 free)",
+        resolvable=False,
+        reason="fragmented: 4 free, largest PCIe switch has 1 "
+        "(pci0-0: 1 free, pci0-1: 1 free, pci1-0: 1 free, pci1-1: 1 free; 2 requested with policy single-pcie)",
     ),
     Case(
         "invalid-policy-unresolvable",
@@ -195,7 +197,7 @@ CASES = [
         pods=[pod("a", 4, node="n", ids="4,5,6,7")],
         nodes=[node("n", taint="xid-79", quarantine=quarantine_record("GPU-0001"))],
         reason="no NUMA node with 4 free GPUs (NUMA0: 3 free)",
-        resolvable=True,
+        resolvable=False,
     ),
     Case(
         "node-level-evidence-quarantines-node",
@@ -331,9 +333,9 @@ CASES = [
         "count-only-pods-placed-adversarially",
         pod("x", 4),
         pods=[pod("other", 2, node="n")],
-        resolvable=True,
-        reason="no NUMA node with 4 free GPUs (NUMA0: 4 free, NUMA1: 4 free); "
-        "2 held by pods without a recorded GPU set",
+        resolvable=False,
+        reason="fragmented: 6 free, largest NUMA node has 4 (NUMA0: 4 free, NUMA1: 4 free; "
+        "4 requested with policy single-numa); 2 held by pods without a recorded GPU set",
     ),
     Case(
         "count-only-pod-one-gpu-still-leaves-a-numa-node",
@@ -365,9 +367,9 @@ CASES = [
         "topology-larger-than-allocatable",
         pod("x", 4),
         nodes=[node("n", 4, topo=topology(2, 4))],
-        reason="no NUMA node with 4 free GPUs (NUMA0: 4 free, NUMA1: 4 free); "
-        "4 in the topology but not allocatable",
-        resolvable=True,
+        reason="fragmented: 4 free, largest NUMA node has 4 (NUMA0: 4 free, NUMA1: 4 free; "
+        "4 requested with policy single-numa); 4 in the topology but not allocatable",
+        resolvable=False,
     ),
     # --- claims of concurrent binds ----------------------------------------------------------------
     Case(
@@ -637,5 +639,6 @@ def test_an_expiring_claim_frees_its_gpus_even_after_an_answer_was_cached() -> N
     before = filter_nodes(incoming, [("n", shared)], CLAIM_TTL, NOW)  # cached while c1 holds 2,3
     after = filter_nodes(incoming, [("n", shared)], CLAIM_TTL, NOW + 5)  # c1 expired: NUMA0 has 2,3 back
     assert before.failed["n"] == "no NUMA node with 4 free GPUs (NUMA1: 3 free)"
-    assert after.failed["n"] == "no NUMA node with 4 free GPUs (NUMA0: 2 free, NUMA1: 3 free)"
+    assert after.unresolvable["n"].startswith("fragmented: 5 free, largest NUMA node has 3 (NUMA0: 2 free,")
+    assert after.fragmented == ("n",)
     assert choose_gpus(pod_info(pod("x", 2), RESOURCE), shared, CLAIM_TTL, NOW + 21).choice is not None

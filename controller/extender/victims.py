@@ -1,0 +1,232 @@
+"""Which lower-priority pods to preempt on a node so that a GPU set the pod's policy accepts becomes free.
+
+Why it exists: kube-scheduler chooses preemption victims by *count*. On a node fragmented 2 + 2 across NUMA
+nodes a 4-GPU `single-numa` pod already fits by count, so the scheduler's dry run finds no victim and fails
+the attempt (kubernetes v1.35 preemption.go `DryRunPreemption`), and where it does pick victims they may free
+the wrong GPUs. This is the victim choice that knows the topology, shared by the three places that need it:
+the filter's explanation of a fragmented node, the preempt verb (add or replace victims, or omit the node)
+and the controller's GPU preemption, which evicts the chosen pods itself.
+
+The choice, per node, among holders of strictly lower priority that are not already leaving:
+1. fewest PodDisruptionBudget violations (counted as kube-scheduler counts them: per budget, a victim
+   beyond the budget's `disruptionsAllowed` violates it);
+2. fewest victims; 3. lowest highest-victim priority, then lowest sum of priorities;
+4. fewest GPUs disturbed; then the pods' keys (deterministic).
+Sets are enumerated by size, smallest first, so the answer is exact for the pods a GPU node holds (at most
+`MAX_CANDIDATES` lowest-priority holders are considered; beyond that the rest are never chosen).
+
+Pure: no I/O, no clock (`now` is a parameter), no logging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from controller.extender.decide import (
+    Choice,
+    FilterResult,
+    Policy,
+    Settings,
+    _choose,
+    _Fit,
+    _free,
+    _healthy,
+    _need,
+    _unresolvable,
+    _yielding,
+    policy_of,
+)
+from controller.extender.model import Holder, NodeView
+from controller.extender.objects import PodInfo
+from controller.extender.placement import fits
+
+MAX_CANDIDATES = 12
+"""Lower-priority holders considered per node (2^12 sets at most); GPU nodes rarely hold more GPU pods."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """PodDisruptionBudgets as the victim choice needs them: which budgets cover a pod, and how many more
+    disruptions each allows now (`status.disruptionsAllowed`)."""
+
+    covering: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """pod key -> keys of the budgets whose selector matches it."""
+    allowed: Mapping[str, int] = field(default_factory=dict)
+
+    def violations(self, victims: Iterable[Holder]) -> int:
+        """Victims whose eviction would exceed a covering budget (kube-scheduler's NumPDBViolations)."""
+        left = dict(self.allowed)
+        count = 0
+        for victim in victims:
+            violated = False
+            for budget in self.covering.get(victim.pod, ()):
+                left[budget] = left.get(budget, 0) - 1
+                violated = violated or left[budget] < 0
+            count += violated
+        return count
+
+
+NO_BUDGETS = Budgets()
+
+
+@dataclass(frozen=True, slots=True)
+class VictimPlan:
+    """Preempt `victims` (highest priority first, the scheduler's order) on `node`; the pod then gets
+    `choice`. No victims: the pod fits there already."""
+
+    node: str
+    victims: tuple[Holder, ...]
+    choice: Choice
+    pdb_violations: int = 0
+
+    @property
+    def gpus_disturbed(self) -> int:
+        return sum(len(v.ids) + v.unknown for v in self.victims)
+
+    def cost(self) -> tuple[int, int, int, int, int]:
+        """The order plans are compared in (smaller is better); see the module docstring."""
+        prio = [v.priority for v in self.victims]
+        return (self.pdb_violations, len(prio), max(prio, default=-(2**31)), sum(prio), self.gpus_disturbed)
+
+    def describe(self) -> str:
+        """`ns/a (priority 100, GPUs 0,1)` per victim, for Events and logs."""
+        return ", ".join(
+            f"{v.pod} (priority {v.priority}, GPUs {','.join(v.ids) or '?'}"
+            + (f" +{v.unknown} unrecorded" if v.unknown else "")
+            + ")"
+            for v in self.victims
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlan:
+    """Why no preemption on this node can make room (a sentence for Events and the filter's answer)."""
+
+    node: str
+    reason: str
+
+
+def _candidates(
+    pod: PodInfo, view: NodeView, leaving: Sequence[Holder], exclude: frozenset[str]
+) -> list[Holder]:
+    out = [
+        h
+        for h in view.holders
+        if h.priority < pod.priority
+        and not h.terminating
+        and h not in leaving
+        and h.pod != pod.key
+        and h.pod not in exclude
+        and (h.ids or h.unknown)
+    ]
+    out.sort(key=lambda h: (h.priority, len(h.ids) + h.unknown, h.pod))
+    return out[:MAX_CANDIDATES]
+
+
+def plan_victims(
+    pod: PodInfo,
+    view: NodeView | None,
+    settings: Settings,
+    now: float,
+    *,
+    budgets: Budgets = NO_BUDGETS,
+    exclude: frozenset[str] = frozenset(),
+    max_victims: int = 0,
+) -> VictimPlan | NoPlan:
+    """The cheapest victims on this node that free a GPU set `pod` accepts, or why there are none.
+
+    `exclude`: pods that must not be chosen (e.g. already promised to another preemptor this pass);
+    `max_victims`: most victims in one plan (0 = no limit). Holders already terminating count as free."""
+    if view is None:
+        return NoPlan("", "node not known to the gpuwarden extender's cache")
+    name = view.name
+    policy = policy_of(pod, settings)
+    if not isinstance(policy, Policy):
+        return NoPlan(name, policy)
+    healthy = _healthy(view)
+    need = _need(pod.gpus, policy, healthy, settings)
+    why = _unresolvable(pod, view, need, policy, healthy, settings)
+    if why:
+        return NoPlan(name, why)
+    yielded = _yielding(pod, view)
+    leaving = [h for h in view.holders if h.terminating and h not in yielded]
+
+    def attempt(victims: Sequence[Holder]) -> Choice | None:
+        free, unknown, _ = _free(pod, view, healthy, settings, now, freed=[*leaving, *victims])
+        if not fits(free, unknown, need):
+            return None
+        return _choose(pod, view, _Fit(need, healthy, free, unknown), settings).choice
+
+    ready = attempt(())
+    if ready is not None:
+        return VictimPlan(name, (), ready)
+    pool = _candidates(pod, view, leaving, exclude)
+    if not pool:
+        return NoPlan(name, f"no lower-priority pods to preempt (priority < {pod.priority})")
+    if attempt(pool) is None:
+        return NoPlan(
+            name,
+            f"preempting all {len(pool)} lower-priority pods would still leave no set for policy {policy}",
+        )
+    best: VictimPlan | None = None
+    limit = len(pool) if max_victims <= 0 else min(len(pool), max_victims)
+    for size in range(1, limit + 1):
+        for combo in combinations(pool, size):
+            choice = attempt(combo)
+            if choice is None:
+                continue
+            ordered = tuple(sorted(combo, key=lambda h: (-h.priority, h.pod)))
+            plan = VictimPlan(name, ordered, choice, budgets.violations(ordered))
+            if best is None or (plan.cost(), [v.pod for v in ordered]) < (
+                best.cost(),
+                [v.pod for v in best.victims],
+            ):
+                best = plan
+        if best is not None and best.pdb_violations == 0:
+            break  # a larger set cannot beat fewer victims without violations
+    if best is None:
+        return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
+    return best
+
+
+def better(a: VictimPlan, b: VictimPlan) -> bool:
+    """Whether plan `a` beats plan `b` across nodes: cheaper victims, then the better-scoring GPU set,
+    then the node name."""
+    return (a.cost(), -a.choice.score, a.node) < (b.cost(), -b.choice.score, b.node)
+
+
+def explain_room(
+    pod: PodInfo,
+    result: FilterResult,
+    views: Mapping[str, NodeView | None],
+    settings: Settings,
+    now: float,
+) -> FilterResult:
+    """The filter answer with each fragmented node's reason completed by what GPU preemption could do
+    there (`gpuwarden can make room by preempting ...` or why it cannot)."""
+    if not result.fragmented:
+        return result
+    unresolvable = dict(result.unresolvable)
+    for name in result.fragmented:
+        view = views.get(name)
+        if view is None:
+            continue
+        key = ("room", pod.gpus, pod.policy, pod.priority)
+        memo = None if view.nominated or view.claims or view.preempting else view.memo.get(key)
+        if memo is None or memo[0] is not settings:
+            plan = plan_victims(pod, view, settings, now)
+            if isinstance(plan, VictimPlan) and plan.victims:
+                n = len(plan.victims)
+                note = f"gpuwarden can make room by preempting {n} lower-priority pod{'s' if n > 1 else ''}"
+            elif isinstance(plan, NoPlan):
+                note = f"gpuwarden cannot make room: {plan.reason}"
+            else:
+                note = "waiting for terminating pods to release their GPUs"
+            memo = (settings, note)
+            if not (view.nominated or view.claims or view.preempting):
+                view.memo[key] = memo
+        if memo[1]:
+            unresolvable[name] = f"{unresolvable[name]}; {memo[1]}"
+    return FilterResult(result.passed, result.failed, unresolvable, result.fragmented)
