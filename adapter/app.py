@@ -31,6 +31,8 @@ from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
 from adapter.provider import Cached, Provider
 from adapter.registry import Discovery
+from adapter.resource_provider import ResourceProvider
+from adapter.resource_rules import compile_resource_rules, resource_rule_problems
 from adapter.resources import GroupResource
 from adapter.selfmetrics import new_metrics, register_snapshots
 from adapter.server import AdapterState, Security, build_app
@@ -77,6 +79,11 @@ def validate_config(data: Mapping[str, Any]) -> list[tuple[tuple[Hashable, ...],
             if isinstance(rule, Mapping):
                 for path, reason in naming.template_problems(rule):
                     problems.append((("adapter", key, i, *path), reason))
+    for key in ("resourceRules", "resource_rules"):
+        resource_rules = section.get(key)
+        if isinstance(resource_rules, Mapping):
+            for path, reason in resource_rule_problems(resource_rules):
+                problems.append((("adapter", key, *path), reason))
     return problems
 
 
@@ -113,6 +120,12 @@ class Adapter:
             external = naming.compile_rules(acfg.external_rules, external=True)
         except naming.RuleError as exc:
             raise ConfigError([("adapter.rules", str(exc))]) from None
+        try:
+            resource_rules = (
+                compile_resource_rules(acfg.resource_rules) if acfg.resource_rules is not None else None
+            )
+        except naming.RuleError as exc:
+            raise ConfigError([("adapter.resourceRules", str(exc))]) from None
         self.discovery = Discovery(
             self.prometheus,
             rules,
@@ -141,6 +154,18 @@ class Adapter:
             clock=now,
             eval_time=clock,
         )
+        self.resource: ResourceProvider | None = None
+        if resource_rules is not None:
+            self.resource = ResourceProvider(
+                self.prometheus,
+                resource_rules,
+                metrics=self.metrics,
+                index=self.index,
+                cache=self.cache,
+                query_timeout=config.prometheus.timeout_seconds,
+                clock=now,
+                eval_time=clock,
+            )
         self._register_snapshots()
         self.security: Security | None = None
         self.app: web.Application | None = None
@@ -207,6 +232,7 @@ class Adapter:
                 metrics=self.metrics,
                 collector_registry=self.collector_registry,
                 security=self.security,
+                resource=self.resource,
             )
         )
         self._spawn(self.discovery.run(self.config.adapter.relist_interval_seconds), "discovery")

@@ -27,7 +27,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import NameOID
 
-from adapter.routing import CustomRoute, ExternalRoute, Route
+from adapter.routing import CustomRoute, ExternalRoute, ResourceRoute, Route
 from adapter.tls import load_certificates
 from gpuwarden.config.adapter import Authentication
 from gpuwarden.errors import KubeError
@@ -136,6 +136,18 @@ def review_attributes(method: str, path: str, route: Route | None) -> dict[str, 
                 "resource": route.metric,
             }
         }
+    if isinstance(route, ResourceRoute):
+        resource_attrs = {
+            "verb": verb if route.name or verb != "get" else "list",
+            "group": "metrics.k8s.io",
+            "version": "v1beta1",
+            "resource": route.kind,
+        }
+        if route.name:
+            resource_attrs["name"] = route.name
+        if route.namespace:
+            resource_attrs["namespace"] = route.namespace
+        return {"resourceAttributes": resource_attrs}
     return {"nonResourceAttributes": {"path": path.split("?", 1)[0], "verb": verb}}
 
 

@@ -17,7 +17,11 @@ class ApiError(Exception):
 
 
 class NotFound(ApiError):
-    """Unknown route, metric, or object without a value (404 NotFound)."""
+    """Unknown route, metric, or object without a value (404 NotFound); `details` names the object."""
+
+    def __init__(self, message: str, *, details: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class BadRequest(ApiError):

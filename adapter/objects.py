@@ -220,6 +220,15 @@ class LabelIndex:
     def count(self) -> int:
         return sum(len(s.labels) for s in self._spaces.values())
 
+    def labels_of(self, gr: GroupResource, namespace: str, name: str) -> Mapping[str, str] | None:
+        """The labels of one object, or None if it is not known (metrics.k8s.io's `pods "x" not found`)."""
+        space = self._spaces.get((gr, namespace))
+        return space.labels.get(name) if space is not None else None
+
+    def namespaces(self, gr: GroupResource) -> list[str]:
+        """Sorted namespaces holding at least one `gr` object ("" for root-scoped ones)."""
+        return sorted(ns for (g, ns), space in self._spaces.items() if g == gr and space.labels)
+
 
 def slim(
     obj: JsonObject, canonical: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None

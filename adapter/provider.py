@@ -24,6 +24,7 @@ from adapter.cache import FetchMany, ValueCache
 from adapter.errors import BadRequest, Internal, NotFound, Unavailable
 from adapter.objects import LabelIndex
 from adapter.registry import CustomMetric, ExternalMetric, Registry
+from adapter.resource_rules import Usage
 from adapter.routing import WILDCARD, CustomRoute, ExternalRoute
 from adapter.selfmetrics import AdapterMetrics
 from gpuwarden.errors import PrometheusBadQuery, PrometheusError, PrometheusTimeout, PrometheusUnreachable
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 Point = tuple[float, float]
 """(value, timestamp): all that is kept per object, so a cached answer for 50,000 pods stays small."""
 ObjectValues = dict[str, Point]
-Cached = ObjectValues | list[Sample]
+Cached = ObjectValues | list[Sample] | Usage
 
 
 def outcome_of(exc: PrometheusError) -> str:
@@ -47,6 +48,40 @@ def outcome_of(exc: PrometheusError) -> str:
     if isinstance(exc, PrometheusUnreachable):
         return "unreachable"
     return "server_error"
+
+
+async def run_query(
+    client: PrometheusClient,
+    promql: str,
+    metrics: AdapterMetrics,
+    *,
+    at: float | None,
+    query_timeout: float | None,
+    scalar_ok: bool = False,
+    purpose: str = "values",
+) -> list[Sample]:
+    """One instant query for values: Prometheus failures become `Unavailable` (503), a rejected query or an
+    answer of the wrong type `Internal` (500, a rule bug); counted under `purpose` in the self-metrics."""
+    began = time.perf_counter()
+    try:
+        result = await client.query(promql, time=at, timeout=query_timeout)
+    except PrometheusError as exc:
+        metrics.observe_query(purpose, outcome_of(exc), time.perf_counter() - began)
+        if isinstance(exc, PrometheusBadQuery):
+            raise Internal(f"Prometheus rejected {promql!r}: {exc.message}") from exc
+        raise Unavailable(
+            "unable to fetch metrics: Prometheus is unavailable", retry_after=exc.retry_after
+        ) from exc
+    samples: list[Sample] | None = None
+    if isinstance(result, Vector):
+        samples = result.samples
+    elif isinstance(result, Scalar) and scalar_ok:
+        samples = [Sample({}, result.timestamp, result.value)]
+    outcome = "success" if samples else "empty" if samples is not None else "wrong_type"
+    metrics.observe_query(purpose, outcome, time.perf_counter() - began)
+    if samples is None:
+        raise Internal(f"query {promql!r} returned a {type(result).__name__}, expected an instant vector")
+    return samples
 
 
 def values_by_object(samples: Sequence[Sample], label: str) -> ObjectValues:
@@ -102,27 +137,10 @@ class Provider:
         self._eval_time = eval_time
 
     async def _query(self, promql: str, *, scalar_ok: bool) -> list[Sample]:
-        began = time.perf_counter()
-        try:
-            at = self._eval_time() if self._eval_time is not None else None
-            result = await self._client.query(promql, time=at, timeout=self._timeout)
-        except PrometheusError as exc:
-            self._metrics.observe_query("values", outcome_of(exc), time.perf_counter() - began)
-            if isinstance(exc, PrometheusBadQuery):
-                raise Internal(f"Prometheus rejected {promql!r}: {exc.message}") from exc
-            raise Unavailable(
-                "unable to fetch metrics: Prometheus is unavailable", retry_after=exc.retry_after
-            ) from exc
-        samples: list[Sample] | None = None
-        if isinstance(result, Vector):
-            samples = result.samples
-        elif isinstance(result, Scalar) and scalar_ok:
-            samples = [Sample({}, result.timestamp, result.value)]
-        outcome = "success" if samples else "empty" if samples is not None else "wrong_type"
-        self._metrics.observe_query("values", outcome, time.perf_counter() - began)
-        if samples is None:
-            raise Internal(f"query {promql!r} returned a {type(result).__name__}, expected an instant vector")
-        return samples
+        at = self._eval_time() if self._eval_time is not None else None
+        return await run_query(
+            self._client, promql, self._metrics, at=at, query_timeout=self._timeout, scalar_ok=scalar_ok
+        )
 
     def _names(self, route: CustomRoute) -> list[str] | None:
         """Objects the request means; None = every object that has a value."""

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote
 
-from adapter import resources, selectors
+from adapter import fieldselectors, resources, selectors
 from adapter.errors import BadRequest, NotFound
+from adapter.resource_wire import METRICS_GROUP, METRICS_VERSIONS
 from adapter.resources import NAMESPACES, GroupResource
 from adapter.wire import CUSTOM_GROUP, CUSTOM_VERSIONS, EXTERNAL_GROUP, EXTERNAL_VERSIONS, CustomVersion
 
@@ -64,7 +65,29 @@ class ExternalRoute:
     template: Literal["external"] = "external"
 
 
-Route = DiscoveryRoute | CustomRoute | ExternalRoute
+@dataclass(frozen=True)
+class ResourceRoute:
+    """A metrics.k8s.io request: NodeMetrics or PodMetrics, one by `name` or a list ("" name).
+
+    `namespace` is "" for nodes and for the all-namespaces pod list.
+    """
+
+    kind: Literal["nodes", "pods"]
+    namespace: str
+    name: str
+    label_selector: selectors.Selector
+    field_selector: fieldselectors.FieldSelector
+
+    @property
+    def template(self) -> str:
+        if self.kind == "nodes":
+            return "resource_node" if self.name else "resource_nodes"
+        if self.name:
+            return "resource_pod"
+        return "resource_namespace_pods" if self.namespace else "resource_pods"
+
+
+Route = DiscoveryRoute | CustomRoute | ExternalRoute | ResourceRoute
 
 
 def _namespace(value: str) -> str:
@@ -100,6 +123,29 @@ def _selector(query: Mapping[str, str], param: str) -> selectors.Selector:
         return selectors.parse(query.get(param, ""))
     except selectors.SelectorError as exc:
         raise BadRequest(f"{param}: {exc}") from None
+
+
+def _field_selector(query: Mapping[str, str]) -> fieldselectors.FieldSelector:
+    try:
+        return fieldselectors.parse(query.get("fieldSelector", ""))
+    except fieldselectors.FieldSelectorError as exc:
+        raise BadRequest(f"fieldSelector: {exc}") from None
+
+
+def _resource_metrics(parts: list[str], query: Mapping[str, str]) -> ResourceRoute:
+    """`nodes[/name]`, `pods`, `namespaces/<ns>/pods[/name]` (metrics-server's routes)."""
+    namespace = ""
+    if len(parts) >= 3 and parts[0] == "namespaces" and parts[2] == "pods":
+        namespace, parts = _namespace(parts[1]), parts[2:]
+    if not parts or parts[0] not in ("nodes", "pods") or len(parts) > 2:
+        raise NotFound("the server could not find the requested resource")
+    kind: Literal["nodes", "pods"] = "nodes" if parts[0] == "nodes" else "pods"
+    if kind == "pods" and len(parts) == 2 and not namespace:
+        raise NotFound("the server could not find the requested resource")
+    name = _object_name(parts[1]) if len(parts) == 2 else ""
+    if name == WILDCARD:
+        raise BadRequest(f"invalid object name {name!r}")
+    return ResourceRoute(kind, namespace, name, _selector(query, "labelSelector"), _field_selector(query))
 
 
 def _custom(version: CustomVersion, parts: list[str], query: Mapping[str, str]) -> CustomRoute:
@@ -140,12 +186,18 @@ def route(raw_path: str, query: Mapping[str, str]) -> Route:
     if len(parts) == 1:
         return DiscoveryRoute()
     group, rest = parts[1], parts[2:]
-    versions = {CUSTOM_GROUP: CUSTOM_VERSIONS, EXTERNAL_GROUP: EXTERNAL_VERSIONS}.get(group)
+    versions = {
+        CUSTOM_GROUP: CUSTOM_VERSIONS,
+        EXTERNAL_GROUP: EXTERNAL_VERSIONS,
+        METRICS_GROUP: METRICS_VERSIONS,
+    }.get(group)
     if versions is None or (rest and rest[0] not in versions):
         raise NotFound("the server could not find the requested resource")
     if len(rest) <= 1:
         return DiscoveryRoute(group, rest[0] if rest else "")
     version, parts = rest[0], rest[1:]
+    if group == METRICS_GROUP:
+        return _resource_metrics(parts, query)
     if group == CUSTOM_GROUP:
         return _custom("v1beta1" if version == "v1beta1" else "v1beta2", parts, query)
     if len(parts) == 3 and parts[0] == "namespaces":

@@ -19,16 +19,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from adapter import auth, wire
+from adapter import auth, resource_wire, wire
 from adapter.errors import ApiError, BadRequest, Forbidden, Internal, NotFound, Unauthorized, Unavailable
 from adapter.provider import Provider
 from adapter.registry import Registry
-from adapter.routing import CustomRoute, DiscoveryRoute, ExternalRoute, Route, route
+from adapter.resource_provider import ResourceProvider
+from adapter.routing import CustomRoute, DiscoveryRoute, ExternalRoute, ResourceRoute, Route, route
 from adapter.selfmetrics import AdapterMetrics
 from gpuwarden import __version__
 from gpuwarden.errors import KubeError
@@ -39,6 +40,12 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 PROBES = ("/healthz", "/livez", "/readyz")
 _GROUPS = [(wire.CUSTOM_GROUP, wire.CUSTOM_VERSIONS), (wire.EXTERNAL_GROUP, wire.EXTERNAL_VERSIONS)]
+_RESOURCE_GROUP = (resource_wire.METRICS_GROUP, resource_wire.METRICS_VERSIONS)
+
+
+def served_groups(resource_metrics: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """The API groups this adapter serves; metrics.k8s.io only with `resourceRules`."""
+    return [*_GROUPS, _RESOURCE_GROUP] if resource_metrics else list(_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class AdapterState:
     metrics: AdapterMetrics
     collector_registry: CollectorRegistry
     security: Security | None = None
+    resource: ResourceProvider | None = None
+    """metrics.k8s.io, when `resourceRules` are configured."""
 
 
 def _json(doc: Mapping[str, Any], status: int = 200) -> web.Response:
@@ -71,6 +80,8 @@ def _json(doc: Mapping[str, Any], status: int = 200) -> web.Response:
 
 def _status_for(exc: BaseException) -> wire.Status:
     if isinstance(exc, NotFound):
+        if exc.details:
+            return wire.not_found_status(exc.message, cast(wire.StatusDetails, dict(exc.details)))
         return wire.status(404, "NotFound", exc.message)
     if isinstance(exc, BadRequest):
         return wire.status(400, "BadRequest", exc.message)
@@ -85,13 +96,20 @@ def _status_for(exc: BaseException) -> wire.Status:
     return wire.status(500, "InternalError", f"Internal error occurred: {message}")
 
 
-def discovery_document(target: DiscoveryRoute, registry: Registry) -> Mapping[str, Any]:
+def discovery_document(
+    target: DiscoveryRoute, registry: Registry, *, resource_metrics: bool = False
+) -> Mapping[str, Any]:
     """Pure: the discovery answer for `/apis[/<group>[/<version>]]`."""
+    groups = served_groups(resource_metrics)
     if not target.group:
-        return wire.api_group_list(_GROUPS)
+        return wire.api_group_list(groups)
+    if target.group not in dict(groups):
+        raise NotFound("the server could not find the requested resource")
     if not target.version:
-        versions = dict(_GROUPS)[target.group]
+        versions = dict(groups)[target.group]
         return wire.api_group(target.group, versions, top_level=True)
+    if target.group == resource_wire.METRICS_GROUP:
+        return resource_wire.api_resource_list()
     gv = f"{target.group}/{target.version}"
     if target.group == wire.CUSTOM_GROUP:
         return wire.api_resource_list(gv, registry.custom_resources())
@@ -102,9 +120,11 @@ def openapi_v2() -> dict[str, Any]:
     return {"swagger": "2.0", "info": {"title": "gpuwarden-adapter", "version": __version__}, "paths": {}}
 
 
-def openapi_v3_index() -> dict[str, Any]:
+def openapi_v3_index(resource_metrics: bool = False) -> dict[str, Any]:
     paths = {
-        f"apis/{g}/{v}": {"serverRelativeURL": f"/openapi/v3/apis/{g}/{v}"} for g, vs in _GROUPS for v in vs
+        f"apis/{g}/{v}": {"serverRelativeURL": f"/openapi/v3/apis/{g}/{v}"}
+        for g, vs in served_groups(resource_metrics)
+        for v in vs
     }
     return {"paths": paths}
 
@@ -121,7 +141,7 @@ def _template(request: web.Request, target: Route | None) -> str:
         return "openapi"
     if isinstance(target, DiscoveryRoute):
         return "discovery"
-    if isinstance(target, CustomRoute | ExternalRoute):
+    if isinstance(target, CustomRoute | ExternalRoute | ResourceRoute):
         return target.template
     return "other"
 
@@ -220,14 +240,21 @@ async def _dispatch(
         return response
     if path == "/openapi/v2":
         return _json(openapi_v2())
+    resource_metrics = state.resource is not None
     if path == "/openapi/v3":
-        return _json(openapi_v3_index())
+        return _json(openapi_v3_index(resource_metrics))
     if path.startswith("/openapi/v3/apis/"):
         gv = path.removeprefix("/openapi/v3/apis/")
-        if gv in {f"{g}/{v}" for g, vs in _GROUPS for v in vs}:
+        if gv in {f"{g}/{v}" for g, vs in served_groups(resource_metrics) for v in vs}:
             return _json(openapi_v3(gv))
     if isinstance(target, DiscoveryRoute):
-        return _json(discovery_document(target, state.registry()))
+        return _json(discovery_document(target, state.registry(), resource_metrics=resource_metrics))
+    if isinstance(target, ResourceRoute):
+        if state.resource is None:
+            raise NotFound("the server could not find the requested resource")
+        if target.kind == "nodes":
+            return _json(await state.resource.nodes(target))
+        return _json(await state.resource.pods(target))
     if isinstance(target, CustomRoute):
         return _json(await state.provider.custom(target))
     if isinstance(target, ExternalRoute):

@@ -363,3 +363,10 @@ def status(code: int, reason: StatusReason, message: str, *, retry_after: int | 
     if retry_after is not None:
         doc["details"] = {"retryAfterSeconds": retry_after}
     return doc
+
+
+def not_found_status(message: str, details: StatusDetails) -> Status:
+    """A 404 NotFound Status naming the object (apimachinery's NewNotFound)."""
+    doc = status(404, "NotFound", message)
+    doc["details"] = details
+    return doc

@@ -164,7 +164,24 @@ def _merge_rules_file(raw: dict[Any, Any], base_dir: Path) -> list[Problem]:
         if extra:
             key = name if name in adapter and alias not in adapter else alias
             adapter[key] = list(adapter.get(key) or []) + list(extra)
+    if data.get("resourceRules") is not None:
+        if adapter.get("resourceRules") is not None or adapter.get("resource_rules") is not None:
+            return [("adapter.resourceRules", f"set both here and in rules_file {path}; keep one")]
+        adapter["resourceRules"] = data["resourceRules"]
     return []
+
+
+PROMETHEUS_ADAPTER_KEYS = frozenset({"rules", "externalRules", "resourceRules"})
+
+
+def adopt_prometheus_adapter_file(
+    raw: dict[Any, Any], origins: dict[DataPath, str]
+) -> tuple[dict[Any, Any], dict[DataPath, str]]:
+    """A prometheus-adapter `--config` file (only rules / externalRules / resourceRules at the top) read
+    as the `adapter:` section, so the file kube-prometheus mounts works as `--config` unchanged."""
+    if not raw or not set(raw) <= PROMETHEUS_ADAPTER_KEYS:
+        return raw, origins
+    return {"adapter": raw}, {("adapter", *p): where for p, where in origins.items()}
 
 
 def load_config(
@@ -196,8 +213,9 @@ def load_config(
             raise ConfigError(
                 [("(root)", "the file must be a mapping of sections (prometheus:, health:, ...)")]
             )
-        raw = doc.data or {}
-        origins = {p: f"line {line}" for p, line in doc.lines.items() if p}
+        raw, origins = adopt_prometheus_adapter_file(
+            doc.data or {}, {p: f"line {line}" for p, line in doc.lines.items() if p}
+        )
     from_env, env_problems = env_overrides(environ)
     from_cli, cli_problems = cli_overrides(overrides or {})
     problems.extend(env_problems + cli_problems)
@@ -255,7 +273,8 @@ def summary(config: Config) -> str:
         section = getattr(config, name)
         if section.enabled:
             loops.append(f"{name} (dry-run)" if getattr(section, "dry_run", False) else name)
+    resource = ", resource metrics (metrics.k8s.io)" if adapter.resource_rules is not None else ""
     return (
-        f"adapter: {len(adapter.rules)} rules, {len(adapter.external_rules)} external rules, "
+        f"adapter: {len(adapter.rules)} rules, {len(adapter.external_rules)} external rules{resource}, "
         f"presets {', '.join(presets) or 'none'}; controller: {', '.join(loops) or 'nothing enabled'}"
     )

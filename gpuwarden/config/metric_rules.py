@@ -179,20 +179,83 @@ class DiscoveryRule(Section):
 
 
 class ResourceRule(Section):
-    """prometheus-adapter's metrics.k8s.io rule for cpu or memory (accepted for compatibility, not served)."""
+    """prometheus-adapter's metrics.k8s.io rule for cpu or memory: one query per container, one per node."""
 
-    container_query: str = Field(alias="containerQuery", description="Per-container query template.")
-    node_query: str = Field(alias="nodeQuery", description="Per-node query template.")
-    resources: ResourceMapping = Field(default_factory=ResourceMapping, description="Label mapping.")
-    container_label: str = Field(default="", alias="containerLabel", description="Label naming containers.")
+    container_query: str = Field(
+        default="",
+        alias="containerQuery",
+        description="Go template (delimiters << >>) of the PromQL giving usage per container: cores for cpu, "
+        "bytes for memory. `<<.GroupBy>>` is the pod label and `containerLabel` (the namespace label "
+        "first when all namespaces are asked at once), `<<.LabelMatchers>>` restricts to the pods asked.",
+    )
+    node_query: str = Field(
+        default="",
+        alias="nodeQuery",
+        description="Go template of the PromQL giving usage per node; `<<.GroupBy>>` is the node label.",
+    )
+    resources: ResourceMapping = Field(
+        default_factory=ResourceMapping,
+        description="Which labels hold namespace, pod and node names (`overrides`, else `template`); "
+        "`namespaced` is accepted and ignored, as prometheus-adapter does here. When two labels map to "
+        "one resource, the first one listed is used (prometheus-adapter picks one at random).",
+    )
+    container_label: LabelName | None = Field(
+        default=None,
+        alias="containerLabel",
+        description="Label holding the container name in containerQuery's result. Series without it (or "
+        'with `""` or the pause container `POD`) are not containers and are dropped.',
+    )
+
+    @field_validator("container_query", "node_query")
+    @classmethod
+    def _query_renders(cls, value: str) -> str:
+        problems = check_template(value, QUERY_TEMPLATE_FIELDS)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
 
 class ResourceRules(Section):
-    """prometheus-adapter's `resourceRules` (metrics.k8s.io)."""
+    """prometheus-adapter's `resourceRules`: serve metrics.k8s.io (`kubectl top`, HPA Resource metrics)."""
 
-    cpu: ResourceRule | None = Field(default=None, description="CPU usage rule.")
-    memory: ResourceRule | None = Field(default=None, description="Memory usage rule.")
-    window: str = Field(default="", description="Window of the rate() in the queries, e.g. `1m`.")
+    cpu: ResourceRule | None = Field(default=None, description="CPU usage rule (cores).")
+    memory: ResourceRule | None = Field(default=None, description="Memory usage rule (working-set bytes).")
+    window: str = Field(
+        default="",
+        description="prometheus-adapter reports this constant as every item's `window`. gpuwarden reports "
+        "the range of the queries' rate()/irate() instead (the interval the value really covers) and uses "
+        "this only when neither query has one (e.g. a recording rule). A Prometheus duration: `5m`, `120s`.",
+    )
+
+    @field_validator("window")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if value and not _is_duration(value):
+            raise ValueError(f"{value!r} is not a Prometheus duration such as 5m, 120s or 1h30m")
+        return value
+
+    @model_validator(mode="after")
+    def _both_resources(self) -> ResourceRules:
+        for key in ("cpu", "memory"):
+            rule = getattr(self, key)
+            if rule is None:
+                raise FieldError(key, "required: metrics.k8s.io serves cpu and memory together")
+            if not rule.container_query.strip():
+                raise FieldError(f"{key}.containerQuery", "required: the query for pods' containers")
+            if not rule.node_query.strip():
+                raise FieldError(f"{key}.nodeQuery", "required: the query for nodes")
+            if rule.container_label is None:
+                raise FieldError(
+                    f"{key}.containerLabel", "required: the label naming containers, usually `container`"
+                )
+        return self
+
+
+_DURATION = re.compile(r"^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$")
+
+
+def _is_duration(text: str) -> bool:
+    return bool(_DURATION.match(text)) and text != "" and any(ch.isdigit() for ch in text)
 
 
 class PrometheusAdapterRules(Section):
@@ -211,6 +274,6 @@ class PrometheusAdapterRules(Section):
     resource_rules: ResourceRules | None = Field(
         default=None,
         alias="resourceRules",
-        description="prometheus-adapter `resourceRules`, accepted so its config files load unchanged and "
-        "ignored: gpuwarden does not serve metrics.k8s.io (metrics-server does).",
+        description="prometheus-adapter `resourceRules`: when set, the adapter also serves metrics.k8s.io "
+        "(`kubectl top`, HPA cpu/memory targets) from these queries, in place of metrics-server.",
     )
