@@ -5,7 +5,8 @@ dashboards/build.py, queries checked against a real Prometheus) are the sources 
 objects in deploy/overlays/monitoring/ must carry exactly the same content, and a copy edited by hand would
 drift. Run `python deploy/generate.py` after changing either; `--check` fails when a generated file is out of
 date (the unit tests run it). kustomize cannot do this itself: it refuses files outside the kustomization
-directory.
+directory. The Helm chart (deploy/helm/gpuwarden) gets byte-identical copies of the two sources under files/,
+for the same reason (Helm reads files only from inside the chart).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "gpuwarden.rules.yaml"
 DASHBOARDS = ROOT / "dashboards"
 OUT = ROOT / "deploy" / "overlays" / "monitoring"
+CHART_FILES = ROOT / "deploy" / "helm" / "gpuwarden" / "files"
 NAMESPACE = "gpuwarden"
 LABELS = {"app.kubernetes.io/name": "gpuwarden", "app.kubernetes.io/component": "monitoring"}
 
@@ -78,6 +80,8 @@ def outputs() -> dict[Path, str]:
     for path in sorted(DASHBOARDS.glob("*.json")):
         name = OUT / f"configmap-dashboard-{path.stem}.yaml"
         files[name] = _dump(dashboard_configmap(path), f"dashboards/{path.name}")
+        files[CHART_FILES / "dashboards" / path.name] = path.read_text(encoding="utf-8")
+    files[CHART_FILES / "gpuwarden.rules.yaml"] = RULES.read_text(encoding="utf-8")
     return files
 
 
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 stale.append(str(path.relative_to(ROOT)))
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if stale:
         print(f"out of date: {', '.join(stale)}; run python deploy/generate.py", file=sys.stderr)

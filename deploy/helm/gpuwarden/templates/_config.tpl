@@ -1,0 +1,146 @@
+{{/*
+The gpuwarden config file (docs/configuration.md) the values produce, as a YAML document; config: is merged
+over it last. Shared by the adapter and the controller, as deploy/base/configmap.yaml.
+*/}}
+{{- define "gpuwarden.config" -}}
+{{- $v := .Values -}}
+{{- $adapter := dict "secure_port" (int $v.listenPort) "relist_interval_seconds" (include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) | atoi) -}}
+{{- if $v.rules.existing -}}
+{{- $_ := set $adapter "rules_file" "/etc/gpuwarden/rules/config.yaml" -}}
+{{- else -}}
+{{- $rules := list -}}
+{{- if $v.rules.default -}}
+{{- $rules = concat $rules (include "gpuwarden.defaultRules" . | fromYamlArray) -}}
+{{- end -}}
+{{- $rules = concat $rules ($v.rules.custom | default list) -}}
+{{- with $rules }}{{ $_ := set $adapter "rules" . }}{{ end -}}
+{{- with $v.rules.external }}{{ $_ := set $adapter "externalRules" . }}{{ end -}}
+{{- with $v.rules.resource }}{{ $_ := set $adapter "resourceRules" . }}{{ end -}}
+{{- end -}}
+{{- if $v.tls.enable -}}
+{{- $_ := set $adapter "tls" (dict "cert_file" "/etc/gpuwarden/tls/tls.crt" "key_file" "/etc/gpuwarden/tls/tls.key") -}}
+{{- end -}}
+{{- $url := printf "%s:%v%s" (tpl $v.prometheus.url .) $v.prometheus.port ($v.prometheus.path | default "") -}}
+{{- $level := ternary "debug" "info" (ge (int $v.logLevel) 5) -}}
+{{- $cfg := dict
+      "prometheus" (dict "url" $url)
+      "kubernetes" (dict "namespace" (include "gpuwarden.namespace" .) "leader_election" (dict "lease_name" "gpuwarden-controller"))
+      "adapter" $adapter
+      "extender" (dict "port" 8888 "path_prefix" "/gpuwarden")
+      "logging" (dict "format" "json" "level" $level) -}}
+{{- toYaml (mustMergeOverwrite $cfg (deepCopy ($v.config | default dict))) -}}
+{{- end -}}
+
+{{/* A duration value ("90s", "1m", "2h", or a number of seconds) in whole seconds; fails naming the key. */}}
+{{- define "gpuwarden.seconds" -}}
+{{- $s := toString .value -}}
+{{- if regexMatch "^[0-9]+$" $s -}}{{ $s }}
+{{- else if regexMatch "^[0-9]+s$" $s -}}{{ trimSuffix "s" $s }}
+{{- else if regexMatch "^[0-9]+m$" $s -}}{{ mul (trimSuffix "m" $s | atoi) 60 }}
+{{- else if regexMatch "^[0-9]+h$" $s -}}{{ mul (trimSuffix "h" $s | atoi) 3600 }}
+{{- else -}}{{ fail (printf "%s: %q is not a duration gpuwarden reads; use whole seconds, minutes or hours (90s, 1m, 2h)" .key $s) }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+prometheus-adapter chart's `rules.default: true` set: its six discovery rules, so a migrated values file serves
+the same custom metrics (container_* per pod, and every other namespaced series).
+*/}}
+{{- define "gpuwarden.defaultRules" -}}
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters: []
+  resources:
+    overrides:
+      namespace: {resource: namespace}
+      pod: {resource: pod}
+  name: {matches: ^container_(.*)_seconds_total$, as: ""}
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m])) by (<<.GroupBy>>)
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters: [{isNot: ^container_.*_seconds_total$}]
+  resources:
+    overrides:
+      namespace: {resource: namespace}
+      pod: {resource: pod}
+  name: {matches: ^container_(.*)_total$, as: ""}
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m])) by (<<.GroupBy>>)
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters: [{isNot: ^container_.*_total$}]
+  resources:
+    overrides:
+      namespace: {resource: namespace}
+      pod: {resource: pod}
+  name: {matches: ^container_(.*)$, as: ""}
+  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>,container!="POD"}) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters: [{isNot: .*_total$}]
+  resources: {template: <<.Resource>>}
+  name: {matches: "", as: ""}
+  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters: [{isNot: .*_seconds_total}]
+  resources: {template: <<.Resource>>}
+  name: {matches: ^(.*)_total$, as: ""}
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters: []
+  resources: {template: <<.Resource>>}
+  name: {matches: ^(.*)_seconds_total$, as: ""}
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
+{{- end -}}
+
+{{/*
+prometheus-adapter values that have no meaning here, or only some values of which do: each fails with the key
+and what to do instead. Called by every template run (templates/validate.yaml).
+*/}}
+{{- define "gpuwarden.validate" -}}
+{{- $v := .Values -}}
+{{- if $v.psp.create -}}
+{{- fail "psp.create: PodSecurityPolicy was removed in Kubernetes 1.25; gpuwarden relies on Pod Security Admission (label the release namespace pod-security.kubernetes.io/enforce=restricted). Remove psp.create or set it to false." -}}
+{{- end -}}
+{{- if $v.hostNetwork.enabled -}}
+{{- fail "hostNetwork.enabled: not supported: the adapter runs under the restricted Pod Security level, which forbids host networking; kube-apiserver's aggregator reaches it through its Service. Set it to false." -}}
+{{- end -}}
+{{- with $v.extraArguments -}}
+{{- fail (printf "extraArguments: %v: prometheus-adapter command-line flags mean nothing to `gpuwarden adapter`; set the equivalent under config: (docs/configuration.md, section adapter), e.g. --metrics-max-age -> config.adapter.metrics_max_age_seconds, --tls-cert-file -> tls.certificate" .) -}}
+{{- end -}}
+{{- if $v.certManager.enabled -}}
+{{- fail "certManager.enabled: not supported: issue a Certificate for gpuwarden-adapter.<namespace>.svc yourself and pass it as tls.certificate / tls.key / tls.ca with tls.enable: true (the adapter reloads a rotated pair without a restart)." -}}
+{{- end -}}
+{{- if ne $v.service.type "ClusterIP" -}}
+{{- fail (printf "service.type: %q is not supported: the APIServices reach the adapter through a ClusterIP Service; use ClusterIP." $v.service.type) -}}
+{{- end -}}
+{{- if and (not $v.serviceAccount.create) (not $v.serviceAccount.name) -}}
+{{- fail "serviceAccount.name: required when serviceAccount.create is false (the adapter's pods and RBAC bindings name it)." -}}
+{{- end -}}
+{{- if $v.tls.enable -}}
+{{- range $key := list "ca" "certificate" "key" -}}
+{{- if not (contains "-----BEGIN" (index $v.tls $key | default "")) -}}
+{{- fail (printf "tls.%s: a PEM block is required when tls.enable is true" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq (toString $v.resourceMetrics.enabled) "true") (not $v.rules.resource) (not $v.rules.existing) -}}
+{{- fail "resourceMetrics.enabled: metrics.k8s.io needs rules.resource (cpu and memory queries) or rules.existing." -}}
+{{- end -}}
+{{- if hasKey (($v.config | default dict).adapter | default dict) "secure_port" -}}
+{{- fail "config.adapter.secure_port: set listenPort instead (the container port and the Service's target follow it)." -}}
+{{- end -}}
+{{- $_ := include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) -}}
+{{- end -}}
+
+{{/* Whether metrics.k8s.io is served: resourceMetrics.enabled, or null and rules.resource set. */}}
+{{- define "gpuwarden.resourceMetrics" -}}
+{{- $on := .Values.resourceMetrics.enabled -}}
+{{- if kindIs "invalid" $on -}}{{ $on = or (not (empty .Values.rules.resource)) false }}{{- end -}}
+{{- if $on -}}true{{- end -}}
+{{- end -}}
+
+{{/* prometheus-adapter chart 4.x's default probes: taken as "no opinion", gpuwarden's own are used. */}}
+{{- define "gpuwarden.probe" -}}
+{{- $upstream := dict "httpGet" (dict "path" "/healthz" "port" "https" "scheme" "HTTPS") "initialDelaySeconds" 30 "timeoutSeconds" 5 -}}
+{{- if or (not .value) (eq (toJson .value) (toJson $upstream)) -}}
+{{- .default -}}
+{{- else -}}
+{{- toYaml .value -}}
+{{- end -}}
+{{- end -}}

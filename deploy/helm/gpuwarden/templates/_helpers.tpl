@@ -1,0 +1,122 @@
+{{/*
+Names are fixed (gpuwarden-adapter, gpuwarden-controller, ...), as in deploy/: the APIServices are
+cluster-wide, so one release per cluster; the config, the RBAC resourceNames and the scheduler's urlPrefix
+refer to these names.
+*/}}
+
+{{- define "gpuwarden.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "gpuwarden.adapterServiceAccount" -}}
+{{- default "gpuwarden-adapter" .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* Labels of every object: (dict "root" $ "component" "adapter"); component may be empty. */}}
+{{- define "gpuwarden.labels" -}}
+app.kubernetes.io/name: gpuwarden
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+app.kubernetes.io/part-of: gpuwarden
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- if .root.Values.controller.dryRun }}
+gpuwarden.io/mode: dry-run
+{{- end }}
+{{- with .root.Values.customLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- with .labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+metadata: of an object: (dict "root" $ "name" "gpuwarden-adapter" "component" "adapter" "namespace" "...").
+"namespace" absent: cluster-scoped. "labels" / "annotations": extra labels / annotations of this object.
+*/}}
+{{- define "gpuwarden.metadata" -}}
+metadata:
+  name: {{ .name }}
+  {{- with .namespace }}
+  namespace: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "gpuwarden.labels" . | nindent 4 }}
+  {{- $annotations := merge (dict) (.annotations | default dict) (.root.Values.customAnnotations | default dict) }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* The selector labels of a component's pods (as deploy/: never changed, Deployment selectors are immutable). */}}
+{{- define "gpuwarden.selector" -}}
+app.kubernetes.io/name: gpuwarden
+app.kubernetes.io/component: {{ . }}
+{{- end -}}
+
+{{/* gpuwarden's image; a prometheus-adapter image from a migrated values file is replaced by gpuwarden's. */}}
+{{- define "gpuwarden.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- $tag := .Values.image.tag | default "" | toString -}}
+{{- if contains "prometheus-adapter" $repo -}}
+{{- $repo = "ghcr.io/gpuwarden/gpuwarden" -}}
+{{- $tag = "" -}}
+{{- end -}}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion $tag) -}}
+{{- end -}}
+
+{{/* Restricted-profile pod and container security contexts of the gpuwarden Deployments. */}}
+{{- define "gpuwarden.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "gpuwarden.securityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/* Spread a Deployment's replicas over nodes. */}}
+{{- define "gpuwarden.spread" -}}
+- maxSkew: 1
+  topologyKey: kubernetes.io/hostname
+  whenUnsatisfiable: ScheduleAnyway
+  labelSelector:
+    matchLabels:
+      {{- include "gpuwarden.selector" . | nindent 6 }}
+{{- end -}}
+
+{{/* An APIService of the adapter: (dict "root" $ "group" "custom.metrics.k8s.io" "version" "v1beta2" "priority" 200). */}}
+{{- define "gpuwarden.apiservice" -}}
+{{- $v := .root.Values -}}
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+{{ include "gpuwarden.metadata" (dict "root" .root "name" (printf "%s.%s" .version .group) "component" "adapter") }}
+spec:
+  group: {{ .group }}
+  version: {{ .version }}
+  service:
+    name: gpuwarden-adapter
+    namespace: {{ include "gpuwarden.namespace" .root }}
+    port: {{ $v.service.port }}
+  groupPriorityMinimum: 100
+  versionPriority: {{ .priority }}
+  {{- if $v.tls.enable }}
+  caBundle: {{ $v.tls.ca | b64enc }}
+  {{- else }}
+  insecureSkipTLSVerify: true
+  {{- end }}
+{{- end -}}
