@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos prometheus node-runtime testbed upstream-adapter lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos prometheus node-runtime testbed helm upstream-adapter lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ protos: deps ## regenerate the kubelet gRPC stubs (gpuwarden/kubeletapi) from th
 testbed: ## build kube-apiserver, KCM, scheduler, kubectl, kubelet, etcd, kwok(ctl) into .cache/testbed
 	bash tests/testbed/build.sh
 
+helm: ## build helm v3.22.0 from its Go module into .cache/helm (chart tests: deploy/helm/gpuwarden)
+	bash tests/helm/build.sh
+
 upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench)
 	bash tests/bench/upstream/build.sh
 
@@ -75,7 +78,7 @@ integration: deps prometheus ## against a real Prometheus server
 rules-test: prometheus ## promtool check + test of rules/
 	bash rules/test.sh
 
-e2e: deps prometheus node-runtime testbed ## against the real control plane and a real kubelet node
+e2e: deps prometheus node-runtime testbed helm ## against the real control plane and a real kubelet node
 	$(PYTEST) -q tests/e2e
 
 test: lint unit integration rules-test e2e ## every tier (what CI runs)
