@@ -174,7 +174,9 @@ class ResourceProvider:
     # --- pods -------------------------------------------------------------------------------------------
 
     def _scopes(self, route: ResourceRoute, index: LabelIndex | None) -> list[Scope]:
-        if self._rules.cpu.batchable and self._rules.memory.batchable:
+        """Cached: every pod at once, which every request shares. Per request: just the namespace asked."""
+        batchable = self._rules.cpu.batchable and self._rules.memory.batchable
+        if batchable and (self._cache is not None or not route.namespace):
             return [Scope("pods", ALL_NAMESPACES)]
         if route.namespace:
             return [Scope("pods", route.namespace)]

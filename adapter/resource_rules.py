@@ -46,6 +46,7 @@ ObjectKey = tuple[str, str]
 
 ALL_NAMESPACES = "*"
 PAUSE_CONTAINER = "POD"
+_MAPPED = ((NAMESPACES, "namespace"), (PODS, "pod"), (NODES, "node"))
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^{}]*<<-?\s*\.LabelMatchers\s*-?>>[^{}]*)\}")
 
 
@@ -117,6 +118,12 @@ def _stamp_templates(source: str, where: str) -> tuple[Template, ...]:
     return tuple(out)
 
 
+def _unmapped(missing: list[str]) -> str:
+    return f"no label maps to {', '.join(missing)}; add overrides such as " + ", ".join(
+        f"{m}: {{resource: {m}}}" for m in missing
+    )
+
+
 def _compile_one(key: Literal["cpu", "memory"], rule: ResourceRule) -> CompiledResourceRule:
     where = f"resourceRules.{key}"
     try:
@@ -133,17 +140,14 @@ def _compile_one(key: Literal["cpu", "memory"], rule: ResourceRule) -> CompiledR
     converter = ResourceConverter(overrides, template, extractor)
     labels: dict[str, str] = {}
     missing = []
-    for gr, what in ((NAMESPACES, "namespace"), (PODS, "pod"), (NODES, "node")):
+    for gr, what in _MAPPED:
         label = converter.label_for(gr)
         if label is None or not promql.LABEL_NAME.match(label):
             missing.append(what)
         else:
             labels[what] = label
     if missing:
-        raise RuleError(
-            f"{where}.resources: no label maps to {', '.join(missing)}; add overrides such as "
-            + ", ".join(f"{m}: {{resource: {m}}}" for m in missing)
-        )
+        raise RuleError(f"{where}.resources: {_unmapped(missing)}")
     assert rule.container_label is not None  # required by the config model
     return CompiledResourceRule(
         name=key,
@@ -199,6 +203,20 @@ def resource_rule_problems(section: Mapping[str, object]) -> list[tuple[tuple[st
                 compile_label_template(source)
             except TemplateError as exc:
                 problems.append(((key, "resources", "template"), exc.reason))
+                continue
+        try:
+            parsed = ResourceRule.model_validate(rule)
+        except ValueError:
+            continue  # the config models report it
+        template = compile_label_template(parsed.resources.template)[0] if parsed.resources.template else None
+        overrides = {
+            label: resources.normalize(gr.resource, gr.group)
+            for label, gr in parsed.resources.overrides.items()
+        }
+        converter = ResourceConverter(overrides, template, None)
+        missing = [what for gr, what in _MAPPED if not promql.LABEL_NAME.match(converter.label_for(gr) or "")]
+        if missing:
+            problems.append(((key, "resources"), _unmapped(missing)))
     return problems
 
 

@@ -54,7 +54,8 @@ def test_good_examples_pass(name: str) -> None:
 def test_good_example_uses_every_section() -> None:
     config = load_config(Path("examples/config/good.yaml"), {})
     assert summary(config) == (
-        "adapter: 3 rules, 2 external rules, presets gpu_utilization, gpu_memory_used_ratio, "
+        "adapter: 3 rules, 2 external rules, resource metrics (metrics.k8s.io), presets gpu_utilization, "
+        "gpu_memory_used_ratio, "
         "requests_per_second; controller: health, nominations, preemption, extender"
     )
     assert config.adapter.presets.dcgm_pod_label == "exported_pod"
