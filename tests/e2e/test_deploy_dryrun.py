@@ -43,11 +43,9 @@ from tests.unit.test_deploy_render import DEPLOY, OVERLAYS, by_identity, render
 NS = "gpuwarden"
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-ADAPTER_SA = f"system:serviceaccount:{NS}:gpuwarden-adapter"
-CONTROLLER_SA = f"system:serviceaccount:{NS}:gpuwarden-controller"
 NODE_NS = "gpuwarden-node"
-NODE_AGENT_SA = f"system:serviceaccount:{NODE_NS}:gpuwarden-node-agent"
 Obj = dict[str, Any]
+Check = tuple[str, Obj]  # (user, SubjectAccessReview attributes)
 
 
 def kubectl(cluster: Cluster, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -153,46 +151,61 @@ def table(user: str, rules: dict[tuple[str, str, str], str], namespace: str = ""
     ]
 
 
-def test_rbac_grants_exactly_what_the_components_need(cluster: Cluster, installed: list[Obj]) -> None:
+def rbac_expectations(ns: str = NS, node_ns: str = NODE_NS) -> tuple[list[Check], list[Check]]:
+    """(needed, extras): the SubjectAccessReviews that must be allowed and the tempting extras that must be
+    denied, for the components installed in namespace ``ns`` (node agent: ``node_ns``). The Helm chart's RBAC
+    is held to the same lists (tests/e2e/test_helm_chart.py)."""
+    adapter = f"system:serviceaccount:{ns}:gpuwarden-adapter"
+    controller = f"system:serviceaccount:{ns}:gpuwarden-controller"
+    agent = f"system:serviceaccount:{node_ns}:gpuwarden-node-agent"
     needed = (
-        table(ADAPTER_SA, ADAPTER_CLUSTER)
-        + table(CONTROLLER_SA, CONTROLLER_CLUSTER)
-        + table(CONTROLLER_SA, CONTROLLER_NAMESPACE, NS)
-        + table(NODE_AGENT_SA, NODE_AGENT_CLUSTER)
+        table(adapter, ADAPTER_CLUSTER)
+        + table(controller, CONTROLLER_CLUSTER)
+        + table(controller, CONTROLLER_NAMESPACE, ns)
+        + table(agent, NODE_AGENT_CLUSTER)
         + [
-            (ADAPTER_SA, attrs("authentication.k8s.io", "tokenreviews", "", "create")),
-            (ADAPTER_SA, attrs("authorization.k8s.io", "subjectaccessreviews", "", "create")),
-            (ADAPTER_SA, attrs("", "configmaps", "extension-apiserver-authentication", "get", "kube-system")),
+            (adapter, attrs("authentication.k8s.io", "tokenreviews", "", "create")),
+            (adapter, attrs("authorization.k8s.io", "subjectaccessreviews", "", "create")),
+            (adapter, attrs("", "configmaps", "extension-apiserver-authentication", "get", "kube-system")),
         ]
     )
-    assert all(allowed(cluster, needed)), [
-        c for c, ok in zip(needed, allowed(cluster, needed), strict=True) if not ok
-    ]
     extras = [
-        (ADAPTER_SA, attrs("", "nodes", "", "patch")),
-        (ADAPTER_SA, attrs("", "pods", "", "delete", "default")),
-        (ADAPTER_SA, attrs("", "secrets", "", "list", "default")),
-        (ADAPTER_SA, attrs("", "configmaps", "other", "get", "kube-system")),
-        (CONTROLLER_SA, attrs("", "nodes", "", "delete")),
-        (CONTROLLER_SA, attrs("", "nodes", "", "update")),
-        (CONTROLLER_SA, attrs("", "pods", "", "create", "default")),
-        (CONTROLLER_SA, attrs("", "pods", "", "delete", "default")),
-        (CONTROLLER_SA, attrs("", "secrets", "", "get", NS)),
-        (CONTROLLER_SA, attrs("", "configmaps", "gpuwarden-config", "patch", NS)),
-        (CONTROLLER_SA, attrs("", "configmaps", "gpuwarden-quarantine-breaker", "get", "default")),
-        (CONTROLLER_SA, attrs("coordination.k8s.io", "leases", "kube-scheduler", "update", "kube-system")),
-        (CONTROLLER_SA, attrs("coordination.k8s.io", "leases", "other", "update", NS)),
-        (CONTROLLER_SA, attrs("apps", "deployments", "", "patch", NS)),
-        (NODE_AGENT_SA, attrs("", "nodes", "", "update")),
-        (NODE_AGENT_SA, attrs("", "nodes/status", "", "patch")),
-        (NODE_AGENT_SA, attrs("", "pods", "", "delete", "default")),
-        (NODE_AGENT_SA, attrs("", "pods/eviction", "", "create", "default")),
-        (NODE_AGENT_SA, attrs("", "pods/binding", "", "create", "default")),
-        (NODE_AGENT_SA, attrs("", "secrets", "", "get", NODE_NS)),
-        (NODE_AGENT_SA, attrs("", "configmaps", "", "list", NODE_NS)),
+        (adapter, attrs("", "nodes", "", "patch")),
+        (adapter, attrs("", "pods", "", "delete", "default")),
+        (adapter, attrs("", "secrets", "", "list", "default")),
+        (adapter, attrs("", "configmaps", "other", "get", "kube-system")),
+        (controller, attrs("", "nodes", "", "delete")),
+        (controller, attrs("", "nodes", "", "update")),
+        (controller, attrs("", "pods", "", "create", "default")),
+        (controller, attrs("", "pods", "", "delete", "default")),
+        (controller, attrs("", "secrets", "", "get", ns)),
+        (controller, attrs("", "configmaps", "gpuwarden-config", "patch", ns)),
+        (controller, attrs("", "configmaps", "gpuwarden-quarantine-breaker", "get", "default")),
+        (controller, attrs("coordination.k8s.io", "leases", "kube-scheduler", "update", "kube-system")),
+        (controller, attrs("coordination.k8s.io", "leases", "other", "update", ns)),
+        (controller, attrs("apps", "deployments", "", "patch", ns)),
+        (agent, attrs("", "nodes", "", "update")),
+        (agent, attrs("", "nodes/status", "", "patch")),
+        (agent, attrs("", "pods", "", "delete", "default")),
+        (agent, attrs("", "pods/eviction", "", "create", "default")),
+        (agent, attrs("", "pods/binding", "", "create", "default")),
+        (agent, attrs("", "secrets", "", "get", node_ns)),
+        (agent, attrs("", "configmaps", "", "list", node_ns)),
     ]
+    return needed, extras
+
+
+def check_rbac(cluster: Cluster, ns: str = NS, node_ns: str = NODE_NS) -> None:
+    """Every needed permission allowed, every extra denied, by the real API server's authorizer."""
+    needed, extras = rbac_expectations(ns, node_ns)
+    granted = allowed(cluster, needed)
+    assert all(granted), [c for c, ok in zip(needed, granted, strict=True) if not ok]
     granted = allowed(cluster, extras)
     assert not any(granted), [c for c, ok in zip(extras, granted, strict=True) if ok]
+
+
+def test_rbac_grants_exactly_what_the_components_need(cluster: Cluster, installed: list[Obj]) -> None:
+    check_rbac(cluster)
 
 
 # -------------------------------------------------------------------------- components under their SA
