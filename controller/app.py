@@ -33,6 +33,7 @@ from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.health.loop import HealthLoop, controller_namespace
 from controller.nominations.loop import NominationLoop
+from controller.preemption.room_loop import RoomLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient, LeaderElector, LeaseDurations
@@ -278,6 +279,21 @@ async def run_controller(
                 preempt_hook=hook,
                 instance=identity,
             )
+        room: RoomLoop | None = None
+        if extender is not None:
+            if config.preemption.enabled:  # the preempt verb chooses victims with the GPU model
+                throttle.use_gpu_model(extender.model, extender.service.current_settings)
+            room = RoomLoop(
+                config,
+                kube,
+                throttle=throttle,
+                model=extender.model,
+                settings=extender.service.current_settings,
+                nodes=nodes,
+                registry=registry,
+                dry_run=dry_run,
+                instance=identity,
+            )
         health = HealthLoop(
             config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes
         )
@@ -326,6 +342,8 @@ async def run_controller(
         passes.add("health", health)  # both loops share the `nodes` and throttle's pod caches run here
         passes.add("nominations", nominations)
         passes.add("drain", drain)  # the same node and pod caches; nothing scheduled when drain is off
+        if room is not None:  # GPU preemption: the throttle's pod cache, the extender's model
+            passes.add("gpu-preemption", room)
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())

@@ -134,11 +134,14 @@ def plan_victims(
     budgets: Budgets = NO_BUDGETS,
     exclude: frozenset[str] = frozenset(),
     max_victims: int = 0,
+    already: Sequence[Holder] = (),
 ) -> VictimPlan | NoPlan:
     """The cheapest victims on this node that free a GPU set `pod` accepts, or why there are none.
 
     `exclude`: pods that must not be chosen (e.g. already promised to another preemptor this pass);
-    `max_victims`: most victims in one plan (0 = no limit). Holders already terminating count as free."""
+    `max_victims`: most victims in one plan (0 = no limit); `already`: holders being preempted anyway (the
+    scheduler's own victims), counted as free and never returned. Holders already terminating count as
+    free."""
     if view is None:
         return NoPlan("", "node not known to the gpuwarden extender's cache")
     name = view.name
@@ -151,7 +154,7 @@ def plan_victims(
     if why:
         return NoPlan(name, why)
     yielded = _yielding(pod, view)
-    leaving = [h for h in view.holders if h.terminating and h not in yielded]
+    leaving = [h for h in view.holders if (h.terminating or h in already) and h not in yielded]
 
     def attempt(victims: Sequence[Holder]) -> Choice | None:
         free, unknown, _ = _free(pod, view, healthy, settings, now, freed=[*leaving, *victims])
@@ -230,3 +233,36 @@ def explain_room(
         if memo[1]:
             unresolvable[name] = f"{unresolvable[name]}; {memo[1]}"
     return FilterResult(result.passed, result.failed, unresolvable, result.fragmented)
+
+
+def revise_candidates(
+    pod: PodInfo,
+    candidates: Mapping[str, Sequence[str]],
+    views: Mapping[str, NodeView | None],
+    settings: Settings,
+    now: float,
+) -> dict[str, tuple[str, ...]]:
+    """The preempt verb's victim choice: per candidate node (victim UIDs as the scheduler chose them, by
+    count), the victims that free a GPU set the policy accepts, or the node omitted when none can.
+
+    The scheduler's victims are always kept (they may free CPU or memory we do not model); GPU holders are
+    added when they do not free a policy set. A node sent with no victims (schedulers with kubernetes
+    PR #135486) gets our victims or is omitted: never returned empty. Nodes we know nothing about pass
+    unchanged when they have victims."""
+    out: dict[str, tuple[str, ...]] = {}
+    for node, uids in candidates.items():
+        view = views.get(node)
+        if view is None or pod.gpus <= 0:
+            if uids:
+                out[node] = tuple(uids)
+            continue
+        by_uid = {h.uid: h for h in view.holders if h.uid}
+        sent = [by_uid[u] for u in uids if u in by_uid]
+        plan = plan_victims(pod, view, settings, now, already=sent)
+        if isinstance(plan, NoPlan):
+            continue
+        added = tuple(v.uid for v in plan.victims if v.uid and v.uid not in uids)
+        victims = (*uids, *added)
+        if victims:
+            out[node] = victims
+    return out

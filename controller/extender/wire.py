@@ -16,12 +16,92 @@ import json
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 JsonObject = dict[str, Any]
 
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10
+
+
+_OBJECT, _LIST, _STRING, _INT = "an object", "a list", "a string", "an integer"
+_POD_FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("metadata",), _OBJECT),
+    (("metadata", "name"), _STRING),
+    (("metadata", "namespace"), _STRING),
+    (("metadata", "uid"), _STRING),
+    (("metadata", "resourceVersion"), _STRING),
+    (("metadata", "creationTimestamp"), _STRING),
+    (("metadata", "deletionTimestamp"), _STRING),
+    (("metadata", "labels"), _OBJECT),
+    (("metadata", "annotations"), _OBJECT),
+    (("metadata", "ownerReferences"), _LIST),
+    (("spec",), _OBJECT),
+    (("spec", "nodeName"), _STRING),
+    (("spec", "schedulerName"), _STRING),
+    (("spec", "priority"), _INT),
+    (("spec", "containers"), _LIST),
+    (("spec", "initContainers"), _LIST),
+    (("status",), _OBJECT),
+    (("status", "phase"), _STRING),
+    (("status", "nominatedNodeName"), _STRING),
+    (("status", "conditions"), _LIST),
+)
+_IS = {
+    _OBJECT: lambda v: isinstance(v, dict),
+    _LIST: lambda v: isinstance(v, list),
+    _STRING: lambda v: isinstance(v, str),
+    _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+}
+
+
+def pod_shape_problem(pod: Any) -> str | None:
+    """Why `pod` is not a v1.Pod in the fields the extender reads (JSON types only; absent or null fields
+    are fine), or None. One check for every verb, so a wrong type is a 400 naming the field, never a 500
+    from deep inside a decision."""
+    if not isinstance(pod, dict):
+        return "must be an object"
+    for path, kind in _POD_FIELDS:
+        value: Any = pod
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not _IS[kind](value):
+            return f"{'.'.join(path)} must be {kind}, not {type(value).__name__}"
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    for key in ("labels", "annotations"):
+        for name, value in (meta.get(key) or {}).items():
+            if not isinstance(value, str):
+                return f"metadata.{key}[{name!r}] must be a string"
+    for key in ("ownerReferences",):
+        if any(not isinstance(ref, dict) for ref in meta.get(key) or []):
+            return f"metadata.{key}[] must be objects"
+    for conds in ((pod.get("status") or {}).get("conditions") or [],):
+        if any(not isinstance(c, dict) for c in conds):
+            return "status.conditions[] must be objects"
+    for key in ("containers", "initContainers"):
+        for i, container in enumerate(spec.get(key) or []):
+            if not isinstance(container, dict):
+                return f"spec.{key}[{i}] must be an object"
+            resources = container.get("resources")
+            if resources is None:
+                continue
+            if not isinstance(resources, dict):
+                return f"spec.{key}[{i}].resources must be an object"
+            for part in ("limits", "requests"):
+                amounts = resources.get(part)
+                if amounts is not None and not isinstance(amounts, dict):
+                    return f"spec.{key}[{i}].resources.{part} must be an object"
+                for res, amount in (amounts or {}).items():
+                    if not isinstance(amount, (str, int, float)) or isinstance(amount, bool):
+                        return f"spec.{key}[{i}].resources.{part}[{res!r}] must be a quantity"
+    return None
+
+
+def _valid_pod(pod: JsonObject) -> JsonObject:
+    problem = pod_shape_problem(pod)
+    if problem is not None:
+        raise ValueError(f"not a v1.Pod: {problem}")
+    return pod
 
 
 class WireModel(BaseModel):
@@ -71,6 +151,8 @@ class ExtenderArgs(WireModel):
     pod: JsonObject = Field(alias="Pod")
     nodes: NodeList | None = Field(default=None, alias="Nodes")
     node_names: list[str] | None = Field(default=None, alias="NodeNames")
+
+    _pod_shape = field_validator("pod")(_valid_pod)
 
     @property
     def node_cache_capable(self) -> bool:
@@ -153,6 +235,13 @@ class Victims(WireModel):
     pods: list[JsonObject] = Field(default_factory=list, alias="Pods")
     num_pdb_violations: int = Field(default=0, alias="NumPDBViolations")
 
+    @field_validator("pods")
+    @classmethod
+    def _pods_shape(cls, pods: list[JsonObject]) -> list[JsonObject]:
+        for pod in pods:
+            _valid_pod(pod)
+        return pods
+
     def to_meta(self) -> MetaVictims:
         """The same victims by UID, order kept."""
         uids = [str((pod.get("metadata") or {}).get("uid", "")) for pod in self.pods]
@@ -169,6 +258,8 @@ class ExtenderPreemptionArgs(WireModel):
     node_name_to_meta_victims: dict[str, MetaVictims] | None = Field(
         default=None, alias="NodeNameToMetaVictims"
     )
+
+    _pod_shape = field_validator("pod")(_valid_pod)
 
     def meta_victims(self) -> dict[str, MetaVictims]:
         """Candidates by UID whichever way they were sent (`NodeNameToMetaVictims` wins when both are)."""

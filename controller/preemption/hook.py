@@ -30,8 +30,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from controller.extender.decide import Settings
+from controller.extender.model import ClusterModel
+from controller.extender.objects import pod_info
 from controller.extender.server import NotSynced
-from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
+from controller.extender.victims import revise_candidates
+from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from controller.preemption.graph import PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
 from controller.preemption.observer import PreemptionObserver
@@ -90,6 +94,8 @@ class PreemptionThrottle:
             config.preemption.event_interval_seconds if event_interval is None else event_interval
         )
         self._last_event: dict[str, tuple[str, float]] = {}
+        self._model: ClusterModel | None = None
+        self._gpu_settings: Callable[[], Settings] | None = None
         self.events = EventQueue(
             self.recorder,
             capacity=MAX_PENDING_EVENTS,
@@ -119,10 +125,38 @@ class PreemptionThrottle:
         sent = {m.uid: m for v in args.node_name_to_victims.values() for m in map(pod_meta, v.pods)}
         return lambda uid: sent.get(uid) or self.observer.lookup(uid)
 
+    def use_gpu_model(self, model: ClusterModel, settings: Callable[[], Settings]) -> None:
+        """Choose victims with the extender's GPU model (victims.revise_candidates) before throttling:
+        GPU holders are added where the scheduler's victims (chosen by count) free no set the pod's
+        policy accepts, and nodes where no preemption can are dropped."""
+        self._model, self._gpu_settings = model, settings
+
+    def _revise(
+        self, args: ExtenderPreemptionArgs, candidates: dict[str, MetaVictims]
+    ) -> dict[str, MetaVictims]:
+        model = self._model
+        if model is None or self._gpu_settings is None or not model.synced:
+            return candidates
+        pod = pod_info(args.pod, model.resource)
+        if pod.gpus <= 0:
+            return candidates
+        sent = {node: [p.uid for p in mv.pods] for node, mv in candidates.items()}
+        views = {node: model.view(node) for node in sent}
+        revised = revise_candidates(pod, sent, views, self._gpu_settings(), self.clock())
+        out: dict[str, MetaVictims] = {}
+        for node, uids in revised.items():
+            given = candidates[node]
+            if list(uids) == sent[node]:
+                out[node] = given
+            else:
+                pods = [MetaPod(uid=u) for u in uids]
+                out[node] = MetaVictims(pods=pods, num_pdb_violations=given.num_pdb_violations)
+        return out
+
     def decide(self, args: ExtenderPreemptionArgs) -> tuple[PodMeta, Decision, dict[str, MetaVictims]]:
         """The decision for one request, without side effects (what `__call__` and the bench run)."""
         now = self.clock()
-        candidates = args.meta_victims()
+        candidates = self._revise(args, args.meta_victims())
         preemptor = pod_meta(args.pod)
         lookup = self._lookup(args)
         decision = decide_preemption(
@@ -146,7 +180,7 @@ class PreemptionThrottle:
         for reason in decision.reasons():
             self.metrics.throttled.labels(reason.value).inc()
         if dry:
-            kept = {n: v for n, v in candidates.items() if v.pods}
+            kept = {n: v for n, v in args.meta_victims().items() if v.pods}
         else:
             kept = {n: candidates[n] for n in decision.kept}
             if kept:  # until its Events arrive, count the least the scheduler may now take

@@ -62,8 +62,51 @@ class Backoff(Section):
         return self
 
 
+class MakeRoomConfig(Section):
+    """GPU preemption by the controller: make room on fragmented nodes (docs/preemption.md)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Evict lower-priority pods (Eviction API, PodDisruptionBudgets honoured) so that a pending "
+        "GPU pod rejected only for topology gets a GPU set its policy accepts. Off by default: it evicts.",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Plan, count and event GPU preemptions ('[dry-run]') without reserving or evicting.",
+    )
+    interval_seconds: Seconds = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds between passes of the leader's loop.",
+    )
+    min_pending_seconds: Seconds = Field(
+        default=5.0,
+        le=3600,
+        description="A pod must have been unschedulable (PodScheduled=False) this long: the scheduler and "
+        "the extender get the first chance.",
+    )
+    reservation_seconds: Seconds = Field(
+        default=180.0,
+        gt=0,
+        le=3600,
+        description="The freed GPUs are held for the preemptor this long (a claim with a deadline) so no "
+        "other pod takes them while victims exit; longer than the victims' termination grace period.",
+    )
+    max_victims_per_pod: PositiveCount = Field(
+        default=4, le=12, description="Most pods evicted to make room for one preemptor."
+    )
+    max_preemptors_per_pass: PositiveCount = Field(
+        default=10, description="Most preemptors given room per pass (the throttle's budgets also apply)."
+    )
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Only make room for pods in these namespaces. Empty: every namespace.",
+    )
+
+
 class PreemptionConfig(Section):
-    """The preemption throttle: budgets, chain and ping-pong detection, back-off."""
+    """The preemption throttle: budgets, chain and ping-pong detection, back-off; GPU preemption."""
 
     enabled: bool = Field(
         default=True,
@@ -106,6 +149,11 @@ class PreemptionConfig(Section):
         default=2_000_000_000,
         description="Preemptors with at least this priority are never throttled. 2e9 is "
         "system-cluster-critical: node agents must always fit. null: throttle everyone.",
+    )
+    make_room: MakeRoomConfig = Field(
+        default_factory=MakeRoomConfig,
+        description="GPU preemption by the controller for pods rejected only because the free GPUs are "
+        "fragmented (kube-scheduler v1.35 cannot preempt for them).",
     )
     event_interval_seconds: Seconds = Field(
         default=60.0,

@@ -110,6 +110,15 @@ async def test_filter_before_sync_answers_with_error_field() -> None:
     assert registry.get_sample_value("gpuwarden_extender_model_synced") == 0
 
 
+_BAD_POD = b'{"Pod":{"metadata":"x","spec":["not","a","podspec"]},"NodeNames":["n"]}'
+
+
+def _pod_with(**fields: object) -> bytes:
+    return json.dumps(
+        {"Pod": {"metadata": {"name": "p", "namespace": "ml"}, **fields}, "NodeNames": ["n"]}
+    ).encode()
+
+
 @pytest.mark.parametrize(
     ("verb", "body", "message"),
     [
@@ -117,8 +126,25 @@ async def test_filter_before_sync_answers_with_error_field() -> None:
         ("prioritize", b'{"NodeNames":[]}', "malformed ExtenderArgs: Pod: Field required"),
         ("bind", b'{"PodName":"x"}', "malformed ExtenderBindingArgs: PodNamespace: Field required"),
         ("preempt", b"[]", "malformed ExtenderPreemptionArgs"),
+    ]
+    + [  # the same wrongly typed pod, one validation path for every verb that carries a pod
+        (verb, _BAD_POD, "malformed ExtenderArgs: Pod: Value error, not a v1.Pod: metadata must be an object")
+        for verb in ("filter", "prioritize")
+    ]
+    + [
+        ("preempt", _BAD_POD, "malformed ExtenderPreemptionArgs: Pod: Value error, not a v1.Pod: metadata"),
+        ("filter", _pod_with(spec={"containers": [{"resources": {"limits": ["x"]}}]}), "malformed ExtenderArgs: "
+         "Pod: Value error, not a v1.Pod: spec.containers[0].resources.limits must be an object"),
+        ("prioritize", _pod_with(spec={"priority": "high"}), "malformed ExtenderArgs: Pod: Value error, not a "
+         "v1.Pod: spec.priority must be an integer, not str"),
+        ("filter", _pod_with(metadata={"annotations": {"gpuwarden.io/gpu-ids": 3}}), "malformed ExtenderArgs: "
+         "Pod: Value error, not a v1.Pod: metadata.annotations['gpuwarden.io/gpu-ids'] must be a string"),
+        ("preempt", b'{"Pod":{},"NodeNameToVictims":{"n":{"Pods":[{"status":[]}]}}}',
+         "malformed ExtenderPreemptionArgs: NodeNameToVictims.n.Pods: Value error, not a v1.Pod: status must"),
+        ("bind", b'{"PodName":5,"PodNamespace":"a","PodUID":"u","Node":"n"}',
+         "malformed ExtenderBindingArgs: PodName: Input should be a valid string"),
     ],
-)
+)  # fmt: skip
 async def test_malformed_request_is_400_with_a_message(
     client: TestClient[web.Request, web.Application], verb: str, body: bytes, message: str
 ) -> None:

@@ -1,0 +1,350 @@
+"""The GPU preemption loop (leader-gated): observe pending pods and the GPU model, plan (room.py), act.
+
+Why it exists: the shell around `plan_room`. Per planned preemptor it asks the preemption throttle first
+(budgets, chain depth, ping-pong, back-off: the same `decide_preemption` the scheduler's preemptions pass),
+then, in this order:
+1. reserves the freed GPUs for the preemptor - the extender's claim on the pod, with a deadline
+   (`gpuwarden.io/gpu-reserved-until`), conditional on the pod's resourceVersion; every replica's filter
+   and bind then keep other pods off those GPUs until the preemptor binds or the deadline passes;
+2. evicts the victims through the Eviction API (PodDisruptionBudgets hold: a 429 is *blocked*); when
+   nothing could be evicted the reservation is withdrawn;
+3. records the preemption in the throttle's graph and writes Events: `Preempted` on each victim in
+   kube-scheduler's shape (`Preempted by pod <uid> on node <node>`, so every replica's observer links the
+   chain exactly as for the scheduler's preemptions) and `GPUPreempting` on the preemptor naming victims and
+   GPUs. A pod for which no room can be made gets a Warning `GPUPreemptionNotPossible` saying why.
+
+Dry-run computes, counts and events ("[dry-run]") but neither reserves nor evicts. Restart-safe: the
+reservation is on the pod (a reserved pod is never planned again before its deadline) and evicted victims
+are gone from the API. PodDisruptionBudgets are listed each pass; when they cannot be read nothing is done
+(unknown is never "no budget").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controller.extender.claims import claim_patch, release_patch
+from controller.extender.decide import Settings
+from controller.extender.model import ClusterModel
+from controller.extender.objects import pod_info
+from controller.extender.victims import VictimPlan
+from controller.preemption.hook import PreemptionThrottle
+from controller.preemption.room import (
+    NodeFacts,
+    Pending,
+    RoomDecision,
+    budgets_from,
+    candidate,
+    node_facts,
+    plan_room,
+)
+from controller.preemption.signals import pod_meta
+from controller.preemption.throttle import Candidate, decide_preemption
+from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
+from gpuwarden.kube import PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef, PatchType
+from gpuwarden.kube.eviction import evict
+from gpuwarden.kube.resources import Resource
+
+log = logging.getLogger(__name__)
+
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
+NOT_POSSIBLE_INTERVAL = 300.0
+"""At most one `GPUPreemptionNotPossible` per pod and reason per this many seconds."""
+
+
+class RoomMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+        self.preemptions = Counter(
+            "gpuwarden_gpu_preemptions_total",
+            "GPU preemptions by the controller per preemptor: started, throttled, blocked (every eviction "
+            "refused), failed, dry_run, conflict (the pod changed), not_possible.",
+            ["outcome"],
+            **kw,
+        )
+        self.victims = Counter(
+            "gpuwarden_gpu_preemption_victims_total",
+            "Victims of GPU preemption: evicted, blocked (429: a PodDisruptionBudget), failed, dry_run.",
+            ["outcome"],
+            **kw,
+        )
+        self.candidates = Gauge(
+            "gpuwarden_gpu_preemption_candidates",
+            "Pending pods rejected for fragmentation at the last pass.",
+            **kw,
+        )
+        self.duration = Histogram(
+            "gpuwarden_gpu_preemption_plan_seconds",
+            "Time to plan one pass (observe + decide, no writes).",
+            buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0),
+            **kw,
+        )
+
+
+@dataclass
+class RoomPass:
+    """One pass: the decisions and what was done (for logs, `gpuwarden plan` and the tests)."""
+
+    decisions: list[RoomDecision] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """pod key -> why it is not a preemptor (only pods with GPUs that are pending)."""
+    started: list[str] = field(default_factory=list)
+    throttled: dict[str, str] = field(default_factory=dict)
+    evicted: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preemptions": [
+                {
+                    "pod": d.pod.key,
+                    "priority": d.pod.priority,
+                    "node": d.plan.node if d.plan else None,
+                    "victims": [v.pod for v in d.plan.victims] if d.plan else [],
+                    "gpus": list(d.plan.choice.ids) if d.plan else [],
+                    "reason": d.reason,
+                    "throttled": self.throttled.get(d.pod.key, ""),
+                }
+                for d in self.decisions
+            ],
+            "skipped": dict(self.skipped),
+        }
+
+
+class RoomLoop:
+    """Passes run by `controller.app.PassScheduler` while this replica leads."""
+
+    def __init__(
+        self,
+        config: Config,
+        kube: KubeClient,
+        *,
+        throttle: PreemptionThrottle,
+        model: ClusterModel,
+        settings: Callable[[], Settings],
+        nodes: Informer,
+        registry: CollectorRegistry | None = None,
+        dry_run: bool | None = None,
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+        recorder: EventRecorder | None = None,
+    ) -> None:
+        self.policy = config.preemption.make_room
+        self.dry_run = (self.policy.dry_run or bool(dry_run)) if dry_run is not None else self.policy.dry_run
+        self.page_size = config.kubernetes.list_page_size
+        self.kube, self.throttle, self.model, self.settings = kube, throttle, model, settings
+        self.nodes, self.pods = nodes, throttle.pods
+        self.clock = clock
+        self.metrics = RoomMetrics(registry)
+        self.recorder = recorder or EventRecorder(
+            kube, component="preemption", instance=instance or socket.gethostname()
+        )
+        self._said: dict[tuple[str, str], float] = {}
+        self.last: RoomPass | None = None
+
+    # --- observe + decide ----------------------------------------------------------------------------------
+    def plan(self, pdbs: list[dict[str, Any]]) -> tuple[RoomPass, dict[str, dict[str, Any]]]:
+        """Decide from the caches and these PodDisruptionBudgets; no writes."""
+        started = time.perf_counter()
+        now, settings = self.clock(), self.settings()
+        resource, ttl = self.model.resource, settings.claim_ttl_seconds
+        objs = {f"{(o.get('metadata') or {}).get('namespace')}/{(o.get('metadata') or {}).get('name')}": o
+                for o in self.pods.objects()}  # fmt: skip
+        out = RoomPass()
+        pending: list[Pending] = []
+        for key, obj in objs.items():
+            pod = pod_info(obj, resource)
+            if pod.gpus <= 0 or pod.node_name or pod.terminated:
+                continue
+            got = candidate(obj, pod, now, self.policy.min_pending_seconds, ttl, self.policy.namespaces)
+            if isinstance(got, str):
+                out.skipped[key] = got
+            else:
+                pending.append(got)
+        self.metrics.candidates.set(len(pending))
+        if pending:
+            facts: dict[str, NodeFacts] = {}
+            views = {}
+            for node in self.nodes.objects():
+                name = str((node.get("metadata") or {}).get("name", ""))
+                facts[name] = node_facts(node)
+                views[name] = self.model.view(name)
+            out.decisions = plan_room(
+                pending,
+                views,
+                facts,
+                settings,
+                now,
+                budgets=budgets_from(pdbs, objs.values()),
+                max_victims=self.policy.max_victims_per_pod,
+                limit=self.policy.max_preemptors_per_pass,
+            )
+        self.metrics.duration.observe(time.perf_counter() - started)
+        return out, objs
+
+    # --- act -----------------------------------------------------------------------------------------------
+    async def run_once(self, leading: asyncio.Event | None = None) -> RoomPass:
+        try:
+            pdbs = (await self.kube.list_objects(PDBS, limit=self.page_size)).items
+        except KubeError as exc:
+            log.warning(
+                "GPU preemption pass skipped: PodDisruptionBudgets unreadable", extra={"error": str(exc)}
+            )
+            return RoomPass()
+        result, objs = self.plan(pdbs)
+        self.last = result
+        for decision in result.decisions:
+            if leading is not None and not leading.is_set():
+                break
+            obj = objs.get(decision.pod.key)
+            if obj is None:
+                continue
+            if decision.plan is None:
+                await self._not_possible(obj, decision)
+                continue
+            await self._preempt(obj, decision.plan, result)
+        return result
+
+    async def _not_possible(self, obj: dict[str, Any], decision: RoomDecision) -> None:
+        if decision.reason.startswith(("fits on", "limit of", "every node")):
+            return
+        self.metrics.preemptions.labels("not_possible").inc()
+        now = self.clock()
+        key = (decision.pod.uid, decision.reason)
+        if now - self._said.get(key, float("-inf")) < NOT_POSSIBLE_INTERVAL:
+            return
+        self._said[key] = now
+        if len(self._said) > 10_000:
+            self._said.clear()
+        await self.recorder.emit(
+            _ref(obj), reason="GPUPreemptionNotPossible", action="MakeRoom", type=EventType.WARNING,
+            note=f"{self._prefix()}gpuwarden cannot make room for this pod: {decision.reason}",
+        )  # fmt: skip
+
+    def _prefix(self) -> str:
+        return "[dry-run] " if self.dry_run else ""
+
+    async def _preempt(self, obj: dict[str, Any], plan: VictimPlan, result: RoomPass) -> None:
+        pod = pod_info(obj, self.model.resource)
+        meta = pod_meta(obj)
+        now = self.clock()
+        uids = tuple(v.uid for v in plan.victims)
+        verdict = decide_preemption(
+            meta, [Candidate(plan.node, uids)], self.throttle.observer.lookup, self.throttle.graph,
+            self.throttle.policy, now,
+        )  # fmt: skip
+        gpus = ",".join(plan.choice.ids)
+        numa = ",".join(str(n) for n in plan.choice.numa_nodes) or "?"
+        if plan.node not in verdict.kept:
+            self.metrics.preemptions.labels("throttled").inc()
+            result.throttled[pod.key] = verdict.detail or "throttled"
+            await self.recorder.emit(
+                _ref(obj), reason="PreemptionThrottled", action="MakeRoom", type=EventType.WARNING,
+                note=f"{self._prefix()}GPU preemption on {plan.node} refused: {verdict.detail}",
+            )  # fmt: skip
+            return
+        policy = pod.policy or "default"
+        what = f"GPUs {gpus} (NUMA {numa}) on {plan.node} for this pod (policy {policy})"
+        if self.dry_run:
+            self.metrics.preemptions.labels("dry_run").inc()
+            self.metrics.victims.labels("dry_run").inc(len(plan.victims))
+            await self.recorder.emit(
+                _ref(obj), reason="GPUPreempting", action="MakeRoom",
+                note=f"[dry-run] would evict {plan.describe()} to free {what}",
+            )  # fmt: skip
+            return
+        until = now + self.policy.reservation_seconds
+        ns, name = pod.key.split("/", 1)
+        try:
+            await self.kube.patch(
+                PODS, name, claim_patch(plan.node, plan.choice, now, pod.resource_version, until),
+                namespace=ns, patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except (KubeConflict, KubeNotFound):
+            self.metrics.preemptions.labels("conflict").inc()
+            return  # the pod changed (bound, deleted, updated): next pass decides afresh
+        except KubeError as exc:
+            self.metrics.preemptions.labels("failed").inc()
+            log.warning("GPU reservation failed", extra={"pod": pod.key, "error": str(exc)})
+            return
+        evicted: list[tuple[str, str]] = []
+        for victim in plan.victims:
+            vns, vname = victim.pod.split("/", 1)
+            try:
+                await evict(self.kube, vns, vname, victim.uid)
+            except KubeNotFound:
+                evicted.append((victim.uid, ""))  # already gone: its GPUs are free
+                continue
+            except KubeError as exc:
+                outcome = "blocked" if exc.status == 429 else "failed"
+                self.metrics.victims.labels(outcome).inc()
+                result.blocked.append(victim.pod)
+                log.info(
+                    "GPU preemption eviction refused", extra={"victim": victim.pod, "status": exc.status}
+                )
+                continue
+            self.metrics.victims.labels("evicted").inc()
+            result.evicted.append(victim.pod)
+            victim_obj = self.pods.get(victim.pod) or {}
+            lookup = self.throttle.observer.lookup(victim.uid)
+            evicted.append((victim.uid, lookup.workload.key if lookup else ""))
+            await self.recorder.emit(
+                _ref(victim_obj) if victim_obj else ObjectRef("v1", "Pod", vname, vns, victim.uid),
+                reason="Preempted", action="Preempting", related=_ref(obj),
+                note=f"Preempted by pod {pod.uid} on node {plan.node}: gpuwarden frees GPUs "
+                f"{','.join(victim.ids) or '?'} for {pod.key} (priority {pod.priority}), fragmented node",
+            )  # fmt: skip
+        if not evicted:
+            self.metrics.preemptions.labels("blocked").inc()
+            try:
+                await self.kube.patch(PODS, name, release_patch(), namespace=ns, patch_type=PatchType.MERGE)
+            except KubeError as exc:
+                log.warning("GPU reservation not withdrawn", extra={"pod": pod.key, "error": str(exc)})
+            await self.recorder.emit(
+                _ref(obj), reason="GPUPreemptionBlocked", action="MakeRoom", type=EventType.WARNING,
+                note=f"no victim could be evicted on {plan.node} (PodDisruptionBudget or error): "
+                f"{plan.describe()}",
+            )  # fmt: skip
+            return
+        self.throttle.graph.reserve(meta.uid, meta.workload, {plan.node: tuple(evicted)}, now, verdict.depth)
+        self.metrics.preemptions.labels("started").inc()
+        result.started.append(pod.key)
+        log.info(
+            "GPU preemption started",
+            extra={"pod": pod.key, "node": plan.node, "gpus": gpus, "victims": [v.pod for v in plan.victims]},
+        )
+        await self.recorder.emit(
+            _ref(obj), reason="GPUPreempting", action="MakeRoom",
+            note=f"evicting {plan.describe()} to free {what}; "
+            f"reserved until {time.strftime('%H:%M:%SZ', time.gmtime(until))}",
+        )  # fmt: skip
+
+    # --- scheduling (controller.app.PassScheduler) --------------------------------------------------------
+    def interval(self) -> float | None:
+        return self.policy.interval_seconds if self.policy.enabled else None
+
+    def ready(self) -> bool:
+        return self.pods.synced.is_set() and self.nodes.synced.is_set() and self.model.synced
+
+    async def wait_ready(self) -> None:
+        await self.pods.synced.wait()
+        await self.nodes.synced.wait()
+        while not self.model.synced:  # noqa: ASYNC110 - the extender's feed sets plain flags, no Event
+            await asyncio.sleep(0.2)
+
+    def caches(self) -> list[Informer]:
+        return []
+
+
+def _ref(obj: dict[str, Any]) -> ObjectRef:
+    meta = obj.get("metadata") or {}
+    return ObjectRef("v1", "Pod", str(meta.get("name", "")), str(meta.get("namespace", "")), meta.get("uid"))
