@@ -26,6 +26,7 @@ OVERLAYS = (
     "overlays/scheduler",
     "examples",
     "overlays/node-agent",
+    "overlays/resource-metrics",
 )
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
 Obj = dict[str, Any]
