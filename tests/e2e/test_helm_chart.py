@@ -284,8 +284,8 @@ def test_chart_rbac_passes_the_kustomize_trees_access_reviews(cluster: Cluster, 
     try:
         check_rbac(cluster, NS, NODE_NS)
     finally:
-        cluster_wide = [o for o in rbac if o["metadata"].get("namespace") in (None, "kube-system")]
-        kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", input=as_list(cluster_wide))
+        # All of it: the install below must find no object it does not own.
+        kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", input=as_list(rbac))
 
 
 # ---------------------------------------------------------------------------------- helm install
@@ -414,6 +414,8 @@ def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
                 raise AssertionError(f"{exc}\nadapter log:\n{log.read_text()[-3000:]}") from exc
         print(f"[helm] APIServices Available {time.monotonic() - t1:.1f}s after the adapter started")
         path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/queue_messages_ready"
+        # The series is discovered within a relist (metricsRelistInterval: 5s) of its first scrape.
+        poll(lambda: cluster.kubectl("get", "--raw", path, check=False), timeout=30, what=f"GET {path}")
         raw = json.loads(cluster.kubectl("get", "--raw", path))
         assert [i["value"] for i in raw["items"]] == ["30"], raw
 
