@@ -33,8 +33,8 @@ from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.health.loop import HealthLoop, controller_namespace
 from controller.nominations.loop import NominationLoop
-from controller.preemption.room_loop import RoomLoop
 from controller.preemption.hook import PreemptionThrottle
+from controller.preemption.room_loop import RoomLoop
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient

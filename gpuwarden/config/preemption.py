@@ -67,8 +67,9 @@ class MakeRoomConfig(Section):
 
     enabled: bool = Field(
         default=False,
-        description="Evict lower-priority pods (Eviction API, PodDisruptionBudgets honoured) so that a pending "
-        "GPU pod rejected only for topology gets a GPU set its policy accepts. Off by default: it evicts.",
+        description="Evict lower-priority pods (Eviction API, PodDisruptionBudgets honoured) so that a "
+        "pending GPU pod rejected only for topology gets a GPU set its policy accepts. Off by default: it "
+        "evicts.",
     )
     dry_run: bool = Field(
         default=False,

@@ -169,8 +169,8 @@ CASES = [
         pod("x", 2, policy="single-pcie"),
         pods=[pod("a", 4, node="n", ids="0,2,4,6")],
         resolvable=False,
-        reason="fragmented: 4 free, largest PCIe switch has 1 "
-        "(pci0-0: 1 free, pci0-1: 1 free, pci1-0: 1 free, pci1-1: 1 free; 2 requested with policy single-pcie)",
+        reason="fragmented: 4 free, largest PCIe switch has 1 (pci0-0: 1 free, pci0-1: 1 free, "
+        "pci1-0: 1 free, pci1-1: 1 free; 2 requested with policy single-pcie)",
     ),
     Case(
         "invalid-policy-unresolvable",

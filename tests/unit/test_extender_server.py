@@ -110,6 +110,7 @@ async def test_filter_before_sync_answers_with_error_field() -> None:
     assert registry.get_sample_value("gpuwarden_extender_model_synced") == 0
 
 
+_ARGS = "malformed ExtenderArgs: Pod: Value error, not a v1.Pod: "
 _BAD_POD = b'{"Pod":{"metadata":"x","spec":["not","a","podspec"]},"NodeNames":["n"]}'
 
 
@@ -133,14 +134,14 @@ def _pod_with(**fields: object) -> bytes:
     ]
     + [
         ("preempt", _BAD_POD, "malformed ExtenderPreemptionArgs: Pod: Value error, not a v1.Pod: metadata"),
-        ("filter", _pod_with(spec={"containers": [{"resources": {"limits": ["x"]}}]}), "malformed ExtenderArgs: "
-         "Pod: Value error, not a v1.Pod: spec.containers[0].resources.limits must be an object"),
-        ("prioritize", _pod_with(spec={"priority": "high"}), "malformed ExtenderArgs: Pod: Value error, not a "
-         "v1.Pod: spec.priority must be an integer, not str"),
-        ("filter", _pod_with(metadata={"annotations": {"gpuwarden.io/gpu-ids": 3}}), "malformed ExtenderArgs: "
-         "Pod: Value error, not a v1.Pod: metadata.annotations['gpuwarden.io/gpu-ids'] must be a string"),
+        ("filter", _pod_with(spec={"containers": [{"resources": {"limits": ["x"]}}]}),
+         f"{_ARGS}spec.containers[0].resources.limits must be an object"),
+        ("prioritize", _pod_with(spec={"priority": "high"}),
+         f"{_ARGS}spec.priority must be an integer, not str"),
+        ("filter", _pod_with(metadata={"annotations": {"gpuwarden.io/gpu-ids": 3}}),
+         f"{_ARGS}metadata.annotations['gpuwarden.io/gpu-ids'] must be a string"),
         ("preempt", b'{"Pod":{},"NodeNameToVictims":{"n":{"Pods":[{"status":[]}]}}}',
-         "malformed ExtenderPreemptionArgs: NodeNameToVictims.n.Pods: Value error, not a v1.Pod: status must"),
+         "malformed ExtenderPreemptionArgs: NodeNameToVictims.n.Pods: Value error, not a v1.Pod: status"),
         ("bind", b'{"PodName":5,"PodNamespace":"a","PodUID":"u","Node":"n"}',
          "malformed ExtenderBindingArgs: PodName: Input should be a valid string"),
     ],
