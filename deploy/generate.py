@@ -5,8 +5,9 @@ dashboards/build.py, queries checked against a real Prometheus) are the sources 
 objects in deploy/overlays/monitoring/ must carry exactly the same content, and a copy edited by hand would
 drift. Run `python deploy/generate.py` after changing either; `--check` fails when a generated file is out of
 date (the unit tests run it). kustomize cannot do this itself: it refuses files outside the kustomization
-directory. The Helm chart (deploy/helm/gpuwarden) gets byte-identical copies of the two sources under files/,
-for the same reason (Helm reads files only from inside the chart).
+directory. The Helm chart (deploy/helm/gpuwarden) gets byte-identical copies of the two sources, and of the
+resource-metrics overlay's adapter config, under files/, for the same reason (Helm reads files only from
+inside the chart).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ RULES = ROOT / "rules" / "gpuwarden.rules.yaml"
 DASHBOARDS = ROOT / "dashboards"
 OUT = ROOT / "deploy" / "overlays" / "monitoring"
 CHART_FILES = ROOT / "deploy" / "helm" / "gpuwarden" / "files"
+RESOURCE_RULES = ROOT / "deploy" / "overlays" / "resource-metrics" / "configmap.yaml"
 NAMESPACE = "gpuwarden"
 LABELS = {"app.kubernetes.io/name": "gpuwarden", "app.kubernetes.io/component": "monitoring"}
 
@@ -82,6 +84,9 @@ def outputs() -> dict[Path, str]:
         files[name] = _dump(dashboard_configmap(path), f"dashboards/{path.name}")
         files[CHART_FILES / "dashboards" / path.name] = path.read_text(encoding="utf-8")
     files[CHART_FILES / "gpuwarden.rules.yaml"] = RULES.read_text(encoding="utf-8")
+    # kube-prometheus's adapter config from overlays/resource-metrics (resourceMetrics.kubePrometheusRules)
+    rules_cm = yaml.safe_load(RESOURCE_RULES.read_text(encoding="utf-8"))
+    files[CHART_FILES / "kube-prometheus-adapter-config.yaml"] = rules_cm["data"]["config.yaml"]
     return files
 
 

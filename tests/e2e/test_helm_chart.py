@@ -57,6 +57,7 @@ NODE_NS = "gw-helm-node"
 Obj = dict[str, Any]
 
 ALL_ON = [
+    "resourceMetrics.kubePrometheusRules=true",
     "scheduler.enabled=true",
     "nodeAgent.enabled=true",
     "monitoring.serviceMonitors.enabled=true",
@@ -68,10 +69,12 @@ ALL_ON = [
 EQUIVALENT = {
     "base": [],
     "overlays/dry-run": ["controller.dryRun=true"],
-    "overlays/monitoring": ALL_ON[2:],
+    "overlays/monitoring": ALL_ON[3:],
     "overlays/scheduler": ["scheduler.enabled=true"],
     "overlays/node-agent": ["nodeAgent.enabled=true"],
+    "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
 }
+GPUWARDEN_CONFIGS = {"gpuwarden-config", "gpuwarden-node-agent"}
 # Labels only one side sets: kustomize's managed-by, Helm's release bookkeeping.
 TOOL_LABELS = {
     "app.kubernetes.io/managed-by",
@@ -121,7 +124,7 @@ def normalized(obj: Obj) -> Obj:
         del template_meta["annotations"]
     if obj["kind"] == "ConfigMap" and "config.yaml" in obj.get("data", {}):
         data = yaml.safe_load(obj["data"]["config.yaml"])  # comments differ, not content
-        if data.get("kind") != "KubeSchedulerConfiguration":  # gpuwarden's config: as validated
+        if obj["metadata"]["name"] in GPUWARDEN_CONFIGS:  # as gpuwarden reads them
             data = Config.model_validate(data).model_dump(mode="json")
         obj["data"]["config.yaml"] = data
     return obj
@@ -199,7 +202,15 @@ def test_prometheus_adapter_values_are_mapped() -> None:
         (["serviceAccount.create=false"], "serviceAccount.name: required"),
         (["tls.enable=true"], "tls.ca: a PEM block is required"),
         (["metricsRelistInterval=1m30s"], 'metricsRelistInterval: "1m30s" is not a duration'),
-        (["resourceMetrics.enabled=true"], "resourceMetrics.enabled: metrics.k8s.io needs rules.resource"),
+        (["resourceMetrics.enabled=true"], "resourceMetrics.enabled: metrics.k8s.io needs resource rules"),
+        (
+            ["resourceMetrics.kubePrometheusRules=true", "rules.existing=cm"],
+            "drop rules.existing / rules.resource",
+        ),
+        (
+            ["resourceMetrics.kubePrometheusRules=true", "resourceMetrics.enabled=false"],
+            "needs resourceMetrics.enabled",
+        ),
         (["config.adapter.secure_port=7443"], "config.adapter.secure_port: set listenPort instead"),
     ],
 )
@@ -207,6 +218,30 @@ def test_a_wrong_value_is_rejected_with_its_key(sets: list[str], message: str) -
     done = helm("template", "gpuwarden", str(CHART), *values_args(sets))
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+def test_prometheus_adapter_resource_rules_serve_metrics_k8s_io(tmp_path: Path) -> None:
+    """rules.resource (prometheus-adapter's commented example) -> adapter.resourceRules and the
+    v1beta1.metrics.k8s.io APIService, as prometheus-adapter's chart does."""
+    query = "sum by (<<.GroupBy>>) (rate(container_cpu_usage_seconds_total{<<.LabelMatchers>>}[3m]))"
+    overrides = {key: {"resource": key} for key in ("node", "namespace", "pod")}
+    rule = {"containerQuery": query, "nodeQuery": query, "containerLabel": "container",
+            "resources": {"overrides": overrides}}  # fmt: skip
+    values = tmp_path / "resource.yaml"
+    values.write_text(yaml.safe_dump({"rules": {"resource": {"cpu": rule, "memory": rule, "window": "3m"}}}))
+    rendered = {(o["kind"], o["metadata"]["name"]): o for o in template([], [PA_DEFAULTS, values])}
+    config = Config.model_validate(
+        yaml.safe_load(rendered["ConfigMap", "gpuwarden-config"]["data"]["config.yaml"])
+    )
+    assert config.adapter.resource_rules is not None and config.adapter.resource_rules.window == "3m"
+    assert ("APIService", "v1beta1.metrics.k8s.io") in rendered
+    assert ("ClusterRole", "gpuwarden-aggregated-metrics-reader") in rendered
+    assert ("ConfigMap", "gpuwarden-resource-rules") not in rendered
+    off = {
+        (o["kind"], o["metadata"]["name"])
+        for o in template(["resourceMetrics.enabled=false"], [PA_DEFAULTS, values])
+    }
+    assert ("APIService", "v1beta1.metrics.k8s.io") not in off
 
 
 def test_a_migrated_values_file_with_tls_and_existing_rules(tmp_path: Path) -> None:

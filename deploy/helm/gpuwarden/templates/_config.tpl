@@ -119,8 +119,15 @@ and what to do instead. Called by every template run (templates/validate.yaml).
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if and (eq (toString $v.resourceMetrics.enabled) "true") (not $v.rules.resource) (not $v.rules.existing) -}}
-{{- fail "resourceMetrics.enabled: metrics.k8s.io needs rules.resource (cpu and memory queries) or rules.existing." -}}
+{{- $kp := $v.resourceMetrics.kubePrometheusRules -}}
+{{- if and (eq (toString $v.resourceMetrics.enabled) "true") (not $v.rules.resource) (not $v.rules.existing) (not $kp) -}}
+{{- fail "resourceMetrics.enabled: metrics.k8s.io needs resource rules: rules.resource (cpu and memory queries), rules.existing, or resourceMetrics.kubePrometheusRules: true." -}}
+{{- end -}}
+{{- if and $kp (or $v.rules.existing $v.rules.resource) -}}
+{{- fail "resourceMetrics.kubePrometheusRules: the adapter reads one rules file and one set of resourceRules; drop rules.existing / rules.resource, or this." -}}
+{{- end -}}
+{{- if and $kp (eq (toString $v.resourceMetrics.enabled) "false") -}}
+{{- fail "resourceMetrics.kubePrometheusRules: needs resourceMetrics.enabled (null or true): without the metrics.k8s.io APIService nothing reads them." -}}
 {{- end -}}
 {{- if hasKey (($v.config | default dict).adapter | default dict) "secure_port" -}}
 {{- fail "config.adapter.secure_port: set listenPort instead (the container port and the Service's target follow it)." -}}
@@ -128,10 +135,10 @@ and what to do instead. Called by every template run (templates/validate.yaml).
 {{- $_ := include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) -}}
 {{- end -}}
 
-{{/* Whether metrics.k8s.io is served: resourceMetrics.enabled, or null and rules.resource set. */}}
+{{/* Whether metrics.k8s.io is served: resourceMetrics.enabled, or null and resource rules given. */}}
 {{- define "gpuwarden.resourceMetrics" -}}
 {{- $on := .Values.resourceMetrics.enabled -}}
-{{- if kindIs "invalid" $on -}}{{ $on = or (not (empty .Values.rules.resource)) false }}{{- end -}}
+{{- if kindIs "invalid" $on -}}{{ $on = or (not (empty .Values.rules.resource)) .Values.resourceMetrics.kubePrometheusRules }}{{- end -}}
 {{- if $on -}}true{{- end -}}
 {{- end -}}
 
