@@ -425,6 +425,9 @@ def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         assert "STATUS: deployed" in done.stdout
+        # NOTES: their image is replaced; the namespace is restricted, so no warning.
+        assert "gpuwarden's own image\nghcr.io/gpuwarden/gpuwarden:0.1.0 is used instead" in done.stdout
+        assert "WARNING" not in done.stdout, done.stdout
         deployment = cluster.get_json("deployment", "gpuwarden-adapter", "-n", NS)
         assert deployment["status"].get("readyReplicas") == 1  # replicas: 1 from their values
         # The adapter as the chart's pod would run it: the chart's config, its ServiceAccount's token.
