@@ -402,12 +402,18 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.drain.plan import plan_to_dict
     from controller.health.loop import plan_once as health_plan_once
     from controller.nominations.loop import plan_once as nominations_plan_once
+    from controller.preemption.room_loop import plan_once as room_plan_once
 
     quarantine = await health_plan_once(config, kubeconfig=kubeconfig)
     nominations = await nominations_plan_once(config, kubeconfig=kubeconfig)
     drain = await drain_plan_once(config, kubeconfig=kubeconfig)
+    room = await room_plan_once(config, kubeconfig=kubeconfig)
     return ControllerPlan(
-        quarantine.to_dict(), quarantine.render_table(), nominations.to_json(), plan_to_dict(drain)
+        quarantine.to_dict(),
+        quarantine.render_table(),
+        nominations.to_json(),
+        plan_to_dict(drain),
+        room.to_dict(),
     )
 
 
@@ -419,9 +425,26 @@ class ControllerPlan:
     quarantine_table: str
     nominations: dict[str, Any]
     drain: dict[str, Any] = field(default_factory=dict)
+    gpu_preemption: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"quarantine": self.quarantine, "nominations": self.nominations, "drain": self.drain}
+        return {
+            "quarantine": self.quarantine,
+            "nominations": self.nominations,
+            "drain": self.drain,
+            "gpu_preemption": self.gpu_preemption,
+        }
+
+    def room_table(self) -> list[str]:
+        planned = self.gpu_preemption.get("preemptions") or []
+        lines = ["", "GPU PREEMPTION" + ("" if planned else ": no pending pod rejected as fragmented")]
+        for p in planned:
+            if p["node"]:
+                lines.append(f"  {p['pod']} (priority {p['priority']}) on {p['node']}: evict "
+                             f"{', '.join(p['victims'])} -> GPUs {','.join(p['gpus'])}")  # fmt: skip
+            else:
+                lines.append(f"  {p['pod']} (priority {p['priority']}): {p['reason']}")
+        return lines
 
     def drain_table(self) -> list[str]:
         lines = ["", "DRAIN" + ("" if self.drain.get("nodes") else ": no quarantined node to drain")]
@@ -450,4 +473,4 @@ class ControllerPlan:
                     + "  "
                     + str(row[4])
                 )
-        return "\n".join(lines + self.drain_table())
+        return "\n".join(lines + self.drain_table() + self.room_table())

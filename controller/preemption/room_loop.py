@@ -22,11 +22,13 @@ are gone from the API. PodDisruptionBudgets are listed each pass; when they cann
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,6 +37,7 @@ from controller.extender.claims import claim_patch, release_patch
 from controller.extender.decide import Settings
 from controller.extender.model import ClusterModel
 from controller.extender.objects import pod_info
+from controller.extender.runtime import settings_from_config
 from controller.extender.victims import VictimPlan
 from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.room import (
@@ -48,14 +51,16 @@ from controller.preemption.room import (
 )
 from controller.preemption.signals import pod_meta
 from controller.preemption.throttle import Candidate, decide_preemption
+from gpuwarden.config.preemption import MakeRoomConfig
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
-from gpuwarden.kube import PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef, PatchType
+from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef, PatchType
 from gpuwarden.kube.eviction import evict
 from gpuwarden.kube.resources import Resource
 
 log = logging.getLogger(__name__)
 
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 NOT_POSSIBLE_INTERVAL = 300.0
 """At most one `GPUPreemptionNotPossible` per pod and reason per this many seconds."""
@@ -155,41 +160,18 @@ class RoomLoop:
     def plan(self, pdbs: list[dict[str, Any]]) -> tuple[RoomPass, dict[str, dict[str, Any]]]:
         """Decide from the caches and these PodDisruptionBudgets; no writes."""
         started = time.perf_counter()
-        now, settings = self.clock(), self.settings()
-        resource, ttl = self.model.resource, settings.claim_ttl_seconds
-        objs = {f"{(o.get('metadata') or {}).get('namespace')}/{(o.get('metadata') or {}).get('name')}": o
-                for o in self.pods.objects()}  # fmt: skip
-        out = RoomPass()
-        pending: list[Pending] = []
-        for key, obj in objs.items():
-            pod = pod_info(obj, resource)
-            if pod.gpus <= 0 or pod.node_name or pod.terminated:
-                continue
-            got = candidate(obj, pod, now, self.policy.min_pending_seconds, ttl, self.policy.namespaces)
-            if isinstance(got, str):
-                out.skipped[key] = got
-            else:
-                pending.append(got)
-        self.metrics.candidates.set(len(pending))
-        if pending:
-            facts: dict[str, NodeFacts] = {}
-            views = {}
-            for node in self.nodes.objects():
-                name = str((node.get("metadata") or {}).get("name", ""))
-                facts[name] = node_facts(node)
-                views[name] = self.model.view(name)
-            out.decisions = plan_room(
-                pending,
-                views,
-                facts,
-                settings,
-                now,
-                budgets=budgets_from(pdbs, objs.values()),
-                max_victims=self.policy.max_victims_per_pod,
-                limit=self.policy.max_preemptors_per_pass,
-            )
+        result, objs = plan_pass(
+            self.pods.objects(),
+            self.nodes.objects(),
+            self.model,
+            pdbs,
+            self.settings(),
+            self.policy,
+            self.clock(),
+        )
+        self.metrics.candidates.set(sum(1 for d in result.decisions))
         self.metrics.duration.observe(time.perf_counter() - started)
-        return out, objs
+        return result, objs
 
     # --- act -----------------------------------------------------------------------------------------------
     async def run_once(self, leading: asyncio.Event | None = None) -> RoomPass:
@@ -343,6 +325,67 @@ class RoomLoop:
 
     def caches(self) -> list[Informer]:
         return []
+
+
+def plan_pass(
+    pods: Iterable[dict[str, Any]],
+    nodes: Iterable[dict[str, Any]],
+    model: ClusterModel,
+    pdbs: list[dict[str, Any]],
+    settings: Settings,
+    policy: MakeRoomConfig,
+    now: float,
+) -> tuple[RoomPass, dict[str, dict[str, Any]]]:
+    """Pending pods -> preemptors (`room.candidate`), then `plan_room` over every node's view."""
+    resource, ttl = model.resource, settings.claim_ttl_seconds
+    objs = {f"{(o.get('metadata') or {}).get('namespace')}/{(o.get('metadata') or {}).get('name')}": o
+            for o in pods}  # fmt: skip
+    out = RoomPass()
+    pending: list[Pending] = []
+    for key, obj in objs.items():
+        pod = pod_info(obj, resource)
+        if pod.gpus <= 0 or pod.node_name or pod.terminated:
+            continue
+        got = candidate(obj, pod, now, policy.min_pending_seconds, ttl, policy.namespaces)
+        if isinstance(got, str):
+            out.skipped[key] = got
+        else:
+            pending.append(got)
+    if pending:
+        facts: dict[str, NodeFacts] = {}
+        views = {}
+        for node in nodes:
+            name = str((node.get("metadata") or {}).get("name", ""))
+            facts[name] = node_facts(node)
+            views[name] = model.view(name)
+        out.decisions = plan_room(
+            pending, views, facts, settings, now, budgets=budgets_from(pdbs, objs.values()),
+            max_victims=policy.max_victims_per_pod, limit=policy.max_preemptors_per_pass,
+        )  # fmt: skip
+    return out, objs
+
+
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> RoomPass:
+    """`gpuwarden plan` for GPU preemption: one LIST of nodes, pods and PodDisruptionBudgets, decide;
+    changes nothing, no Events (the throttle's history is not read: a planned preemption may still be
+    throttled). Topology from the node annotation (NodeResourceTopology objects are not listed here)."""
+    k = config.kubernetes
+    async with KubeClient.from_config(
+        kubeconfig=kubeconfig or k.kubeconfig, context=k.context, request_timeout=k.request_timeout_seconds
+    ) as kube:
+        nodes = (await kube.list_objects(NODES, limit=k.list_page_size)).items
+        pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
+        pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
+    model = ClusterModel(k.gpu_resource_name)
+    for node in nodes:
+        model.upsert_node(node)
+    for pod in pods:
+        model.upsert_pod(pod)
+    model.nodes_synced = model.pods_synced = True
+    base = settings_from_config(config.extender, k.gpu_resource_name)
+    settings = dataclasses.replace(base, fleet_max_numa_gpus=model.max_numa_gpus())
+    policy = config.preemption.make_room
+    return plan_pass(pods, nodes, model, pdbs, settings, policy, time.time())[0]
 
 
 def _ref(obj: dict[str, Any]) -> ObjectRef:

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import Extender, build_extender
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.room_loop import RoomLoop, RoomPass
+from controller.preemption.room_loop import RoomLoop, RoomPass, plan_once
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient
 from gpuwarden.testbed import (
@@ -373,6 +373,14 @@ def test_dry_run_evicts_nothing(cluster: Cluster, port: int, pool: Pool, namespa
     with running(cluster, port, room={"dry_run": True}) as stack:
         cluster.apply(pool.pod(namespace, "p", 4, "high"))
         wait_fragmented(cluster, namespace, "p")
+        room = {"make_room": {"min_pending_seconds": 0.1}}
+        config = Config.model_validate(
+            {"kubernetes": {"kubeconfig": str(cluster.kubeconfig)}, "preemption": room}
+        )
+        printed = stack.call(plan_once(config)).to_dict()["preemptions"]  # what `gpuwarden plan` prints
+        assert [(p["pod"], p["node"], p["victims"], p["gpus"]) for p in printed] == [
+            (f"{namespace}/p", node, [f"{namespace}/a"], ["0", "1", "2", "3"])
+        ]
         done = stack.pass_once()
         assert done.evicted == [] and done.decisions and done.decisions[0].plan is not None
         poll(lambda: notes(cluster, namespace, "GPUPreempting", "p"), timeout=30, what="dry-run event")

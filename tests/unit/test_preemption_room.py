@@ -205,3 +205,20 @@ def test_a_pod_that_fits_somewhere_already_is_left_to_the_scheduler() -> None:
     views, facts = _fleet("n1")
     (decision,) = plan_room([_pending("x", 2, priority=100)], views, facts, S, NOW)
     assert decision.plan is None and decision.reason == "fits on n1 now: left to the scheduler"
+
+
+def test_gpuwarden_plan_table_lists_preemptors() -> None:
+    from controller.app import ControllerPlan
+
+    room = {"preemptions": [
+        {"pod": "ml/p", "priority": 1000, "node": "n", "victims": ["ml/a"], "gpus": ["0", "1", "2", "3"],
+         "reason": "", "throttled": ""},
+        {"pod": "ml/q", "priority": 10, "node": None, "victims": [], "gpus": [], "reason": "no room"},
+    ]}  # fmt: skip
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, {}, room).render_table()
+    assert (
+        "GPU PREEMPTION\n  ml/p (priority 1000) on n: evict ml/a -> GPUs 0,1,2,3\n"
+        "  ml/q (priority 10): no room" in table
+    )
+    empty = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}).render_table()
+    assert empty.endswith("GPU PREEMPTION: no pending pod rejected as fragmented")
