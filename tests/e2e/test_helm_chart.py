@@ -52,6 +52,7 @@ pytestmark = pytest.mark.e2e
 
 CHART = DEPLOY / "helm" / "gpuwarden"
 PA_DEFAULTS = repo_root() / "tests" / "helm" / "prometheus-adapter-4.2.0-values.yaml"
+MIGRATION = repo_root() / "tests" / "helm" / "migration-example-values.yaml"  # docs/install.md's example
 NS = "gw-helm"  # not gpuwarden: test_deploy_dryrun deletes that one without waiting
 NODE_NS = "gw-helm-node"
 Obj = dict[str, Any]
@@ -212,12 +213,23 @@ def test_prometheus_adapter_values_are_mapped() -> None:
             "needs resourceMetrics.enabled",
         ),
         (["config.adapter.secure_port=7443"], "config.adapter.secure_port: set listenPort instead"),
+        (["podDisruptionBudget.maxUnavailable=1"], "podDisruptionBudget: set minAvailable or maxUnavailable"),
     ],
 )
 def test_a_wrong_value_is_rejected_with_its_key(sets: list[str], message: str) -> None:
     done = helm("template", "gpuwarden", str(CHART), *values_args(sets))
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+def test_the_worked_example_of_the_docs_is_the_tested_file() -> None:
+    docs = (repo_root() / "docs" / "install.md").read_text()
+    example = "".join(
+        line for line in MIGRATION.read_text().splitlines(keepends=True) if not line.startswith("#")
+    )
+    assert example in docs, (
+        "docs/install.md's migration example differs from tests/helm/migration-example-values.yaml"
+    )
 
 
 def test_prometheus_adapter_resource_rules_serve_metrics_k8s_io(tmp_path: Path) -> None:
@@ -380,23 +392,6 @@ def sa_kubeconfig(cluster: Cluster, account: str, path: Path) -> Path:
     return path
 
 
-# The migration example of docs/install.md, on top of prometheus-adapter's defaults: a queue-depth external
-# metric, Prometheus elsewhere, faster relisting for the test.
-MIGRATION = """
-rules:
-  external:
-    - seriesQuery: 'queue_messages_ready{namespace!="",queue!=""}'
-      resources:
-        overrides:
-          namespace: {resource: namespace}
-      name:
-        matches: ^queue_messages_ready$
-        as: queue_messages_ready
-      metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>}) by (namespace)
-metricsRelistInterval: 5s
-"""
-
-
 def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
     cluster: Cluster, namespaces: None, namespace: str, tmp_path: Path
 ) -> None:
@@ -414,13 +409,16 @@ def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
     )
     asyncio.run(prom.start())
     url, _, port = prom.url.rpartition(":")
-    (tmp_path / "migration.yaml").write_text(MIGRATION + f"prometheus:\n  url: {url}\n  port: {port}\n")
+    # docs/install.md's worked example; the test bed's Prometheus, and relisting fast enough for a test.
+    test_bed = [f"prometheus.url={url}", f"prometheus.port={port}", "metricsRelistInterval=5s"]
     proxy: ServiceIP | None = None
     adapter: subprocess.Popen[bytes] | None = None
     log = tmp_path / "adapter.log"
     t0 = time.monotonic()
-    done = helm("install", "gpuwarden", str(CHART), "-n", NS, "-f", str(PA_DEFAULTS), "-f",
-                str(tmp_path / "migration.yaml"), "--wait", "--timeout", "120s", cluster=cluster)  # fmt: skip
+    values = values_args(test_bed, [PA_DEFAULTS, MIGRATION])
+    done = helm(
+        "install", "gpuwarden", str(CHART), "-n", NS, *values, "--wait", "--timeout", "120s", cluster=cluster
+    )
     print(f"\n[helm] install --wait: {time.monotonic() - t0:.1f}s")
     try:
         assert done.returncode == 0, done.stdout + done.stderr
@@ -429,7 +427,7 @@ def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
         assert "gpuwarden's own image\nghcr.io/gpuwarden/gpuwarden:0.1.0 is used instead" in done.stdout
         assert "WARNING" not in done.stdout, done.stdout
         deployment = cluster.get_json("deployment", "gpuwarden-adapter", "-n", NS)
-        assert deployment["status"].get("readyReplicas") == 1  # replicas: 1 from their values
+        assert deployment["status"].get("readyReplicas") == 2  # replicas: 2 from their values
         # The adapter as the chart's pod would run it: the chart's config, its ServiceAccount's token.
         config = cluster.get_json("configmap", "gpuwarden-config", "-n", NS)["data"]["config.yaml"]
         (tmp_path / "config.yaml").write_text(config)

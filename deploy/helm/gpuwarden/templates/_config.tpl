@@ -132,6 +132,11 @@ and what to do instead. Called by every template run (templates/validate.yaml).
 {{- if hasKey (($v.config | default dict).adapter | default dict) "secure_port" -}}
 {{- fail "config.adapter.secure_port: set listenPort instead (the container port and the Service's target follow it)." -}}
 {{- end -}}
+{{- with $v.podDisruptionBudget -}}
+{{- if and .enabled (not (kindIs "invalid" .minAvailable)) (not (kindIs "invalid" .maxUnavailable)) -}}
+{{- fail "podDisruptionBudget: set minAvailable or maxUnavailable, not both (set the other to null)." -}}
+{{- end -}}
+{{- end -}}
 {{- $_ := include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) -}}
 {{- end -}}
 
