@@ -42,6 +42,10 @@ from controller.extender.model import Holder, NodeView
 from controller.extender.objects import PodInfo
 from controller.extender.placement import fits
 
+EXPLAIN_BUDGET = 16
+"""Victim searches one filter answer may run to explain fragmented nodes (answers are cached per node
+view); beyond it a node's note comes from its holders' priorities only, so a fragmented fleet cannot slow
+the verb."""
 MAX_CANDIDATES = 12
 """Lower-priority holders considered per node (2^12 sets at most); GPU nodes rarely hold more GPU pods."""
 
@@ -212,13 +216,24 @@ def explain_room(
     if not result.fragmented:
         return result
     unresolvable = dict(result.unresolvable)
+    budget = EXPLAIN_BUDGET
     for name in result.fragmented:
         view = views.get(name)
         if view is None:
             continue
         key = ("room", pod.gpus, pod.policy, pod.priority)
         memo = None if view.nominated or view.claims or view.preempting else view.memo.get(key)
+        if (memo is None or memo[0] is not settings) and budget <= 0:
+            # past the budget: what the holders' priorities alone tell (no victim search on the verb's path)
+            if view.may_yield_to(pod.priority):
+                note = "lower-priority pods hold GPUs here: gpuwarden's GPU preemption may make room"
+            else:
+                lowest = f"priority < {pod.priority}"
+                note = f"gpuwarden cannot make room: no lower-priority pods to preempt ({lowest})"
+            unresolvable[name] = f"{unresolvable[name]}; {note}"
+            continue
         if memo is None or memo[0] is not settings:
+            budget -= 1
             plan = plan_victims(pod, view, settings, now)
             if isinstance(plan, VictimPlan) and plan.victims:
                 n = len(plan.victims)

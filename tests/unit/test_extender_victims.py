@@ -14,7 +14,15 @@ import pytest
 
 from controller.extender.decide import Settings, filter_nodes
 from controller.extender.objects import pod_info
-from controller.extender.victims import Budgets, NoPlan, VictimPlan, better, explain_room, plan_victims
+from controller.extender.victims import (
+    EXPLAIN_BUDGET,
+    Budgets,
+    NoPlan,
+    VictimPlan,
+    better,
+    explain_room,
+    plan_victims,
+)
 from tests.unit.extender_support import RESOURCE, model, node, pod, quarantine_record
 
 NOW = 1_700_000_000.0
@@ -258,3 +266,21 @@ def test_short_by_count_stays_resolvable_for_the_schedulers_own_preemption() -> 
     assert (
         set(result.failed) == {"n"} and not result.fragmented
     )  # 3 free by count: the scheduler picks victims
+
+
+def test_explaining_many_fragmented_nodes_is_bounded_and_cached() -> None:
+    names = [f"n{i:02d}" for i in range(EXPLAIN_BUDGET + 4)]
+    pods = [p for n in names for p in (pod(f"{n}-a", 2, node=n, ids="0,1", priority=10),
+                                       pod(f"{n}-b", 2, node=n, ids="4,5", priority=10))]  # fmt: skip
+    m = model([node(n) for n in names], pods)
+    incoming = pod_info(_x(), RESOURCE)
+    views = {n: m.view(n) for n in names}
+    first = explain_room(incoming, filter_nodes(incoming, list(views.items()), S, NOW), views, S, NOW)
+    searched = [n for n in names if first.unresolvable[n].endswith("by preempting 1 lower-priority pod")]
+    assert len(searched) == EXPLAIN_BUDGET
+    rest = [n for n in names if n not in searched]
+    assert all(first.unresolvable[n].endswith("GPU preemption may make room") for n in rest)
+    again = explain_room(incoming, filter_nodes(incoming, list(views.items()), S, NOW), views, S, NOW)
+    assert sum(r.endswith("by preempting 1 lower-priority pod") for r in again.unresolvable.values()) == len(
+        names
+    )
