@@ -184,6 +184,7 @@ def rbac_expectations(ns: str = NS, node_ns: str = NODE_NS) -> tuple[list[Check]
         (controller, attrs("coordination.k8s.io", "leases", "kube-scheduler", "update", "kube-system")),
         (controller, attrs("coordination.k8s.io", "leases", "other", "update", ns)),
         (controller, attrs("apps", "deployments", "", "patch", ns)),
+        (controller, attrs("policy", "poddisruptionbudgets", "", "delete", "default")),
         (agent, attrs("", "nodes", "", "update")),
         (agent, attrs("", "nodes/status", "", "patch")),
         (agent, attrs("", "pods", "", "delete", "default")),

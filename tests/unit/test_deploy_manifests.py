@@ -245,6 +245,7 @@ CONTROLLER_CLUSTER = {
     ("", "pods/status", ""): "patch",
     ("", "pods/binding", ""): "create",
     ("", "pods/eviction", ""): "create",
+    ("policy", "poddisruptionbudgets", ""): "list",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
 }
