@@ -258,7 +258,7 @@ def test_prometheus_adapter_resource_rules_serve_metrics_k8s_io(tmp_path: Path) 
 
 def test_a_migrated_values_file_with_tls_and_existing_rules(tmp_path: Path) -> None:
     """tls.* becomes a Secret, a mount, adapter.tls and every APIService's caBundle; rules.existing a mounted
-    prometheus-adapter config file (rules_file) replacing the inline rules."""
+    prometheus-adapter config file, the adapter's rules_file, replacing the inline rules."""
     from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
 
     ca = make_ca("helm-e2e")
@@ -272,8 +272,16 @@ def test_a_migrated_values_file_with_tls_and_existing_rules(tmp_path: Path) -> N
     config = Config.model_validate(
         yaml.safe_load(objects["ConfigMap", "gpuwarden-config"]["data"]["config.yaml"])
     )
-    assert str(config.adapter.tls.cert_file) == "/etc/gpuwarden/tls/tls.crt"
-    assert str(config.adapter.rules_file) == "/etc/gpuwarden/rules/config.yaml" and not config.adapter.rules
+    assert str(config.adapter.tls.cert_file) == "/etc/gpuwarden-tls/tls.crt"
+    # The rules file is the adapter's alone: the controller reads the same config and has no such mount.
+    assert (
+        config.adapter.rules_file is None and not config.adapter.rules and not config.adapter.external_rules
+    )
+    container = objects["Deployment", "gpuwarden-adapter"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPUWARDEN_ADAPTER__RULES_FILE"] == "/etc/gpuwarden-rules/config.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["rules"] == "/etc/gpuwarden-rules" and mounts["tls"] == "/etc/gpuwarden-tls"
     secret = objects["Secret", "gpuwarden-adapter-tls"]
     assert base64.b64decode(secret["data"]["tls.crt"]).decode() == cert.read_text()
     for obj in objects.values():
@@ -297,19 +305,39 @@ def namespaces(cluster: Cluster) -> Iterator[None]:
 RENDERS = {
     "defaults": ([], []),
     "prometheus-adapter": ([], [PA_DEFAULTS]),
-    "all-on": ([*ALL_ON, f"nodeAgent.namespace={NODE_NS}", "controller.dryRun=true"], [PA_DEFAULTS]),
+    # + a serving certificate (tls.*) below, and docs/install.md's migration example.
+    "all-on": (
+        [*ALL_ON, f"nodeAgent.namespace={NODE_NS}", "controller.dryRun=true"],
+        [PA_DEFAULTS, MIGRATION],
+    ),
+    "existing-rules": (["rules.existing=prometheus-adapter"], [PA_DEFAULTS]),
 }
+
+
+def tls_values(path: Path) -> Path:
+    """tls.* values with a real certificate for the adapter's Service in NS."""
+    from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
+
+    ca = make_ca("helm-e2e")
+    cert, key = serving_cert_for_service(ca, "gpuwarden-adapter", NS).write(path, "serving")
+    values = {"tls": {"enable": True, "ca": ca.cert_pem.decode(), "certificate": cert.read_text(),
+                      "key": key.read_text()}}  # fmt: skip
+    (path / "tls.yaml").write_text(yaml.safe_dump(values))
+    return path / "tls.yaml"
 
 
 @pytest.mark.parametrize("case", list(RENDERS))
 def test_server_side_dry_run_strict_and_pod_security_clean(
-    cluster: Cluster, namespaces: None, case: str
+    cluster: Cluster, namespaces: None, case: str, tmp_path: Path
 ) -> None:
     sets, files = RENDERS[case]
+    if case == "all-on":
+        files = [*files, tls_values(tmp_path)]
     objects = template(sets, files, NS)
     if case == "all-on":  # the node agent's namespace must exist for a dry-run of the objects in it
         ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
-        assert {o["kind"] for o in objects} >= CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy"}
+        kinds = {o["kind"] for o in objects}
+        assert kinds >= CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy", "Secret", "Namespace"}, kinds
     objects = [o for o in objects if o["kind"] not in CRD_KINDS]  # no Prometheus Operator CRDs here
     done = kubectl(
         cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=as_list(objects)

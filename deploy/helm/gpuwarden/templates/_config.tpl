@@ -5,9 +5,8 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
 {{- define "gpuwarden.config" -}}
 {{- $v := .Values -}}
 {{- $adapter := dict "secure_port" (int $v.listenPort) "relist_interval_seconds" (include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) | atoi) -}}
-{{- if $v.rules.existing -}}
-{{- $_ := set $adapter "rules_file" "/etc/gpuwarden/rules/config.yaml" -}}
-{{- else -}}
+{{- /* rules.existing: the adapter alone reads it, as its rules_file (GPUWARDEN_ADAPTER__RULES_FILE). */ -}}
+{{- if not $v.rules.existing -}}
 {{- $rules := list -}}
 {{- if $v.rules.default -}}
 {{- $rules = concat $rules (include "gpuwarden.defaultRules" . | fromYamlArray) -}}
@@ -18,7 +17,7 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
 {{- with $v.rules.resource }}{{ $_ := set $adapter "resourceRules" . }}{{ end -}}
 {{- end -}}
 {{- if $v.tls.enable -}}
-{{- $_ := set $adapter "tls" (dict "cert_file" "/etc/gpuwarden/tls/tls.crt" "key_file" "/etc/gpuwarden/tls/tls.key") -}}
+{{- $_ := set $adapter "tls" (dict "cert_file" "/etc/gpuwarden-tls/tls.crt" "key_file" "/etc/gpuwarden-tls/tls.key") -}}
 {{- end -}}
 {{- $url := printf "%s:%v%s" (tpl $v.prometheus.url .) $v.prometheus.port ($v.prometheus.path | default "") -}}
 {{- $level := ternary "debug" "info" (ge (int $v.logLevel) 5) -}}
