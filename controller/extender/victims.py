@@ -20,7 +20,8 @@ Pure: no I/O, no clock (`now` is a parameter), no logging.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -40,7 +41,8 @@ from controller.extender.decide import (
 )
 from controller.extender.model import Holder, NodeView
 from controller.extender.objects import PodInfo
-from controller.extender.placement import fits
+from controller.extender.placement import Need, fits
+from controller.extender.topology import Gpu
 
 EXPLAIN_BUDGET = 16
 """Victim searches one filter answer may run to explain fragmented nodes (answers are cached per node
@@ -177,25 +179,85 @@ def plan_victims(
             name,
             f"preempting all {len(pool)} lower-priority pods would still leave no set for policy {policy}",
         )
-    best: VictimPlan | None = None
     limit = len(pool) if max_victims <= 0 else min(len(pool), max_victims)
+    fast = _group_check(pod, view, healthy, need, [*yielded, *leaving])
+    if fast is not None:
+        combo = _search(pool, limit, budgets, fast)
+        choice = attempt(combo) if combo is not None else None
+        if combo is not None and choice is not None:
+            return VictimPlan(name, combo, choice, budgets.violations(combo))
+    combo = _search(pool, limit, budgets, lambda victims: attempt(victims) is not None)
+    choice = attempt(combo) if combo is not None else None
+    if combo is None or choice is None:
+        return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
+    return VictimPlan(name, combo, choice, budgets.violations(combo))
+
+
+def _cost(victims: Sequence[Holder], budgets: Budgets) -> tuple[int, int, int, int, int, list[str]]:
+    prio = [v.priority for v in victims]
+    gpus = sum(len(v.ids) + v.unknown for v in victims)
+    names = [v.pod for v in victims]
+    return (budgets.violations(victims), len(prio), max(prio, default=-(2**31)), sum(prio), gpus, names)
+
+
+def _search(
+    pool: Sequence[Holder], limit: int, budgets: Budgets, feasible: Callable[[Sequence[Holder]], bool]
+) -> tuple[Holder, ...] | None:
+    """The cheapest feasible set of at most `limit` holders (module docstring order), highest priority
+    first; sets are tried smallest first and the search stops at the first size with a set that violates
+    no budget (a larger set cannot beat it)."""
+    best: tuple[Holder, ...] | None = None
+    best_cost: tuple[int, int, int, int, int, list[str]] | None = None
     for size in range(1, limit + 1):
         for combo in combinations(pool, size):
-            choice = attempt(combo)
-            if choice is None:
+            if not feasible(combo):
                 continue
             ordered = tuple(sorted(combo, key=lambda h: (-h.priority, h.pod)))
-            plan = VictimPlan(name, ordered, choice, budgets.violations(ordered))
-            if best is None or (plan.cost(), [v.pod for v in ordered]) < (
-                best.cost(),
-                [v.pod for v in best.victims],
-            ):
-                best = plan
-        if best is not None and best.pdb_violations == 0:
-            break  # a larger set cannot beat fewer victims without violations
-    if best is None:
-        return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
+            cost = _cost(ordered, budgets)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = ordered, cost
+        if best_cost is not None and best_cost[0] == 0:
+            break
     return best
+
+
+def _group_check(
+    pod: PodInfo, view: NodeView, healthy: Sequence[Gpu], need: Need, gone: Sequence[Holder]
+) -> Callable[[Sequence[Holder]], bool] | None:
+    """A fast feasibility test by free GPUs per group, for the common case: one group must hold the set
+    (`single-numa` / `single-pcie`, span 1) and nothing else on the node shifts the answer (no claims,
+    nominations or count-only pods, topology within allocatable). None: use the full check."""
+    level = need.level
+    if (
+        level is None
+        or need.span != 1
+        or view.claims
+        or view.nominated
+        or view.used_unknown
+        or len(view.topology.gpus) > view.allocatable
+    ):
+        return None
+    group: dict[str, object] = {}
+    for g in healthy:
+        value = getattr(g, level)
+        group[g.id] = value if value is not None else ("alone", g.id)
+    leaving = {i for h in gone for i in h.ids}
+    taken = view.used - leaving
+    base: Counter[object] = Counter(group[i] for i in group if i not in taken)
+    freed: dict[str, list[tuple[object, int]]] = {}
+    for h in view.holders:
+        freed[h.pod] = list(Counter(group[i] for i in h.ids if i in group and i in taken).items())
+    k = need.k
+
+    def feasible(victims: Sequence[Holder]) -> bool:
+        # no group holds k free now (the caller checked), so only the groups the victims free can
+        extra: dict[object, int] = {}
+        for v in victims:
+            for g, n in freed[v.pod]:
+                extra[g] = extra.get(g, 0) + n
+        return any(base.get(g, 0) + n >= k for g, n in extra.items())
+
+    return feasible
 
 
 def better(a: VictimPlan, b: VictimPlan) -> bool:

@@ -284,3 +284,34 @@ def test_explaining_many_fragmented_nodes_is_bounded_and_cached() -> None:
     assert sum(r.endswith("by preempting 1 lower-priority pod") for r in again.unresolvable.values()) == len(
         names
     )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_fast_group_check_chooses_what_the_full_check_chooses(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from controller.extender import victims as victims_module
+
+    rng = random.Random(seed)
+    gpus = rng.sample(range(8), rng.randrange(3, 8))
+    pods, i = [], 0
+    while gpus:
+        take = [str(gpus.pop()) for _ in range(min(len(gpus), rng.choice((1, 1, 2, 3))))]
+        pods.append(
+            pod(f"p{i}", len(take), node="n", ids=",".join(take), priority=rng.choice((5, 10, 50, 500)))
+        )
+        i += 1
+    budgets = Budgets({f"ml/p{j}": ("ml/pdb",) for j in range(i) if rng.random() < 0.3}, {"ml/pdb": 0})
+    m = model([node("n")], pods)
+    incoming = pod_info(
+        _x(gpus=rng.choice((2, 3, 4)), policy=rng.choice(("single-numa", "single-pcie"))), RESOURCE
+    )
+    fast = plan_victims(incoming, m.view("n"), S, NOW, budgets=budgets)
+    monkeypatch.setattr(victims_module, "_group_check", lambda *a: None)
+    full = plan_victims(incoming, model([node("n")], pods).view("n"), S, NOW, budgets=budgets)
+    assert type(fast) is type(full)
+    if isinstance(fast, VictimPlan) and isinstance(full, VictimPlan):
+        assert [v.pod for v in fast.victims] == [v.pod for v in full.victims]
+        assert fast.choice == full.choice and fast.pdb_violations == full.pdb_violations
