@@ -19,7 +19,8 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
 {{- if $v.tls.enable -}}
 {{- $_ := set $adapter "tls" (dict "cert_file" "/etc/gpuwarden-tls/tls.crt" "key_file" "/etc/gpuwarden-tls/tls.key") -}}
 {{- end -}}
-{{- $url := printf "%s:%v%s" (tpl $v.prometheus.url .) $v.prometheus.port ($v.prometheus.path | default "") -}}
+{{- $port := ternary (printf ":%v" $v.prometheus.port) "" (not (empty (toString ($v.prometheus.port | default "")))) -}}
+{{- $url := printf "%s%s%s" (tpl $v.prometheus.url .) $port ($v.prometheus.path | default "") -}}
 {{- $level := ternary "debug" "info" (ge (int $v.logLevel) 5) -}}
 {{- $cfg := dict
       "prometheus" (dict "url" $url)
