@@ -16,6 +16,8 @@ its Prometheus latency histogram and kube-scheduler's own /metrics say where the
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import os
@@ -34,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import ports
@@ -109,6 +112,12 @@ class RunResult:
     """kube-apiserver requests during the run (pods, events, leases, nodes)."""
     cpu: str = ""
     """CPU time per bound pod of each process during the run, and how busy the machine's cores were."""
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    """The same per process, as numbers (ms per bound pod)."""
+
+    @property
+    def pods_per_s(self) -> float:
+        return self.bound / self.total_s if self.total_s > 0 else 0.0
 
 
 STALL_SECONDS = 5.0
@@ -315,6 +324,16 @@ def cpu_snapshot(pids: Mapping[str, int]) -> dict[tuple[str, int], float]:
     return {(name, pid): cpu_seconds(pid) for name, pid in pids.items()}
 
 
+def cpu_per_pod(
+    before: Mapping[tuple[str, int], float], after: Mapping[tuple[str, int], float], pods: int
+) -> dict[str, float]:
+    """CPU ms per bound pod by process name (a process started during the run counts from 0)."""
+    by_name: dict[str, float] = {}
+    for key in after:
+        by_name[key[0]] = by_name.get(key[0], 0.0) + after[key] - before.get(key, 0.0)
+    return {name: value * 1000 / max(1, pods) for name, value in by_name.items()}
+
+
 def cpu_summary(
     before: Mapping[tuple[str, int], float], after: Mapping[tuple[str, int], float], pods: int, seconds: float
 ) -> str:
@@ -389,6 +408,80 @@ class ExtenderProcess:
         self._log.flush()
         counts = Counter(line.strip()[:80] for line in self.log.read_text(errors="replace").splitlines())
         return "; ".join(f"{text!r} x{n}" for text, n in counts.most_common(4)) or "nothing"
+
+
+NULL_SOURCE = Path(__file__).parent / "nullextender"
+
+
+def build_null_extender() -> Path:
+    """`tests/bench/nullextender` (Go, standard library only) built once into .cache/bench, keyed by its
+    source; a few seconds the first time."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(NULL_SOURCE.glob("*.go")))).hexdigest()
+    out = Path(__file__).resolve().parents[2] / ".cache" / "bench" / f"nullextender-{digest[:12]}"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        started = time.monotonic()
+        subprocess.run(
+            ["go", "build", "-trimpath", "-o", str(out), "."], cwd=NULL_SOURCE, env=env, check=True
+        )
+        print(f"  e2e null extender built in {time.monotonic() - started:.1f} s", flush=True)
+    return out
+
+
+class NullExtenderProcess:
+    """The protocol's floor (tests/bench/nullextender): every node passes, scores 0, a plain Binding."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        binary = build_null_extender()
+        self.port = ports.free_port("127.0.0.1")
+        doc = yaml.safe_load(cluster.kubeconfig.read_text())
+        user = doc["users"][0]["user"]
+        ctx = doc["clusters"][0]["cluster"]
+        pki = Path(tempfile.mkdtemp(prefix="gw-null-", dir=cluster.workdir))
+        files = {}
+        for name, key in (
+            ("ca", "certificate-authority"),
+            ("cert", "client-certificate"),
+            ("key", "client-key"),
+        ):
+            source = ctx if name == "ca" else user
+            if f"{key}-data" in source:
+                path = pki / f"{name}.pem"
+                path.write_bytes(base64.b64decode(source[f"{key}-data"]))
+                files[name] = str(path)
+            else:
+                files[name] = str(source[key])
+        self.log = cluster.workdir / f"null-extender-{self.port}.log"
+        self._log = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [str(binary), f"--listen=127.0.0.1:{self.port}", f"--prefix={PREFIX}",
+             f"--server={ctx['server']}", f"--ca={files['ca']}", f"--cert={files['cert']}",
+             f"--key={files['key']}"],
+            stdout=self._log, stderr=self._log,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
+                    return time.monotonic() - started
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"null extender not ready after {timeout:.0f} s (rc={self.proc.poll()})")
+
+    def peak_rss(self) -> int:
+        return _peak_rss(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
 
 
 def create_pods(cluster: Cluster, namespace: str, pods: int, timeout: float) -> float:
@@ -475,6 +568,7 @@ def run_pods(
     result = RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
     result.api = api_delta(api_before, api_requests(cluster))
     result.cpu = cpu_summary(cpu_before, cpu_after, len(bound), cpu_end - start)
+    result.cpu_ms = cpu_per_pod(cpu_before, cpu_after, len(bound))
     return result
 
 
@@ -577,6 +671,24 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
             measure(cluster, "default scheduler", pods, timeout, default),
         ]
         for backlog in (False, True):
+            null = NullExtenderProcess(cluster)
+            try:
+                null.wait_ready(60)
+                spec = ExtenderSpec(
+                    url_prefix=f"http://127.0.0.1:{null.port}{PREFIX}", prioritize_verb="prioritize",
+                    preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
+                    node_cache_capable=True, managed_resources=["nvidia.com/gpu"],
+                )  # fmt: skip
+                with_null = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
+                if not backlog:
+                    cluster.restart_scheduler(with_null)
+                results.append(
+                    measure(
+                        cluster, "null extender", pods, timeout, with_null if backlog else None, null=null
+                    )
+                )
+            finally:
+                null.stop()
             extender = ExtenderProcess(cluster)
             try:
                 synced = extender.wait_ready(600)
@@ -605,6 +717,7 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
             finally:
                 extender.stop()
         print_peak_rss(results)
+        print_three_way(results)
     finally:
         cluster.delete()
 
@@ -616,10 +729,14 @@ def measure(
     timeout: float,
     backlog_config: Mapping[str, Any] | None,
     extender: ExtenderProcess | None = None,
+    *,
+    null: NullExtenderProcess | None = None,
 ) -> RunResult:
     """One timed run, its latency breakdown and peak RSS printed; its pods deleted afterwards."""
     namespace = f"bench-{mode.split()[0]}-{'backlog' if backlog_config else 'stream'}"
     extra = {"gpuwarden extender": extender.proc.pid} if extender is not None else None
+    if null is not None:
+        extra = {"null extender": null.proc.pid}
     result = run_pods(
         cluster, mode, namespace, pods, timeout, backlog_config=backlog_config, extra_pids=extra
     )
@@ -633,6 +750,8 @@ def measure(
         result.extender.update(extender_counters(text))
         result.peak_rss["gpuwarden extender"] = extender.peak_rss()
         result.extender["log"] = extender.log_summary()
+    if null is not None:
+        result.peak_rss["null extender"] = null.peak_rss()
     print_result(result)
     took = delete_namespace(cluster, namespace, 300)
     print(f"      (its pods deleted in {took:.0f} s)", flush=True)
@@ -660,6 +779,37 @@ def print_peak_rss(results: list[RunResult]) -> None:
             key = f"kube-scheduler ({result.mode}, {result.kind})" if name == "kube-scheduler" else name
             merged[key] = max(merged.get(key, 0), value)
     print("  e2e peak RSS (VmHWM): " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in merged.items()))
+
+
+def three_way(results: list[RunResult]) -> list[str]:
+    """The table issue 20 asks for: per kind, pods/s of the default scheduler, the null extender and
+    gpuwarden's, the extender process's own CPU ms per pod, the whole machine's, and gpuwarden / null."""
+    lines = [
+        f"  {'kind':<8} {'default':>9} {'null ext.':>10} {'gpuwarden':>10} {'gw/null':>8}   "
+        f"{'ext. CPU ms/pod (null, gw)':>27}   {'total CPU ms/pod (default, null, gw)':>37}"
+    ]
+    for kind in ("stream", "backlog"):
+        by_mode: dict[str, RunResult] = {}
+        for r in results:
+            if r.kind == kind:
+                by_mode[r.mode.split()[0]] = r  # the last default run of the kind (the warm one)
+        d, n, g = by_mode.get("default"), by_mode.get("null"), by_mode.get("with")
+        if n is None or g is None:
+            continue
+        ratio = g.pods_per_s / n.pods_per_s if n.pods_per_s > 0 else 0.0
+        ext = f"{n.cpu_ms.get('null extender', 0.0):.1f}, {g.cpu_ms.get('gpuwarden extender', 0.0):.1f}"
+        totals = ", ".join(f"{sum(r.cpu_ms.values()):.1f}" if r else "-" for r in (d, n, g))
+        lines.append(
+            f"  {kind:<8} {d.pods_per_s if d else 0.0:9.1f} {n.pods_per_s:10.1f} {g.pods_per_s:10.1f} "
+            f"{ratio * 100:7.0f}%   {ext:>27}   {totals:>37}"
+        )
+    return lines
+
+
+def print_three_way(results: list[RunResult]) -> None:
+    print("  e2e three-way (pods/s; goal: gpuwarden >= 90 % of the null extender, extender CPU <= 3 ms/pod):")
+    for line in three_way(results):
+        print(line, flush=True)
 
 
 def settings_from_env(environ: Mapping[str, str]) -> tuple[int, int, int | None]:

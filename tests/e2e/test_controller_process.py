@@ -154,6 +154,7 @@ def test_plan_prints_every_loop_as_json(cluster: Cluster, controller_config: tup
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"quarantine", "nominations", "drain"}
+    assert set(doc) == {"quarantine", "nominations", "drain", "gpu_preemption"}
     assert set(doc["drain"]) == {"gate_closed", "nodes"}
+    assert set(doc["gpu_preemption"]) == {"preemptions", "skipped"}
     assert doc["nominations"]["clear"] == []

@@ -1,0 +1,3 @@
+module gpuwarden.io/bench/nullextender
+
+go 1.26
