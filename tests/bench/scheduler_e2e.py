@@ -803,6 +803,15 @@ def three_way(results: list[RunResult]) -> list[str]:
             f"  {kind:<8} {d.pods_per_s if d else 0.0:9.1f} {n.pods_per_s:10.1f} {g.pods_per_s:10.1f} "
             f"{ratio * 100:7.0f}%   {ext:>27}   {totals:>37}"
         )
+        extra = {
+            name.replace("gpuwarden extender", "extender"): g.cpu_ms.get(name, 0.0)
+            - n.cpu_ms.get(name.replace("gpuwarden extender", "null extender"), 0.0)
+            for name in g.cpu_ms
+        }
+        where = ", ".join(
+            f"{name} {value:+.1f}" for name, value in sorted(extra.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(f"           CPU ms/pod gpuwarden - null, by process: {where}")
     return lines
 
 
