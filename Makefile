@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos prometheus node-runtime testbed helm upstream-adapter lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos prometheus node-runtime testbed helm upstream-adapter promql-check lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ helm: ## build helm v3.22.0 from its Go module into .cache/helm (chart tests: de
 upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench)
 	bash tests/bench/upstream/build.sh
 
+promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/promqlcheck (PromQL property tests)
+	bash tests/promql/build.sh
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -71,7 +74,7 @@ unit: deps ## pure cores, wire formats, respx error paths
 # test_dashboards_live runs in a pytest process of its own: after the other modules of the tier, its
 # module-scoped event loop's teardown was seen to hang on this machine kind (the fake API server's watch
 # handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
-integration: deps prometheus ## against a real Prometheus server
+integration: deps prometheus promql-check ## against a real Prometheus server (and its PromQL parser)
 	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
 	$(PYTEST) -q tests/integration/test_dashboards_live.py
 

@@ -76,12 +76,22 @@ class Registry:
         return [(name, True, "ExternalMetricValueList") for name in self.external]
 
 
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
 def distinct_series(series: SeriesList) -> list[tuple[str, frozenset[str]]]:
-    """(name, label names) combinations, label values stripped, first-seen order."""
+    """(name, label names) combinations, label values stripped, first-seen order.
+
+    Only classic metric and label names: `<<.Series>>` and label names are written into PromQL unquoted, so a
+    UTF-8 name (Prometheus 3 allows them) could not be written safely and is not served.
+    """
     seen: dict[tuple[str, frozenset[str]], None] = {}
     for s in series:
         name = s.get("__name__", "")
-        seen.setdefault((name, frozenset(k for k in s if k != "__name__")), None)
+        if not _METRIC_NAME.match(name):
+            continue
+        seen.setdefault((name, frozenset(k for k in s if k != "__name__" and _LABEL_NAME.match(k))), None)
     return list(seen)
 
 
