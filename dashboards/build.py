@@ -52,6 +52,9 @@ def per_node(agg: str, selector: str) -> str:
     return f'{agg} by (node) ({by_node(selector)}) and on (node) node:dcgm_gpus:count{{node=~"$node"}}'
 
 
+RESOURCE_AGE = 'gpuwarden_adapter_served_value_age_seconds_bucket{api="resource"}'
+
+
 def quantile(q: float, histogram: str, by: str = "", window: str = "$__rate_interval") -> str:
     labels = ", ".join(["le", *[b.strip() for b in by.split(",") if b.strip()]])
     return f"histogram_quantile({q}, sum by ({labels}) (rate({histogram}_bucket[{window}])))"
@@ -980,6 +983,37 @@ def gpuwarden_itself() -> Dashboard:
                     )
                 ],
                 unit="s",
+            ),
+            Panel(
+                "metrics.k8s.io requests (kubectl top, HPA cpu/memory, VPA)",
+                [
+                    Target(
+                        'sum by (route, code) (rate(gpuwarden_adapter_requests_total{route=~"resource_.*"}'
+                        "[$__rate_interval]))",
+                        "{{code}} {{route}}",
+                    )
+                ],
+                unit="reqps",
+                description="Served from adapter.resourceRules (deploy/overlays/resource-metrics). 503s mean "
+                "Prometheus is unavailable: kubectl top errors and HPAs hold their scale.",
+            ),
+            Panel(
+                "metrics.k8s.io freshness (now - timestamp)",
+                [
+                    Target(
+                        f"histogram_quantile(0.5, sum by (le) (rate({RESOURCE_AGE}[$__rate_interval])))",
+                        "p50",
+                    ),
+                    Target(
+                        f"histogram_quantile(0.99, sum by (le) (rate({RESOURCE_AGE}[$__rate_interval])))",
+                        "p99",
+                    ),
+                ],
+                unit="s",
+                description="Age of the newest raw sample behind each NodeMetrics/PodMetrics served "
+                "(metrics-server's metric_freshness). Above a few scrape intervals: the cAdvisor or "
+                "node-exporter scrape is lagging.",
+                thresholds=[(None, "green"), (60, "red")],
             ),
             Row("Controller loops"),
             Panel(

@@ -627,6 +627,22 @@ def stack_config(prom_url: str) -> Config:
         "authentication": {"enabled": False},
         "relist_interval_seconds": 5,
         "cache": {"refresh_interval_seconds": 2, "max_age_seconds": 10},
+        # metrics.k8s.io over the simulator's series (this stack has no cAdvisor or node-exporter)
+        "resourceRules": {
+            key: {
+                "containerQuery": f"sum by (<<.GroupBy>>) ({series}{{<<.LabelMatchers>>}})",
+                "nodeQuery": f"sum by (<<.GroupBy>>) ({series}{{<<.LabelMatchers>>}})",
+                "resources": {
+                    "overrides": {
+                        "namespace": {"resource": "namespace"},
+                        "pod": {"resource": "pod"},
+                        "Hostname": {"resource": "node"},
+                    }
+                },
+                "containerLabel": "container",
+            }
+            for key, series in (("cpu", "DCGM_FI_DEV_GPU_UTIL"), ("memory", "DCGM_FI_DEV_FB_USED"))
+        },
     }
     data["health"] = {
         "loop_interval_seconds": 2,
@@ -897,6 +913,8 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
                         200,
                     ),
                     ("/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/no_such_metric", 404),
+                    ("/apis/metrics.k8s.io/v1beta1/namespaces/inference/pods", 200),
+                    ("/apis/metrics.k8s.io/v1beta1/nodes", 200),
                 ):
                     response = await http.get(base + path)
                     assert response.status_code == status, (path, response.text)
