@@ -61,6 +61,8 @@ from tests.bench.bench_adapter_upstream import (
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "100"))
 STEP = 60
 """Seconds between backfilled samples: kube-prometheus' irate(...[120s]) always finds the last two."""
+NODE_STEP = 15
+"""node-exporter's interval in kube-prometheus; its irate(...[60s]) needs two samples in a minute."""
 CONFIG = repo_root() / "tests/unit/golden/adapter/resource/kube-prometheus-config.yaml"
 API = "/apis/metrics.k8s.io/v1beta1"
 CONCURRENCY = 16
@@ -77,8 +79,8 @@ def history(fleet: Fleet, start: int, end: int) -> str:
     info = ["# TYPE node_namespace_pod:kube_pod_info: gauge"]
     total = ["# TYPE node_memory_MemTotal_bytes gauge"]
     avail = ["# TYPE node_memory_MemAvailable_bytes gauge"]
-    for ts in range(start, end + 1, STEP):
-        for n, (ns, pod, _) in enumerate(fleet):
+    for ts in range(start, end + 1, NODE_STEP):
+        for n, (ns, pod, _) in enumerate(fleet if (ts - start) % STEP == 0 else []):
             labels = f'namespace="{ns}",pod="{pod}",container="app",job="kubelet"'
             cpu.append(
                 f"container_cpu_usage_seconds_total{{{labels}}} {(ts - start) * (n % 7 + 1) / 100} {ts}"
