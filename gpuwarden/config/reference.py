@@ -48,7 +48,9 @@ once, one per line, as `FILE: field.path: message (where the value came from)`; 
 
 Durations are numbers of seconds (fields ending in `_seconds`). The `adapter` section's `rules`,
 `externalRules` and `resourceRules` use prometheus-adapter's own camelCase keys, so a prometheus-adapter
-config can be pasted in unchanged or referenced with `adapter.rules_file`.
+config can be pasted in unchanged or referenced with `adapter.rules_file`; a prometheus-adapter config file
+itself (only `rules` / `externalRules` / `resourceRules` at the top, as kube-prometheus' `adapter-config`) is
+also accepted as `--config` and read as the `adapter:` section, every other setting at its default.
 """
 
 _BOUNDS: tuple[tuple[type[Any], str, str], ...] = (
