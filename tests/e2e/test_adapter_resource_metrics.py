@@ -42,7 +42,7 @@ from gpuwarden.testbed import (
 )
 from gpuwarden.testbed.apiservice import delete_local_apiservice
 from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
-from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
+from tests.e2e.conftest import REAL_NODE, BackgroundServer, free_port, pod_manifest
 from tests.e2e.test_adapter_hpa import AdapterThread, _get
 
 pytestmark = pytest.mark.e2e
@@ -119,12 +119,14 @@ class Stack:
     registry: CollectorRegistry
 
 
-def e2e_config(prom_url: str, cluster: Cluster, port: int, cert: Path, key: Path) -> Config:
+def e2e_config(
+    prom_url: str, cluster: Cluster, port: int, cert: Path, key: Path, rate_range: str = "4s"
+) -> Config:
     adapter = yaml.safe_load(KUBE_PROMETHEUS.read_text())
     for rule in adapter["resourceRules"].values():
         if isinstance(rule, dict):
             for query in ("containerQuery", "nodeQuery"):
-                rule[query] = re.sub(r"\[(120s|60s|4m)\]", "[4s]", rule[query])
+                rule[query] = re.sub(r"\[(120s|60s|4m)\]", f"[{rate_range}]", rule[query])
     return Config.model_validate(
         {
             "prometheus": {"url": prom_url, "timeout_seconds": 5},
@@ -332,3 +334,116 @@ def test_prometheus_down_is_an_error_not_zeros(cluster: Cluster, stack: Stack) -
 
     poll(hpa_failed, timeout=30, what="HPA FailedGetResourceMetric")
     assert replicas(cluster, namespace) == before  # the HPA holds its scale
+
+
+# ------------------------------------------------------------------------------------ the real kubelet node
+def test_kubectl_top_pod_shows_a_real_containers_usage_from_its_kubelet(
+    node_cluster: Cluster, node_ns: str, tmp_path: Path
+) -> None:
+    """The real node's kubelet, scraped by the real Prometheus (through kube-apiserver's node proxy, relayed
+    byte for byte) at `/metrics/cadvisor` and `/metrics/resource` -> our adapter with kube-prometheus's rules
+    -> APIService -> `kubectl top pod`: the real container's usage, and no phantom container.
+
+    On this test bed cAdvisor sees pods only as cgroups (`container=""`: its containerd factory dials the
+    default socket, the test bed's containerd listens elsewhere; kubernetes#89903), which is exactly the
+    pod-level series that prometheus-adapter users see doubled; the kubelet's CRI-based `/metrics/resource`
+    (what metrics-server reads) carries the same metric names per container.
+    """
+    from tests.e2e.test_kubelet_node import tool_pod, wait_phase
+
+    def scrape(endpoint: str) -> str:
+        return node_cluster.kubectl("get", "--raw", f"/api/v1/nodes/{REAL_NODE}/proxy/metrics/{endpoint}")
+
+    async def relay(request: web.Request) -> web.Response:
+        text = await asyncio.to_thread(scrape, request.match_info["endpoint"])
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{endpoint:cadvisor|resource}", relay)
+    server = BackgroundServer(app).start()
+    targets = [
+        scrape_target(
+            f"kubelet-{e}", f"127.0.0.1:{server.port}", metrics_path=f"/{e}", honor_labels=True,
+            scrape_interval_seconds=2,
+        )
+        for e in ("cadvisor", "resource")
+    ]  # fmt: skip
+    prom = LocalPrometheus(tmp_path / "prom", targets)
+    asyncio.run(prom.start())
+    ca = make_ca("gpuwarden-real-node-ca")
+    cert, key = serving_cert_for_service(ca, SERVICE, "kube-system").write(tmp_path / "tls", "serving")
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    port = free_port()
+    # the kubelet stamps samples with its stats' time (cAdvisor every 10-15 s): an irate needs two in range
+    config = e2e_config(prom.url, node_cluster, port, cert, key, rate_range="60s")
+    adapter = AdapterThread(config, CollectorRegistry()).start()
+    registered: LocalAPIService | None = None
+
+    async def held(query: str) -> list[Any]:
+        client = prom.client()
+        try:
+            result = await client.query(query)
+        finally:
+            await client.aclose()
+        return list(getattr(result, "samples", []))
+
+    try:
+        poll(
+            lambda: _get(f"https://127.0.0.1:{port}/readyz", tmp_path / "ca.crt") == 200,
+            timeout=60,
+            what="ready",
+        )
+        registered = register_local_apiservice(
+            node_cluster,
+            group="metrics.k8s.io",
+            version="v1beta1",
+            port=port,
+            service_name=SERVICE,
+            ca_bundle=ca.cert_pem,
+        )
+        wait_apiservice_available(node_cluster, registered.name, timeout=90)
+        doc = {"apiVersion": "v1", "kind": "List", "items": [tool_pod("real-usage", ["--sleep", "0"])]}
+        node_cluster.kubectl("create", "-n", node_ns, "-f", "-", input=json.dumps(doc))
+        wait_phase(node_cluster, node_ns, "real-usage", "Running")
+
+        path = f"/apis/metrics.k8s.io/v1beta1/namespaces/{node_ns}/pods/real-usage"
+
+        def served() -> dict[str, Any] | None:
+            result = kubectl(node_cluster, "get", "--raw", path)
+            return json.loads(result.stdout) if result.returncode == 0 else None
+
+        try:
+            body = poll(served, timeout=120, what="PodMetrics of the real pod")
+        except TimeoutError as exc:
+            lines = [ln for ln in scrape("resource").splitlines() if "real-usage" in ln][:8]
+            answer = kubectl(node_cluster, "get", "--raw", path)
+            raise AssertionError(f"{exc}\n/metrics/resource: {lines}\nadapter: {answer.stderr}") from exc
+        assert body is not None
+        [container] = body["containers"]  # the pod-level cgroup (container="") is no container
+        assert container["name"] == "main"
+        pod = f'namespace="{node_ns}",pod="real-usage"'
+        cgroup = asyncio.run(
+            held(f'container_memory_working_set_bytes{{{pod},container="",job="kubelet-cadvisor"}}')
+        )
+        assert cgroup, "no cAdvisor series for the pod"  # the real cAdvisor series, scraped (not served)
+        [working_set] = asyncio.run(held(f'container_memory_working_set_bytes{{{pod},container="main"}}'))
+        assert working_set.value > 0
+        text = container["usage"]["memory"]
+        units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+        served_bytes = int(text[:-2]) * units[text[-2:]] if text[-2:] in units else int(text)
+        assert abs(served_bytes - working_set.value) <= 4 * 2**20, (
+            container,
+            working_set,
+        )  # later scrapes move
+
+        top = kubectl(node_cluster, "top", "pod", "real-usage", "-n", node_ns, "--containers")
+        assert top.returncode == 0, top.stderr
+        [[name, container_name, cpu, memory]] = rows(top.stdout)
+        assert (name, container_name) == ("real-usage", "main") and cpu.endswith("m"), top.stdout
+        assert memory.endswith("Mi") and abs(int(memory[:-2]) - working_set.value / 2**20) <= 4, top.stdout
+    finally:
+        if registered is not None:
+            delete_local_apiservice(node_cluster, registered)
+        adapter.stop()
+        asyncio.run(prom.stop())
+        server.stop()
