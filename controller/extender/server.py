@@ -129,14 +129,12 @@ class ExtenderService:
     def _views(self, names: list[str]) -> list[tuple[str, NodeView | None]]:
         if not self.model.synced:
             raise NotSynced
-        view_of = self.model.view
         if self.binder is None or not self.binder.has_inflight():
             self._overlays.clear()
-            return [(name, view_of(name)) for name in names]
+            return self.model.views_of(names)
         overlay, overlays, inflight = self.binder.overlay, self._overlays, self.binder.inflight_nodes()
         out: list[tuple[str, NodeView | None]] = []
-        for name in names:
-            view = view_of(name)
+        for name, view in self.model.views_of(names):
             if view is not None and name in inflight:
                 extra = tuple(overlay(name))
                 if extra:

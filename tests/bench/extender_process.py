@@ -4,7 +4,8 @@ Built exactly as the controller builds it (`build_extender` + watches through `K
 127.0.0.1:PORT with the extender's Prometheus series at ``/metrics``, so the bench can read its
 server-side latency and its peak RSS apart from the bench process. Prints ``ready`` once the model has
 synced; stops on SIGTERM or when stdin closes. ``GPUWARDEN_BENCH_EXTENDER_CONFIG`` (JSON) is merged into the
-``extender`` config section, e.g. ``{"events": false}``.
+``extender`` config section, e.g. ``{"events": false}``. ``GPUWARDEN_BENCH_EXTENDER_PROFILE=<path>``
+writes a cProfile of the serving period (after ``ready``) there on exit, for `python -m pstats`.
 
 Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
 """
@@ -12,10 +13,12 @@ Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import os
 import signal
 import sys
+import time
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -46,6 +49,10 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
         if feed.done():
             feed.result()
         await asyncio.sleep(0.2)
+    profile_path = os.environ.get("GPUWARDEN_BENCH_EXTENDER_PROFILE", "")
+    profiler = cProfile.Profile(time.thread_time) if profile_path else None  # CPU, not wall time
+    if profiler is not None:
+        profiler.enable()
     print("ready", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -53,6 +60,9 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
     stdin = sys.stdin.fileno()
     loop.add_reader(stdin, lambda: stop.set() if not os.read(stdin, 1) else None)
     await stop.wait()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile_path)
     feed.cancel()
     await asyncio.gather(feed, return_exceptions=True)
     await runner.cleanup()
