@@ -337,6 +337,8 @@ class Adapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.cache is not None:
+            await self.cache.aclose()
         if self._owns_prometheus:
             await self.prometheus.aclose()
 

@@ -189,6 +189,13 @@ class ValueCache(Generic[T]):
                 log.exception("cache refresher crashed; continuing")
             await asyncio.sleep(step)
 
+    async def aclose(self) -> None:
+        """Cancel refreshes in flight (at shutdown), so no task outlives the event loop."""
+        tasks = [e.inflight for e in self._entries.values() if e.inflight is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def snapshot(self) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
         """({(group,): entries}, {(group,): oldest age in seconds}) for the self-metrics."""
         now = self._clock()
