@@ -361,7 +361,26 @@ def _peak_rss(pid: int) -> int:
     return 0
 
 
-class ExtenderProcess:
+class _Served:
+    """A process serving extender verbs: `proc`, its log file; peak RSS while alive; stop = SIGTERM."""
+
+    proc: subprocess.Popen[Any]
+    _log: Any
+
+    def peak_rss(self) -> int:
+        return _peak_rss(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+class ExtenderProcess(_Served):
     """`tests.bench.extender_process` on a free loopback port; `metrics()` and `peak_rss()` while alive."""
 
     def __init__(self, cluster: Cluster) -> None:
@@ -391,18 +410,6 @@ class ExtenderProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
             return str(resp.read().decode())
 
-    def peak_rss(self) -> int:
-        return _peak_rss(self.proc.pid)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._log.close()
-
     def log_summary(self) -> str:
         """What the extender logged (warnings and errors: its log goes to stderr), by message."""
         self._log.flush()
@@ -429,7 +436,7 @@ def build_null_extender() -> Path:
     return out
 
 
-class NullExtenderProcess:
+class NullExtenderProcess(_Served):
     """The protocol's floor (tests/bench/nullextender): every node passes, scores 0, a plain Binding."""
 
     def __init__(self, cluster: Cluster) -> None:
@@ -470,18 +477,6 @@ class NullExtenderProcess:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"null extender not ready after {timeout:.0f} s (rc={self.proc.poll()})")
-
-    def peak_rss(self) -> int:
-        return _peak_rss(self.proc.pid)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._log.close()
 
 
 def create_pods(cluster: Cluster, namespace: str, pods: int, timeout: float) -> float:

@@ -19,11 +19,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 from kubernetes import client as k8s
 
@@ -472,6 +474,36 @@ def node_core(node_cluster: Cluster) -> Iterator[k8s.CoreV1Api]:
         yield k8s.CoreV1Api(api)
     finally:
         api.close()
+
+
+def gpuwarden_extender(port: int, prefix: str) -> ExtenderSpec:
+    """kube-scheduler calling all four of our verbs for `nvidia.com/gpu` pods, as docs/extender.md configures
+    it (nodeCacheCapable, weight 12, not ignorable, 5 s timeout)."""
+    return ExtenderSpec(
+        url_prefix=f"http://127.0.0.1:{port}{prefix}",
+        filter_verb="filter",
+        prioritize_verb="prioritize",
+        preempt_verb="preempt",
+        bind_verb="bind",
+        weight=12,
+        node_cache_capable=True,
+        ignorable=False,
+        http_timeout="5s",
+        managed_resources=["nvidia.com/gpu"],
+        ignored_by_scheduler=False,
+    )
+
+
+@contextmanager
+def scheduler_calling(cluster: Cluster, spec: ExtenderSpec) -> Iterator[None]:
+    """The session scheduler restarted with `spec` as its only extender; the original configuration back
+    afterwards."""
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    cluster.restart_scheduler(scheduler_configuration(SchedulerSettings(extenders=[spec])))
+    try:
+        yield
+    finally:
+        cluster.restart_scheduler(original)
 
 
 def pod_manifest(

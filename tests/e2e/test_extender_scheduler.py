@@ -19,11 +19,9 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aiohttp import web
 
 from controller.extender.runtime import Extender, build_extender
@@ -31,15 +29,12 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
 from gpuwarden.testbed import (
     Cluster,
-    ExtenderSpec,
     GpuNodeSpec,
-    SchedulerSettings,
     add_gpu_nodes,
     delete_nodes,
     poll,
-    scheduler_configuration,
 )
-from tests.e2e.conftest import free_port, pod_manifest
+from tests.e2e.conftest import free_port, gpuwarden_extender, pod_manifest, scheduler_calling
 
 pytestmark = pytest.mark.e2e
 
@@ -143,25 +138,8 @@ def pool(cluster: Cluster) -> Iterator[list[str]]:
 def extender_at(cluster: Cluster, pool: list[str]) -> Iterator[int]:
     """Our extender's port, with the session scheduler pointed at it for this module."""
     port = free_port()
-    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
-    spec = ExtenderSpec(
-        url_prefix=f"http://127.0.0.1:{port}{PREFIX}",
-        filter_verb="filter",
-        prioritize_verb="prioritize",
-        preempt_verb="preempt",
-        bind_verb="bind",
-        weight=12,
-        node_cache_capable=True,
-        ignorable=False,
-        http_timeout="5s",
-        managed_resources=["nvidia.com/gpu"],
-        ignored_by_scheduler=False,
-    )
-    cluster.restart_scheduler(scheduler_configuration(SchedulerSettings(extenders=[spec])))
-    try:
+    with scheduler_calling(cluster, gpuwarden_extender(port, PREFIX)):
         yield port
-    finally:
-        cluster.restart_scheduler(original)
 
 
 def gpu_pod(namespace: str, name: str, gpus: int, **spec: Any) -> dict[str, Any]:

@@ -24,11 +24,9 @@ import threading
 import uuid
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -39,15 +37,12 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient
 from gpuwarden.testbed import (
     Cluster,
-    ExtenderSpec,
     GpuNodeSpec,
-    SchedulerSettings,
     add_gpu_nodes,
     delete_nodes,
     poll,
-    scheduler_configuration,
 )
-from tests.e2e.conftest import free_port, pod_manifest
+from tests.e2e.conftest import free_port, gpuwarden_extender, pod_manifest, scheduler_calling
 
 pytestmark = pytest.mark.e2e
 
@@ -144,25 +139,10 @@ def port(cluster: Cluster) -> Iterator[int]:
            "value": v} for k, v in PRIORITIES.items())
     )  # fmt: skip
     chosen = free_port()
-    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
-    spec = ExtenderSpec(
-        url_prefix=f"http://127.0.0.1:{chosen}{PREFIX}",
-        filter_verb="filter",
-        prioritize_verb="prioritize",
-        preempt_verb="preempt",
-        bind_verb="bind",
-        weight=12,
-        node_cache_capable=True,
-        ignorable=False,
-        http_timeout="5s",
-        managed_resources=["nvidia.com/gpu"],
-        ignored_by_scheduler=False,
-    )
-    cluster.restart_scheduler(scheduler_configuration(SchedulerSettings(extenders=[spec])))
     try:
-        yield chosen
+        with scheduler_calling(cluster, gpuwarden_extender(chosen, PREFIX)):
+            yield chosen
     finally:
-        cluster.restart_scheduler(original)
         cluster.kubectl("delete", "priorityclass", *(pclass(k) for k in PRIORITIES), "--ignore-not-found",
                         check=False)  # fmt: skip
 
