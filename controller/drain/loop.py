@@ -26,10 +26,9 @@ from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snap
 from controller.drain.plan import DrainPlan, Verdict, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
-from gpuwarden.kube import NODES, PODS, EventRecorder, Informer, KubeClient
+from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, KubeClient
 
 log = logging.getLogger(__name__)
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 LOOP_INTERVAL_SECONDS = 5.0
 
 

@@ -21,14 +21,13 @@ from typing import Any
 
 from controller.extender.model import ClusterModel
 from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
-from gpuwarden.kube import DELETED, NODES, PODS, SYNCED, Informer, KubeClient, Resource, object_key
+from gpuwarden.kube import DELETED, LIVE_PODS, NODES, PODS, SYNCED, Informer, KubeClient, Resource, object_key
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
 
 log = logging.getLogger(__name__)
 
 NRT = Resource("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", "NodeResourceTopology", False)
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 SBE_METRIC = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
 
 

@@ -34,11 +34,9 @@ from controller.nominations.metrics import NominationMetrics
 from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
 from controller.nominations.snapshot import NominationRecord, NominationSnapshot, build_snapshot
 from gpuwarden.config.root import Config
-from gpuwarden.kube import NODES, PODS, EventRecorder, Informer, KubeClient
+from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, KubeClient
 
 log = logging.getLogger(__name__)
-
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class NominationLoop:

@@ -36,12 +36,11 @@ from controller.preemption.signals import (
     preempted_at,
     workload_from_name,
 )
-from gpuwarden.kube import DELETED, EVENTS, PODS, SYNCED, Informer, WatchEvent
+from gpuwarden.kube import DELETED, EVENTS, LIVE_PODS, PODS, SYNCED, Informer, WatchEvent
 from gpuwarden.kube.watch import WatchSource
 
 log = logging.getLogger(__name__)
 
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 PREEMPTED_EVENTS = f"reason={PREEMPTED_REASON}"
 
 

@@ -54,14 +54,22 @@ from controller.preemption.throttle import Candidate, decide_preemption
 from gpuwarden.config.preemption import MakeRoomConfig
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
-from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef, PatchType
+from gpuwarden.kube import (
+    LIVE_PODS,
+    NODES,
+    PDBS,
+    PODS,
+    EventRecorder,
+    EventType,
+    Informer,
+    KubeClient,
+    ObjectRef,
+    PatchType,
+)
 from gpuwarden.kube.eviction import evict
-from gpuwarden.kube.resources import Resource
 
 log = logging.getLogger(__name__)
 
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 NOT_POSSIBLE_INTERVAL = 300.0
 """At most one `GPUPreemptionNotPossible` per pod and reason per this many seconds."""
 
@@ -169,7 +177,7 @@ class RoomLoop:
             self.policy,
             self.clock(),
         )
-        self.metrics.candidates.set(sum(1 for d in result.decisions))
+        self.metrics.candidates.set(len(result.decisions))
         self.metrics.duration.observe(time.perf_counter() - started)
         return result, objs
 
@@ -343,6 +351,8 @@ def plan_pass(
     out = RoomPass()
     pending: list[Pending] = []
     for key, obj in objs.items():
+        if (obj.get("spec") or {}).get("nodeName"):
+            continue  # bound: never a preemptor (skipped before parsing: most pods of a fleet are bound)
         pod = pod_info(obj, resource)
         if pod.gpus <= 0 or pod.node_name or pod.terminated:
             continue

@@ -81,6 +81,10 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
+
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+"""Field selector for the pods that still hold (or may hold) resources: every cache of live pods uses it."""
 
 
 def object_key(obj: JsonObject) -> str:

@@ -43,6 +43,7 @@ from gpuwarden.testbed import (
     poll,
 )
 from tests.e2e.conftest import free_port, gpuwarden_extender, pod_manifest, scheduler_calling
+from tests.e2e.test_preemption_throttle import get_pod, running_on
 
 pytestmark = pytest.mark.e2e
 
@@ -203,18 +204,6 @@ def pool(cluster: Cluster) -> Iterator[Pool]:
         yield created
     finally:
         created.delete()
-
-
-def get_pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    items = cluster.get_json("pods", "-n", ns, "--field-selector", f"metadata.name={name}")["items"]
-    return items[0] if items else None
-
-
-def running_on(cluster: Cluster, ns: str, name: str) -> str:
-    pod = get_pod(cluster, ns, name)
-    if pod and pod["spec"].get("nodeName") and pod.get("status", {}).get("phase") == "Running":
-        return str(pod["spec"]["nodeName"])
-    return ""
 
 
 def scheduled_message(cluster: Cluster, ns: str, name: str) -> str:
