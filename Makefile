@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml requirements.lock
 	@echo "==> installing Python dependencies into $(VENV)"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -c requirements.lock -e '.[test,dev,demo]'
+	@# the harness (harness/) is not part of the distribution: a .pth file puts the checkout on the path
+	$(PY) -c 'import site, pathlib; pathlib.Path(site.getsitepackages()[0], "gpuwarden-harness.pth").write_text("$(CURDIR)\n")'
 	touch $(STAMP)
 
 lock: ## regenerate requirements.lock from a fresh resolve of pyproject.toml
@@ -47,7 +49,7 @@ node-runtime: ## install containerd, runc, CNI plugins, gcc (Debian packages) fo
 	fi
 	@containerd --version; runc --version | head -1; ls /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/loopback >/dev/null
 
-protos: deps ## regenerate the kubelet gRPC stubs (gpuwarden/kubeletapi) from the k8s.io/kubelet module
+protos: deps ## regenerate the kubelet gRPC stubs (nodeagent/kubeletapi) from the k8s.io/kubelet module
 	bash tests/testbed/kubelet-protos.sh
 
 testbed: ## build kube-apiserver, KCM, scheduler, kubectl, kubelet, etcd, kwok(ctl) into .cache/testbed

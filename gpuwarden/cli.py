@@ -179,8 +179,28 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_NO_HARNESS = (
+    "gpuwarden {command}: the test and demo harness is not installed here. It lives beside the product in a "
+    "checkout of the gpuwarden repository (harness/) and is never shipped in the wheel or the image: run "
+    "`make deps` in a checkout, then `.venv/bin/gpuwarden {command}` (or `make demo`)."
+)
+
+
+def _harness_missing(command: str, exc: ModuleNotFoundError) -> bool:
+    """True (and a clear message printed) when the import failed because the harness is absent."""
+    if exc.name is None or not (exc.name == "harness" or exc.name.startswith("harness.")):
+        return False
+    print(_NO_HARNESS.format(command=command), file=sys.stderr)
+    return True
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from gpuwarden.demo import run_demo
+    try:
+        from harness.demo import run_demo
+    except ModuleNotFoundError as exc:
+        if _harness_missing("demo", exc):
+            return EXIT_FAILED
+        raise
 
     return run_demo(args.scenario, args.out, args.keep)
 
@@ -188,7 +208,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpuwarden import logs
     from gpuwarden.errors import ConfigError
-    from gpuwarden.simulator import load_scenario, serve
+
+    try:
+        from harness.simulator import load_scenario, serve
+    except ModuleNotFoundError as exc:
+        if _harness_missing("simulate", exc):
+            return EXIT_FAILED
+        raise
 
     logs.setup(args.log_level or "info", args.log_format or "auto")
     try:
@@ -258,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="fleet simulator: dcgm-exporter-compatible metrics for a simulated GPU fleet",
         description="Serve dcgm-exporter metrics (and http_requests_total per pod) for a simulated fleet, "
-        "driven by a scenario file and an HTTP control API under /control (see gpuwarden/simulator).",
+        "driven by a scenario file and an HTTP control API under /control (see harness/simulator).",
     )
     p.add_argument("--scenario", type=Path, required=True, help="scenario YAML (see examples/scenarios/)")
     p.add_argument("--listen", default="127.0.0.1:9400", help="HOST:PORT to serve on (default %(default)s)")

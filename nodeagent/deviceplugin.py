@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from nodeagent.admission import Preference
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
 log = logging.getLogger(__name__)
 

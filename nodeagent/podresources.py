@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeagent.reconcile import Allocation, canonical
 
 

@@ -36,7 +36,7 @@ from adapter.app import Adapter
 from adapter.objects import LabelIndex
 from adapter.resources import PODS
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
+from harness.localprom import LocalPrometheus, backfill_openmetrics
 
 POD_COUNT = int(os.environ.get("GPUWARDEN_BENCH_PODS", "10000"))
 HPAS = int(os.environ.get("GPUWARDEN_BENCH_HPAS", "1000"))
@@ -194,7 +194,7 @@ async def memory_at_50k() -> tuple[float, float, float, int]:
     """
     import aiohttp
 
-    from gpuwarden.testbed import Cluster, ClusterConfig
+    from harness.testbed import Cluster, ClusterConfig
     from tests.bench.bench_adapter_upstream import (
         RULES,
         admin_client,

@@ -11,7 +11,7 @@ Setup, shared by both adapters:
   it. prometheus-adapter always queries at wall-clock "now", so the data has to be valid then: blocks reaching
   into the future are loaded by Prometheus like any other (no head, nothing scraped), and a check query at
   "now" must count every pod before anything is measured;
-* a real control plane (`gpuwarden.testbed`, kwokctl binary runtime) holding PODS pods in NAMESPACES
+* a real control plane (`harness.testbed`, kwokctl binary runtime) holding PODS pods in NAMESPACES
   namespaces, HPAS apps of PODS/HPAS pods labelled `app=app-NNNN`. The pods name a scheduler that does not
   exist, so they stay Pending and cost no scheduler or kwok work: both adapters only need them as objects
   (prometheus-adapter LISTs them by label selector from the API server on every request, ours keeps a
@@ -76,9 +76,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import ports
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
-from gpuwarden.testbed import Cluster, ClusterConfig
-from gpuwarden.testbed.binaries import repo_root
+from harness.localprom import LocalPrometheus, backfill_openmetrics
+from harness.testbed import Cluster, ClusterConfig
+from harness.testbed.binaries import repo_root
 from tests.bench.bench_adapter import HPAS, NAMESPACES, POD_COUNT, WORKERS, pct, pods
 
 ROUNDS = int(os.environ.get("GPUWARDEN_BENCH_ROUNDS", "4"))

@@ -55,7 +55,7 @@ from controller.extender.objects import PodInfo, pod_info
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extender.wire import ExtenderArgs
 from gpuwarden import ports
-from gpuwarden.testbed import Binaries, TestbedMissingError
+from harness.testbed import Binaries, TestbedMissingError
 from tests.bench.scheduler_e2e import e2e_throughput, settings_from_env
 from tests.unit.extender_support import node, pod
 

@@ -36,8 +36,8 @@ from controller.health.snapshot import FleetSnapshot, GpuTelemetry, NodeState, X
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import KubeNotFound
 from gpuwarden.kube import EventRecorder, KubeClient
-from gpuwarden.localprom import LocalPrometheus, scrape_target
-from gpuwarden.simulator import parse_scenario, start
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import parse_scenario, start
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
 GPUS = 8

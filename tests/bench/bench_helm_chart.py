@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import time
 
-from gpuwarden.testbed.binaries import repo_root
+from harness.testbed.binaries import repo_root
 
 ROOT = repo_root()
 CHART = ROOT / "deploy" / "helm" / "gpuwarden"

@@ -30,12 +30,12 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeagent.admission import Candidate, Preference, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeagent.podresources import PodResourcesReader
 from nodeagent.reconcile import Allocation, PodRecord, decide
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry
 
-from gpuwarden.localprom import LocalPrometheus
+from harness.localprom import LocalPrometheus
 
 PROMQL = "vector(1)"
 ROUND = 50  # queries per variant before switching to the next one

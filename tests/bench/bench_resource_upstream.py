@@ -32,9 +32,9 @@ from typing import Any
 
 import aiohttp
 
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
-from gpuwarden.testbed import Cluster, ClusterConfig
-from gpuwarden.testbed.binaries import repo_root
+from harness.localprom import LocalPrometheus, backfill_openmetrics
+from harness.testbed import Cluster, ClusterConfig
+from harness.testbed.binaries import repo_root
 from tests.bench.bench_adapter import HPAS, NAMESPACES, WORKERS, pct, pods
 from tests.bench.bench_adapter_upstream import (
     CADENCE,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuwarden.simulator import Simulator, build_app, load_scenario
-from gpuwarden.simulator.compression import gzip_chunks
+from harness.simulator import Simulator, build_app, load_scenario
+from harness.simulator.compression import gzip_chunks
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "fleet-5000.yaml"
 

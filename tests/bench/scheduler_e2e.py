@@ -40,7 +40,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import ports
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     ClusterConfig,
     ClusterError,
@@ -50,7 +50,7 @@ from gpuwarden.testbed import (
     ensure_namespace,
     scheduler_configuration,
 )
-from gpuwarden.testbed.fleet import create_fleet, quiet_fleet_config
+from harness.testbed.fleet import create_fleet, quiet_fleet_config
 
 PREFIX = "/gpuwarden"
 BIND = os.environ.get("GPUWARDEN_BENCH_E2E_BIND", "1") != "0"

@@ -30,7 +30,7 @@ from aiohttp import web
 from kubernetes import client as k8s
 
 from gpuwarden import ports
-from gpuwarden.testbed import (
+from harness.testbed import (
     Binaries,
     Cluster,
     ClusterConfig,
@@ -46,10 +46,10 @@ from gpuwarden.testbed import (
     scheduler_configuration,
     wait_apiservice_available,
 )
-from gpuwarden.testbed.binaries import repo_root
-from gpuwarden.testbed.cluster import sum_rss
-from gpuwarden.testbed.pki import KeyPair, make_ca, serving_cert_for_service
-from gpuwarden.testbed.realnode import RealNode, RealNodeSpec
+from harness.testbed.binaries import repo_root
+from harness.testbed.cluster import sum_rss
+from harness.testbed.pki import KeyPair, make_ca, serving_cert_for_service
+from harness.testbed.realnode import RealNode, RealNodeSpec
 
 EXTENDER_PROBE_RESOURCE = "gpuwarden.io/extender-probe"
 REAL_NODE = "real-node-0"

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
-from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
 API_VERSION = "v1beta1"
 

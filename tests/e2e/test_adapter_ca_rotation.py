@@ -21,8 +21,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.config.root import Config
-from gpuwarden.testbed import Cluster, poll
-from gpuwarden.testbed.pki import KeyPair, issue, make_ca, serving_cert_for_service
+from harness.testbed import Cluster, poll
+from harness.testbed.pki import KeyPair, issue, make_ca, serving_cert_for_service
 from tests.e2e.conftest import free_port
 from tests.e2e.test_adapter_hpa import AdapterThread
 

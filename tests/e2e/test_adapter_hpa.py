@@ -33,16 +33,16 @@ from prometheus_client import CollectorRegistry
 
 from adapter.app import run_adapter
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus, scrape_target
-from gpuwarden.testbed import (
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.testbed import (
     Cluster,
     LocalAPIService,
     poll,
     register_local_apiservice,
     wait_apiservice_available,
 )
-from gpuwarden.testbed.apiservice import delete_local_apiservice
-from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
+from harness.testbed.apiservice import delete_local_apiservice
+from harness.testbed.pki import make_ca, serving_cert_for_service
 from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
 
 pytestmark = pytest.mark.e2e

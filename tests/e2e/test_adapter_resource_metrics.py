@@ -32,16 +32,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus, scrape_target
-from gpuwarden.testbed import (
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.testbed import (
     Cluster,
     LocalAPIService,
     poll,
     register_local_apiservice,
     wait_apiservice_available,
 )
-from gpuwarden.testbed.apiservice import delete_local_apiservice
-from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
+from harness.testbed.apiservice import delete_local_apiservice
+from harness.testbed.pki import make_ca, serving_cert_for_service
 from tests.e2e.conftest import REAL_NODE, BackgroundServer, free_port, pod_manifest
 from tests.e2e.test_adapter_hpa import AdapterThread, _get
 

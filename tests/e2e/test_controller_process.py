@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from gpuwarden.testbed import Cluster, ensure_namespace
+from harness.testbed import Cluster, ensure_namespace
 from tests.e2e.conftest import GPU_NODES, free_port, pod_manifest
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.demo.scenario import DEFAULT_SCENARIO, parse_demo_scenario
-from gpuwarden.testbed import Binaries, poll
+from harness.demo.scenario import DEFAULT_SCENARIO, parse_demo_scenario
+from harness.testbed import Binaries, poll
 
 pytestmark = pytest.mark.e2e
 

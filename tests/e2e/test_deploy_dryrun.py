@@ -35,7 +35,7 @@ from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, EventType, KubeClient, LeaderElector, ObjectRef
-from gpuwarden.testbed import Cluster, ensure_namespace
+from harness.testbed import Cluster, ensure_namespace
 from tests.unit.test_deploy_manifests import ADAPTER_CLUSTER, CONTROLLER_CLUSTER, CONTROLLER_NAMESPACE
 from tests.unit.test_deploy_node_agent import NODE_AGENT_CLUSTER
 from tests.unit.test_deploy_render import DEPLOY, OVERLAYS, by_identity, render

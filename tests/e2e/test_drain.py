@@ -24,8 +24,8 @@ from controller.drain.state import DRAIN_ANNOTATION
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import Cluster, poll
-from gpuwarden.testbed.realnode import KUBELET_SOCKET, RealNode
+from harness.testbed import Cluster, poll
+from harness.testbed.realnode import KUBELET_SOCKET, RealNode
 from nodeagent.reconcile import GPU_IDS_ANNOTATION, SOURCE_ANNOTATION
 from tests.e2e.conftest import REAL_NODE
 from tests.e2e.test_kubelet_node import create, events, first, pod_phase, tool_pod, wait_phase

@@ -22,7 +22,7 @@ from controller.drain.state import DRAIN_ANNOTATION, decode
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, ensure_namespace
+from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, ensure_namespace
 from tests.e2e.conftest import pod_manifest
 
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ from controller.drain.remediation import REMEDIATION_ANNOTATION
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, poll
+from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, poll
 
 pytestmark = pytest.mark.e2e
 SUFFIX = uuid.uuid4().hex[:5]

@@ -27,7 +27,7 @@ from aiohttp import web
 from controller.extender.runtime import Extender, build_extender
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     GpuNodeSpec,
     add_gpu_nodes,

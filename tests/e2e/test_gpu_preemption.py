@@ -35,7 +35,7 @@ from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.room_loop import RoomLoop, RoomPass, plan_once
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     GpuNodeSpec,
     add_gpu_nodes,

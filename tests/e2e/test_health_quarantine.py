@@ -34,11 +34,11 @@ from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound
 from gpuwarden.kube import LEASES, KubeClient
-from gpuwarden.localprom import LocalPrometheus, scrape_target
 from gpuwarden.promclient import PrometheusClient
-from gpuwarden.simulator import RunningSimulator, parse_scenario, start
-from gpuwarden.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
-from gpuwarden.testbed.nodes import delete_nodes
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import RunningSimulator, parse_scenario, start
+from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
+from harness.testbed.nodes import delete_nodes
 from tests.e2e.conftest import free_port, pod_manifest
 
 pytestmark = pytest.mark.e2e

@@ -41,9 +41,9 @@ import yaml
 from aiohttp import web
 
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus, scrape_target
-from gpuwarden.testbed import Cluster, ensure_namespace, poll, wait_apiservice_available
-from gpuwarden.testbed.binaries import repo_root
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.testbed import Cluster, ensure_namespace, poll, wait_apiservice_available
+from harness.testbed.binaries import repo_root
 from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
 from tests.e2e.test_deploy_dryrun import CRD_KINDS, RBAC_KINDS, as_list, check_rbac, kubectl
 from tests.unit.test_deploy_render import DEPLOY, by_identity, render
@@ -259,7 +259,7 @@ def test_prometheus_adapter_resource_rules_serve_metrics_k8s_io(tmp_path: Path) 
 def test_a_migrated_values_file_with_tls_and_existing_rules(tmp_path: Path) -> None:
     """tls.* becomes a Secret, a mount, adapter.tls and every APIService's caBundle; rules.existing a mounted
     prometheus-adapter config file, the adapter's rules_file, replacing the inline rules."""
-    from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
+    from harness.testbed.pki import make_ca, serving_cert_for_service
 
     ca = make_ca("helm-e2e")
     cert, key = serving_cert_for_service(ca, "gpuwarden-adapter", NS).write(tmp_path, "serving")
@@ -316,7 +316,7 @@ RENDERS = {
 
 def tls_values(path: Path) -> Path:
     """tls.* values with a real certificate for the adapter's Service in NS."""
-    from gpuwarden.testbed.pki import make_ca, serving_cert_for_service
+    from harness.testbed.pki import make_ca, serving_cert_for_service
 
     ca = make_ca("helm-e2e")
     cert, key = serving_cert_for_service(ca, "gpuwarden-adapter", NS).write(path, "serving")

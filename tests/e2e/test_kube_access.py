@@ -46,7 +46,7 @@ from gpuwarden.kube import (
 )
 from gpuwarden.kube.resources import Resource
 from gpuwarden.kube.stream import WatchStream
-from gpuwarden.testbed import Cluster
+from harness.testbed import Cluster
 from tests.e2e.conftest import GPU_NODES
 
 pytestmark = pytest.mark.e2e

@@ -21,20 +21,20 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     poll,
 )
-from gpuwarden.testbed.images import TOOL_IMAGE
-from gpuwarden.testbed.realnode import (
+from harness.testbed.images import TOOL_IMAGE
+from harness.testbed.realnode import (
     KUBELET_SOCKET,
     REAL_NODE_LABEL,
     REAL_NODE_TAINT,
     RealNode,
     RealNodeSpec,
 )
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests.e2e.conftest import KWOK_NODE, REAL_NODE
 from tests.e2e.minimal_device_plugin import MinimalDevicePlugin
 
@@ -351,8 +351,8 @@ def test_eviction_forbidden_by_a_pdb_gets_429_and_the_pod_keeps_running(
 
 
 def test_a_second_real_node_on_this_machine_is_refused(node_cluster: Cluster, tmp_path: Path) -> None:
-    from gpuwarden.testbed.pki import load_keypair
-    from gpuwarden.testbed.realnode import RealNodeError
+    from harness.testbed.pki import load_keypair
+    from harness.testbed.realnode import RealNodeError
 
     first_node = node_cluster.real_node()
     second = RealNode(

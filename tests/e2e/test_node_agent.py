@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.testbed import Cluster, ExtenderSpec, SchedulerSettings, poll, scheduler_configuration
-from gpuwarden.testbed.realnode import KUBELET_SOCKET, RealNode
+from harness.testbed import Cluster, ExtenderSpec, SchedulerSettings, poll, scheduler_configuration
+from harness.testbed.realnode import KUBELET_SOCKET, RealNode
 from nodeagent.reconcile import GPU_IDS_ANNOTATION, REQUESTED_ANNOTATION, SOURCE_ANNOTATION
 from tests.e2e.conftest import REAL_NODE, free_port
 from tests.e2e.minimal_device_plugin import MinimalDevicePlugin
@@ -204,12 +204,12 @@ class HighestFirstPlugin(MinimalDevicePlugin):
     """A device plugin that prefers the highest free ids, whatever the scheduler recorded."""
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
-        from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+        from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
 
         return dp.DevicePluginOptions(get_preferred_allocation_available=True)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        from gpuwarden.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
+        from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
 
         out = []
         for creq in request.container_requests:

@@ -22,7 +22,7 @@ import pytest
 
 from controller.nominations.plan import Plan
 from gpuwarden.kube import KubeClient, load_configuration
-from gpuwarden.testbed import Cluster
+from harness.testbed import Cluster
 from tests.e2e import test_preemption_throttle as shared
 from tests.e2e.test_preemption_throttle import Pool, Stack, events, get_pod, running_on, wait
 

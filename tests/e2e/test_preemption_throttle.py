@@ -38,7 +38,7 @@ from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     ExtenderSpec,
     GpuNodeSpec,
@@ -398,7 +398,7 @@ def _pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 def test_cascade_without_the_throttle_is_bounded_with_it(
     cluster: Cluster, stack_port: int, pool: Pool, request: pytest.FixtureRequest
 ) -> None:
-    from gpuwarden.testbed import ensure_namespace
+    from harness.testbed import ensure_namespace
 
     counts = {}
     for label, overrides in (("without", {"preemption": {"enabled": False}}), ("with", {})):

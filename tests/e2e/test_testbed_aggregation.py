@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from gpuwarden.testbed import Cluster
-from gpuwarden.testbed.pki import FRONT_PROXY_CLIENT_CN
+from harness.testbed import Cluster
+from harness.testbed.pki import FRONT_PROXY_CLIENT_CN
 from tests.e2e.conftest import AggregatedServer
 
 pytestmark = pytest.mark.e2e

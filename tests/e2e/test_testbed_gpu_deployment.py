@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.testbed import GPU_RESOURCE, Cluster, poll
+from harness.testbed import GPU_RESOURCE, Cluster, poll
 from tests.e2e.conftest import GPU_NODES, pod_manifest
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.testbed import Cluster, poll
+from harness.testbed import Cluster, poll
 from tests.e2e.conftest import AggregatedServer, pod_manifest
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from gpuwarden.testbed import (
+from harness.testbed import (
     Cluster,
     ExtenderSpec,
     GpuNodeSpec,

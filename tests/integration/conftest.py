@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
+from harness.localprom import LocalPrometheus, backfill_openmetrics
 
 STEP = 15  # seconds between backfilled samples
 POINTS = 21  # five minutes of history per series

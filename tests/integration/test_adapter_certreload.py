@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry
 from adapter import tls
 from adapter.app import Adapter
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus
 from gpuwarden.ports import free_port
+from harness.localprom import LocalPrometheus
 
 A, B, C = (tls.self_signed([f"{n}.test"]) for n in "abc")
 RSA_1, RSA_2 = (tls.self_signed([f"rsa{n}.test"], algorithm="rsa") for n in "12")

@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 
 from adapter import promql
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
 from gpuwarden.promtypes import Vector
+from harness.localprom import LocalPrometheus, backfill_openmetrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

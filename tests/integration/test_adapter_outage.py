@@ -23,12 +23,12 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-import gpuwarden.localprom as localprom
+import harness.localprom as localprom
 from adapter.app import Adapter
 from adapter.objects import LabelIndex
 from adapter.resources import PODS
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import LocalPrometheus, find_free_port, scrape_target
+from harness.localprom import LocalPrometheus, find_free_port, scrape_target
 
 URL = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/ml/pods/*/gpu_utilization?labelSelector=app%3Dllm"
 TIMEOUT = 2.0

@@ -26,7 +26,7 @@ from adapter.objects import LabelIndex
 from adapter.resources import NODES, PODS
 from adapter.wire import format_time
 from gpuwarden.config.loader import load_config
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
+from harness.localprom import LocalPrometheus, backfill_openmetrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

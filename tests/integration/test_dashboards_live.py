@@ -49,13 +49,13 @@ from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.drain import DrainConfig, DrainGate
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpuwarden.localprom import LocalPrometheus, scrape_target
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
-from gpuwarden.simulator import RunningSimulator, load_scenario, start
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import RunningSimulator, load_scenario, start
 from nodeagent.app import NodeAgent
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

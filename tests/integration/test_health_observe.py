@@ -20,8 +20,8 @@ from controller.health.policy import policy_from_config
 from controller.health.snapshot import FleetSnapshot, GpuTelemetry, NodeState
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.prometheus import PrometheusConfig
-from gpuwarden.localprom import LocalPrometheus, backfill_openmetrics
 from gpuwarden.promclient import PrometheusClient
+from harness.localprom import LocalPrometheus, backfill_openmetrics
 
 STEP = 15
 SPAN = 40 * 60

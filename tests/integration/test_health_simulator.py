@@ -16,8 +16,8 @@ from controller.health.observe import Observer
 from controller.health.plan import Plan
 from controller.health.policy import policy_from_config
 from gpuwarden.config.health import HealthConfig
-from gpuwarden.localprom import LocalPrometheus, scrape_target
-from gpuwarden.simulator import RunningSimulator, parse_scenario, start
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import RunningSimulator, parse_scenario, start
 
 NODES = [f"sim-node-{i}" for i in range(6)]
 CFG = HealthConfig.model_validate(

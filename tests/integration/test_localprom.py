@@ -1,4 +1,4 @@
-"""gpuwarden.localprom against the real `prometheus` and `promtool` binaries."""
+"""harness.localprom against the real `prometheus` and `promtool` binaries."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.errors import PrometheusUnreachable
-from gpuwarden.localprom import (
+from gpuwarden.promtypes import Vector
+from harness.localprom import (
     LocalPrometheus,
     LocalPrometheusError,
     backfill_openmetrics,
@@ -18,7 +19,6 @@ from gpuwarden.localprom import (
     scrape_target,
     storage_dir,
 )
-from gpuwarden.promtypes import Vector
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.errors import PrometheusBadQuery, PrometheusTimeout
-from gpuwarden.localprom import LocalPrometheus
 from gpuwarden.promtypes import Matrix, Scalar, String, Vector
+from harness.localprom import LocalPrometheus
 from tests.integration.conftest import GPUS, NODES, POINTS, STEP, Backfilled, gpu_util
 
 pytestmark = pytest.mark.integration

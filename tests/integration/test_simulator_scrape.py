@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from gpuwarden.localprom import LocalPrometheus, scrape_target
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
-from gpuwarden.simulator import RunningSimulator, load_scenario, start
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import RunningSimulator, load_scenario, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates gpuwarden/kubeletapi/{deviceplugin/v1beta1,podresources/v1}/api_pb2*.py from the kubelet's own
+# Regenerates nodeagent/kubeletapi/{deviceplugin/v1beta1,podresources/v1}/api_pb2*.py from the kubelet's own
 # .proto files in the k8s.io/kubelet Go module (the version the test bed's k8s/go.mod pins), with grpcio-tools.
 # No PyPI package ships these stubs; the generated files are committed so an installed gpuwarden needs no Go.
 # The generated _pb2 modules check the protobuf / grpcio runtime versions they were made with: pyproject.toml
@@ -12,7 +12,7 @@ KUBELET_VERSION=$(awk '$1 == "k8s.io/kubelet" && $2 == "=>" { print $4 }' "$ROOT
 [[ -n "$KUBELET_VERSION" ]] || { echo "kubelet-protos.sh: no k8s.io/kubelet replace in tests/testbed/k8s/go.mod" >&2; exit 1; }
 MODDIR=$(cd "$ROOT/tests/testbed/k8s" && go mod download -json "k8s.io/kubelet@$KUBELET_VERSION" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 SRC=$(mktemp -d); trap 'rm -rf "$SRC"' EXIT
-PKG=gpuwarden/kubeletapi
+PKG=nodeagent/kubeletapi
 for api in deviceplugin/v1beta1 podresources/v1; do
   mkdir -p "$SRC/$PKG/$api"
   cp "$MODDIR/pkg/apis/$api/api.proto" "$SRC/$PKG/$api/api.proto"

@@ -24,8 +24,8 @@ from adapter.app import Adapter
 from adapter.routing import route
 from adapter.server import AdapterState, Security, build_app
 from gpuwarden.config.root import Config
-from gpuwarden.localprom import find_free_port
-from gpuwarden.testbed.pki import KeyPair, issue, make_ca
+from harness.localprom import find_free_port
+from harness.testbed.pki import KeyPair, issue, make_ca
 
 FRONT_CA = make_ca("front-proxy-ca")
 CLIENT_CA = make_ca("client-ca")

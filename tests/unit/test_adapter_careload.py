@@ -25,7 +25,7 @@ from adapter.server import Security
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import KubeClient
-from gpuwarden.testbed import pki
+from harness.testbed import pki
 from tests.unit.test_adapter_certreload import client_context, handshake, reloads
 
 OLD_CA, NEW_CA = pki.make_ca("front-proxy-ca-1"), pki.make_ca("front-proxy-ca-2")

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from adapter import tls
 from adapter.certreload import CertificateReloader, Outcome, decide, digest_of
 from adapter.selfmetrics import new_metrics
-from gpuwarden.testbed import pki
+from harness.testbed import pki
 
 A = tls.self_signed(["a.test"])
 B = tls.self_signed(["b.test"])

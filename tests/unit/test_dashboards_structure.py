@@ -81,7 +81,7 @@ def code_metrics() -> set[str]:
 
 
 def dcgm_metrics() -> set[str]:
-    text = (ROOT / "gpuwarden" / "simulator" / "exposition.py").read_text()
+    text = (ROOT / "harness" / "simulator" / "exposition.py").read_text()
     return set(re.findall(r'Family\(\s*"([A-Za-z_]+)"', text))
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.demo import scenario as sc
-from gpuwarden.demo.checks import Checks
-from gpuwarden.demo.observer import ClusterView
-from gpuwarden.demo.processes import ProcessFailed
-from gpuwarden.demo.timeline import Timeline
 from gpuwarden.kube import ObjectList
 from gpuwarden.promtypes import Sample, Vector
+from harness.demo import scenario as sc
+from harness.demo.checks import Checks
+from harness.demo.observer import ClusterView
+from harness.demo.processes import ProcessFailed
+from harness.demo.timeline import Timeline
 
 FLEET = sc.Fleet(nodes=3)
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwarden.demo import manifests
-from gpuwarden.demo.observer import ClusterView, ViewCollector, hpa_metric_values, quantity
-from gpuwarden.demo.podsync import mapping
-from gpuwarden.demo.scenario import Deploy, Fleet, Hpa, Job
-from gpuwarden.simulator.hardware import gpu_uuid
-from gpuwarden.simulator.workload import numa_of
+from harness.demo import manifests
+from harness.demo.observer import ClusterView, ViewCollector, hpa_metric_values, quantity
+from harness.demo.podsync import mapping
+from harness.demo.scenario import Deploy, Fleet, Hpa, Job
+from harness.simulator.hardware import gpu_uuid
+from harness.simulator.workload import numa_of
 
 
 def test_nodes_carry_topology_like_the_simulator_and_pool_labels_and_taints() -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.demo import plots
-from gpuwarden.demo.figures import event_time
-from gpuwarden.demo.queries import intervals
-from gpuwarden.demo.report import RunRecord, _html
-from gpuwarden.demo.scenario import load_demo_scenario
-from gpuwarden.demo.timeline import Timeline
+from harness.demo import plots
+from harness.demo.figures import event_time
+from harness.demo.queries import intervals
+from harness.demo.report import RunRecord, _html
+from harness.demo.scenario import load_demo_scenario
+from harness.demo.timeline import Timeline
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.demo.scenario import (
+from gpuwarden.errors import ConfigError
+from harness.demo.scenario import (
     DEFAULT_SCENARIO,
     Expect,
     Faults,
     load_demo_scenario,
     parse_demo_scenario,
 )
-from gpuwarden.errors import ConfigError
 
 MINIMAL: dict[str, Any] = {
     "name": "t",

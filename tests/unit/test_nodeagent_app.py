@@ -15,9 +15,9 @@ import yaml
 
 from gpuwarden.config.root import Config
 from gpuwarden.kube.resources import Resource
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2 as pr
-from gpuwarden.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeagent.app import TOPOLOGY_ANNOTATION, NodeAgent, quarantined_uuids
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 
 NODE = "gpu-node-7"
 

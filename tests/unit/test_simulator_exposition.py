@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.simulator.compression import gzip_chunks
-from gpuwarden.simulator.exposition import ALL_FAMILIES, Renderer, xid_message
-from gpuwarden.simulator.fleet import Fleet, PodSpec
-from gpuwarden.simulator.scenario import fault_adapter, parse_scenario
-from gpuwarden.simulator.workload import LoadCurve
+from harness.simulator.compression import gzip_chunks
+from harness.simulator.exposition import ALL_FAMILIES, Renderer, xid_message
+from harness.simulator.fleet import Fleet, PodSpec
+from harness.simulator.scenario import fault_adapter, parse_scenario
+from harness.simulator.workload import LoadCurve
 
 BASE_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 POD_LABELS = {"container", "namespace", "pod"}

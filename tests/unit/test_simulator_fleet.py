@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.simulator.fleet import Fleet, MappingError, PodSpec
-from gpuwarden.simulator.scenario import fault_adapter, parse_scenario
-from gpuwarden.simulator.workload import LoadCurve, choose_gpus
+from harness.simulator.fleet import Fleet, MappingError, PodSpec
+from harness.simulator.scenario import fault_adapter, parse_scenario
+from harness.simulator.workload import LoadCurve, choose_gpus
 
 T0 = 1000.0  # the injected clock's reading at start
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.errors import ConfigError
-from gpuwarden.simulator.scenario import load_scenario, parse_duration, parse_scenario
+from harness.simulator.scenario import load_scenario, parse_duration, parse_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.simulator import Simulator, build_app, parse_scenario
+from harness.simulator import Simulator, build_app, parse_scenario
 
 SCENARIO: dict[str, Any] = {
     "fleet": {"nodes": 3, "gpus_per_node": 4, "numa_nodes": 2},

@@ -20,9 +20,9 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuwarden.testbed.images import PAUSE_IMAGE, TOOL_IMAGE, compile_static, oci_archive
-from gpuwarden.testbed.pki import make_ca
-from gpuwarden.testbed.realnode import RealNode, RealNodeSpec, write_kubelet_client_pki
+from harness.testbed.images import PAUSE_IMAGE, TOOL_IMAGE, compile_static, oci_archive
+from harness.testbed.pki import make_ca
+from harness.testbed.realnode import RealNode, RealNodeSpec, write_kubelet_client_pki
 
 
 def _members(archive: bytes) -> dict[str, bytes]:

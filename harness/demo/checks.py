@@ -1,0 +1,290 @@
+"""Checking the `expect:` list of a scenario step: every outcome observed in the live system, never assumed.
+
+Why it exists: the demo's exit code is its claim that every capability worked, so each expected outcome is a
+probe of real state — the HPA's status and the pods that exist, taints/annotations/conditions on nodes,
+Events the scheduler and the controller wrote, series in Prometheus — polled until it holds (within a
+deadline) and, for "nothing happens" outcomes, kept under watch for a hold period. A probe returns whether
+it holds and a one-line description of what it saw; that line is what the timeline and the report show,
+so a failure says what was observed instead.
+
+What it must not do: change anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.kube import EVENTS, JsonObject, KubeClient
+from gpuwarden.promclient import PrometheusClient
+from gpuwarden.promtypes import Vector
+from harness.demo import scenario as sc
+from harness.demo.observer import (
+    GPU_IDS,
+    NUMA,
+    ClusterView,
+    gpu_ids,
+    hpa_metric_values,
+    is_bound,
+    our_taint,
+)
+from harness.demo.processes import ProcessFailed
+from harness.demo.timeline import Outcome, Timeline
+
+Verdict = tuple[bool, str]
+QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
+HEARTBEAT_SECONDS = 15.0
+
+
+def condition(node: JsonObject, kind: str) -> str:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status", ""))
+    return ""
+
+
+def taint_text(taint: JsonObject | None) -> str:
+    return "none" if taint is None else f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+
+
+def node_state(taint: JsonObject | None, record: object, healthy: str) -> str:
+    return (
+        f"taint {taint_text(taint)}, annotation {'set' if record else 'absent'}, GPUHealthy={healthy or '?'}"
+    )
+
+
+def describe(expect: sc.Expect) -> str:
+    """`quarantined(node=gpu-node-05, reason=xid-79)` for the timeline."""
+    fields = ", ".join(f"{k}={v}" for k, v in expect.body.model_dump(exclude_none=True).items())
+    return f"{expect.key}({fields})"
+
+
+class Checks:
+    """Probes over the cluster view, the API's Events and Prometheus; `check()` runs one expectation."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        kube: KubeClient,
+        prom: PrometheusClient,
+        fleet: sc.Fleet,
+        alive: Callable[[], None],
+        timeline: Timeline,
+        interval: float = 1.0,
+    ) -> None:
+        self.view, self.kube, self.prom, self.fleet = view, kube, prom, fleet
+        self.interval = interval
+        self.alive = alive
+        self.t = timeline
+
+    async def check(self, expect: sc.Expect, within: float) -> Outcome:
+        """Poll the probe every `interval` s until it holds (then `hold` seconds more) or time runs out."""
+        probe: Callable[[Any], Awaitable[Verdict]] = getattr(self, f"probe_{expect.key}")
+        start = time.monotonic()
+        first_ok: float | None = None
+        ok, detail = False, "not checked"
+        said = start
+        while True:
+            try:
+                self.alive()
+                ok, detail = await probe(expect.body)
+            except ProcessFailed as exc:
+                return self.t.outcome(
+                    describe(expect), False, str(exc).splitlines()[0], time.monotonic() - start
+                )
+            except GpuwardenError as exc:  # API server or Prometheus hiccup: not an outcome, try again
+                ok, detail = False, f"could not observe: {exc}"
+            now = time.monotonic()
+            if ok:
+                first_ok = now if first_ok is None else first_ok
+                if now - first_ok >= expect.hold:
+                    held = f" (held {expect.hold:g}s)" if expect.hold else ""
+                    return self.t.outcome(describe(expect), True, detail + held, first_ok - start)
+            elif first_ok is not None:
+                lasted = now - first_ok
+                return self.t.outcome(
+                    describe(expect), False, f"held {lasted:.0f}s, then: {detail}", now - start
+                )
+            if first_ok is None and now - start > within:
+                return self.t.outcome(
+                    describe(expect), False, f"not within {within:g}s; saw: {detail}", now - start
+                )
+            if now - said > HEARTBEAT_SECONDS:  # a long wait still shows progress
+                state = (
+                    f"holding for {now - first_ok:.0f}s"
+                    if first_ok is not None
+                    else f"waiting {now - start:.0f}s"
+                )
+                self.t.info(f"{describe(expect)}: {state}; {detail}")
+                said = now
+            await asyncio.sleep(self.interval)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    async def events(self, reason: str, namespace: str | None = None) -> list[JsonObject]:
+        items = (await self.kube.list_objects(EVENTS, namespace=namespace)).items
+        return [e for e in items if e.get("reason") == reason]
+
+    def bound(self, namespace: str, workload: str) -> list[JsonObject]:
+        return [p for p in self.view.workload_pods(namespace, workload) if is_bound(p)]
+
+    def running(self, namespace: str, workload: str) -> list[JsonObject]:
+        return [
+            p
+            for p in self.bound(namespace, workload)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def node_or_missing(self, name: str) -> JsonObject:
+        node = self.view.node(name)
+        if node is None:
+            raise GpuwardenError(f"node {name} not in the watch cache")
+        return node
+
+    # ------------------------------------------------------------------------------------------ probes
+    async def probe_replicas(self, e: sc.Replicas) -> Verdict:
+        hpa = self.view.hpa(e.namespace, e.name)
+        if hpa is None:
+            return False, f"no HPA {e.namespace}/{e.name}"
+        desired = int((hpa.get("status") or {}).get("desiredReplicas", 0))
+        running = len(self.running(e.namespace, e.name))
+        values = ", ".join(f"{m} {c:g}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items())
+        detail = f"HPA desired {desired}, {running} pods running ({values} current/target)"
+        low, high = e.min if e.min is not None else 0, e.max if e.max is not None else 10**6
+        return low <= desired <= high and running == desired, detail
+
+    async def probe_hpa_metrics(self, e: sc.HpaMetrics) -> Verdict:
+        hpa = self.view.hpa(e.namespace, e.name)
+        if hpa is None:
+            return False, f"no HPA {e.namespace}/{e.name}"
+        values = hpa_metric_values(hpa)
+        have = {m: c for m, (c, _) in values.items() if c == c}  # NaN: not served yet
+        active = {c.get("type"): c.get("status") for c in (hpa.get("status") or {}).get("conditions") or []}
+        detail = f"currentMetrics {have or 'none'}; ScalingActive={active.get('ScalingActive', '?')}"
+        return set(e.metrics) <= set(have) and active.get("ScalingActive") == "True", detail
+
+    async def probe_series_follow_pods(self, e: sc.FollowPods) -> Verdict:
+        pods = {p["metadata"]["name"] for p in self.bound(e.namespace, e.workload) if gpu_ids(p)}
+        seen: dict[str, set[str]] = {}
+        for metric in ("DCGM_FI_DEV_GPU_UTIL", "http_requests_total"):
+            result = await self.prom.query(f'{metric}{{namespace="{e.namespace}",pod=~"{e.workload}-.*"}}')
+            seen[metric] = (
+                {s.labels.get("pod", "") for s in result.samples} if isinstance(result, Vector) else set()
+            )
+        same = all(s == pods for s in seen.values()) and bool(pods) and e.pods in (None, len(pods))
+        detail = (
+            f"{len(pods)} bound pods; Prometheus has DCGM_FI_DEV_GPU_UTIL for "
+            f"{len(seen['DCGM_FI_DEV_GPU_UTIL'])} and http_requests_total for "
+            f"{len(seen['http_requests_total'])} of them"
+        )
+        return same, detail
+
+    async def probe_running(self, e: sc.Running) -> Verdict:
+        pods = self.running(e.namespace, e.workload)
+        return len(
+            pods
+        ) == e.count, f"{len(pods)} pods running: {sorted(p['metadata']['name'] for p in pods)}"
+
+    async def probe_numa_aligned(self, e: sc.NumaAligned) -> Verdict:
+        pods = self.running(e.namespace, e.workload)
+        lines, ok = [], len(pods) == e.pods
+        for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+            ids = gpu_ids(pod)
+            numas = sorted({self.fleet.numa_of(i) for i in ids})
+            recorded = (pod["metadata"].get("annotations") or {}).get(NUMA, "")
+            ok = ok and len(ids) == e.gpus and len(numas) == 1 and recorded == ",".join(map(str, numas))
+            lines.append(
+                f"{pod['metadata']['name']} on {pod['spec']['nodeName']} GPUs "
+                f"{(pod['metadata'].get('annotations') or {}).get(GPU_IDS, '-')} NUMA {recorded or '-'}"
+            )
+        return ok, f"{len(pods)}/{e.pods} pods: " + "; ".join(lines)
+
+    async def probe_xid_seen(self, e: sc.XidSeen) -> Verdict:
+        result = await self.prom.query(f"max by (Hostname) (DCGM_FI_DEV_XID_ERRORS == {e.code})")
+        nodes = (
+            {s.labels.get("Hostname", "") for s in result.samples} if isinstance(result, Vector) else set()
+        )
+        missing = sorted(set(e.nodes) - nodes)
+        return (
+            not missing,
+            f"Prometheus shows XID {e.code} on {len(set(e.nodes) & nodes)}/{len(e.nodes)} nodes",
+        )
+
+    async def probe_quarantined(self, e: sc.Node) -> Verdict:
+        node = self.node_or_missing(e.node)
+        taint = our_taint(node)
+        record = (node["metadata"].get("annotations") or {}).get(QUARANTINE_ANNOTATION)
+        healthy = condition(node, "GPUHealthy")
+        if taint is None or (e.reason and taint.get("value") != e.reason) or not record or healthy != "False":
+            return False, node_state(taint, record, healthy)
+        events = [x for x in await self.events("GPUQuarantined") if x["regarding"].get("name") == e.node]
+        note = str(events[0].get("note", ""))[:120] if events else "no GPUQuarantined Event yet"
+        return bool(events), f"taint {taint_text(taint)}, GPUHealthy=False, Event: {note}"
+
+    async def probe_not_quarantined(self, e: sc.Nodes) -> Verdict:
+        tainted = sorted(n for n in e.nodes if (node := self.view.node(n)) is not None and our_taint(node))
+        everywhere = sorted(n["metadata"]["name"] for n in self.view.nodes.objects() if our_taint(n))
+        return (
+            not tainted,
+            f"none of the {len(e.nodes)} nodes tainted (tainted fleet-wide: {everywhere or 'none'})",
+        )
+
+    async def probe_released(self, e: sc.Node) -> Verdict:
+        node = self.node_or_missing(e.node)
+        taint, healthy = our_taint(node), condition(node, "GPUHealthy")
+        record = (node["metadata"].get("annotations") or {}).get(QUARANTINE_ANNOTATION)
+        if taint is not None or record or healthy != "True":
+            return False, node_state(taint, record, healthy)
+        events = [
+            x for x in await self.events("GPUQuarantineReleased") if x["regarding"].get("name") == e.node
+        ]
+        note = str(events[0].get("note", ""))[:120] if events else "no GPUQuarantineReleased Event yet"
+        return bool(events), f"no taint, GPUHealthy=True, Event: {note}"
+
+    async def probe_preempted(self, e: sc.Preempted) -> Verdict:
+        victims = await self.events("Preempted", e.namespace)
+        names = sorted(str(v["regarding"].get("name")) for v in victims)
+        winners = [p["metadata"]["name"] for p in self.running(e.namespace, e.preemptor)]
+        detail = f"{len(victims)} victim(s) {names}; {e.preemptor} running: {winners or 'no'}"
+        return len(victims) == e.victims and bool(winners), detail
+
+    async def probe_throttled(self, e: sc.Throttled) -> Verdict:
+        pattern = re.compile(rf"^{re.escape(e.workload)}-")
+        events = [
+            x
+            for x in await self.events("PreemptionThrottled", e.namespace)
+            if pattern.match(str(x["regarding"].get("name", "")))
+        ]
+        if not events:
+            return False, f"no PreemptionThrottled Event for a {e.workload} pod"
+        return True, f"{events[0]['regarding']['name']}: {str(events[0].get('note', ''))[:140]}"
+
+    async def probe_nominated(self, e: sc.Nominated) -> Verdict:
+        nominated = {
+            p["metadata"]["name"]: nominee
+            for p in self.view.workload_pods(e.namespace, e.workload)
+            if not is_bound(p) and (nominee := (p.get("status") or {}).get("nominatedNodeName"))
+        }
+        ok = any(e.node in (None, node) for node in nominated.values())
+        return ok, f"pending {e.workload} pods nominated: {nominated or 'none'}"
+
+    async def probe_nomination_cleared(self, e: sc.NominationCleared) -> Verdict:
+        pattern = re.compile(rf"^{re.escape(e.workload)}-")
+        events = [
+            x
+            for x in await self.events("NominationCleared", e.namespace)
+            if pattern.match(str(x["regarding"].get("name", "")))
+        ]
+        if not events:
+            return False, f"no NominationCleared Event for a {e.workload} pod"
+        name = str(events[0]["regarding"]["name"])
+        pod = next(
+            (p for p in self.view.workload_pods(e.namespace, e.workload) if p["metadata"]["name"] == name), {}
+        )
+        still = (pod.get("status") or {}).get("nominatedNodeName")
+        return not still, f"{name}: {str(events[0].get('note', ''))[:140]}" + (
+            f" (still {still})" if still else ""
+        )

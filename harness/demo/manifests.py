@@ -1,0 +1,185 @@
+"""Kubernetes objects of the demo, built from the scenario: GPU nodes with topology, workloads, HPAs.
+
+Why it exists: the scenario says "a Deployment of 1-GPU pods with an HPA on GPU utilization and QPS" or "a
+2-pod, 4-GPU training Job in the batch pool"; this module turns that into the exact objects a platform team
+would apply (autoscaling/v2 Pods metrics served by the gpuwarden adapter, tolerations for pool taints, node
+affinity, priority classes), and describes the kwok GPU nodes the way the device plugin and gpuwarden's
+topology annotation would. Pure: dicts in, dicts out, no I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from harness.demo.scenario import Deploy, Fleet, Hpa, Job, Workload
+from harness.simulator.hardware import gpu_uuid
+from harness.testbed import GpuNodeSpec
+
+POOL_KEY = "gpuwarden.io/pool"
+HOLD_FINALIZER = "gpuwarden.io/demo-hold"
+APP_LABEL = "app"
+DEMO_LABEL = "gpuwarden.io/demo"
+IMAGE = "registry.invalid/harness/demo-workload:0"  # kwok never pulls it
+
+
+def topology(fleet: Fleet, node: str) -> dict[str, dict[str, Any]]:
+    """`gpuwarden.io/gpu-topology`: NUMA as in the simulator, a PCIe switch per GPU pair, one NVSwitch domain,
+    and the simulator's GPU UUIDs (so the extender can tell which GPU the health controller flagged)."""
+    return {
+        str(i): {
+            "numa": fleet.numa_of(i),
+            "pcie": f"pcie{i // 2}",
+            "nvlink": "nvswitch0",
+            "uuid": gpu_uuid(node, i),
+        }
+        for i in range(fleet.gpus_per_node)
+    }
+
+
+def node_specs(fleet: Fleet) -> list[GpuNodeSpec]:
+    """One kwok node per fleet node, labelled and tainted for its pool."""
+    pool_of = {n: pool for pool, spec in fleet.pools.items() for n in spec.nodes}
+    specs = []
+    for name in fleet.node_names():
+        pool = pool_of.get(name)
+        labels = {POOL_KEY: pool} if pool else {}
+        taints = (
+            [{"key": POOL_KEY, "value": pool, "effect": "NoSchedule"}]
+            if pool and fleet.pools[pool].taint
+            else []
+        )
+        specs.append(
+            GpuNodeSpec(
+                name=name,
+                gpus=fleet.gpus_per_node,
+                labels=labels,
+                taints=taints,
+                topology=topology(fleet, name),
+            )
+        )
+    return specs
+
+
+def boot_id_patch() -> dict[str, Any]:
+    """A status patch giving the node a new bootID: what a reboot looks like to the API."""
+    return {"status": {"nodeInfo": {"bootID": str(uuid.uuid4())}}}
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {DEMO_LABEL: "true"}},
+    }
+
+
+def priority_class(name: str, value: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name, "labels": {DEMO_LABEL: "true"}},
+        "value": value,
+        "preemptionPolicy": "PreemptLowerPriority",
+        "description": "gpuwarden demo",
+    }
+
+
+def pod_template(w: Workload) -> dict[str, Any]:
+    """Metadata and spec of the workload's pods."""
+    annotations = {"gpuwarden.io/topology-policy": w.topology_policy} if w.topology_policy else {}
+    metadata: dict[str, Any] = {"labels": {APP_LABEL: w.name, DEMO_LABEL: "true"}}
+    if annotations:
+        metadata["annotations"] = annotations
+    if w.hold:
+        metadata["finalizers"] = [HOLD_FINALIZER]
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": w.name,
+                "image": IMAGE,
+                "resources": {"limits": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": str(w.gpus)}},
+            }
+        ],
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"nvidia.com/gpu.present": "true", **({POOL_KEY: w.pool} if w.pool else {})},
+    }
+    if w.pool:
+        spec["tolerations"] = [
+            {"key": POOL_KEY, "operator": "Equal", "value": w.pool, "effect": "NoSchedule"}
+        ]
+    if w.priority_class:
+        spec["priorityClassName"] = w.priority_class
+    if w.nodes:
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": w.nodes}]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
+    return {"metadata": metadata, "spec": spec}
+
+
+def deployment(d: Deploy) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": d.name, "namespace": d.namespace, "labels": {DEMO_LABEL: "true"}},
+        "spec": {
+            "replicas": d.replicas,
+            "selector": {"matchLabels": {APP_LABEL: d.name}},
+            "template": pod_template(d),
+        },
+    }
+
+
+def hpa(d: Deploy, spec: Hpa) -> dict[str, Any]:
+    """autoscaling/v2 on the adapter's Pods metrics (gpu_utilization, requests_per_second)."""
+    targets = (("gpu_utilization", spec.gpu_utilization), ("requests_per_second", spec.requests_per_second))
+    metrics = [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": name},
+                "target": {"type": "AverageValue", "averageValue": f"{value:g}"},
+            },
+        }
+        for name, value in targets
+        if value is not None
+    ]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": d.name, "namespace": d.namespace, "labels": {DEMO_LABEL: "true"}},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
+            "minReplicas": spec.min,
+            "maxReplicas": spec.max,
+            "metrics": metrics,
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0},
+                "scaleDown": {"stabilizationWindowSeconds": spec.scale_down_stabilization_seconds},
+            },
+        },
+    }
+
+
+def job_pods(j: Job) -> list[dict[str, Any]]:
+    """A training job as its operator runs it (PyTorchJob, JobSet, MPIJob): one pod per worker, not
+    restarted. Bare pods rather than a batch/v1 Job because kwok's default stages complete Job-owned pods at
+    once, and a training job that finishes in a second shows nothing."""
+    pods = []
+    for i in range(j.parallelism):
+        template = pod_template(j)
+        template["metadata"].update({"name": f"{j.name}-worker-{i}", "namespace": j.namespace})
+        template["spec"]["restartPolicy"] = "Never"
+        pods.append({"apiVersion": "v1", "kind": "Pod", **template})
+    return pods
+
+
+def workload_objects(w: Deploy | Job) -> list[dict[str, Any]]:
+    """The objects to apply for a `deploy` or `job` action."""
+    if isinstance(w, Job):
+        return job_pods(w)
+    objects = [deployment(w)]
+    if w.hpa is not None:
+        objects.append(hpa(w, w.hpa))
+    return objects

@@ -1,0 +1,360 @@
+"""The demo scenario file: a fleet, then a scripted timeline of steps with actions and expected outcomes.
+
+Why it exists: `gpuwarden demo` must prove every capability with checks, not narrate it, and users must be
+able to script their own runs (`gpuwarden demo --scenario FILE`). A step is "do these things, then expect
+these outcomes within N seconds (and keep them for M seconds)"; every action and every expectation is a
+one-key mapping (`- deploy: {...}`, `- quarantined: {...}`) so the YAML reads like the story it tells.
+Unknown keys are errors naming their field, and every problem is reported at once (as for the config).
+
+What it must not do: talk to anything. Running actions is `actions.py`, checking expectations `checks.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from gpuwarden.config.base import Section
+from gpuwarden.errors import ConfigError
+from harness.simulator.scenario import fault_adapter, problems_of
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "demo" / "default.yaml"
+Seconds = float
+
+
+class Pool(Section):
+    """Nodes reserved for one kind of work: labelled `gpuwarden.io/pool=<name>` and tainted with that key."""
+
+    nodes: list[str] = Field(min_length=1)
+    taint: bool = Field(True, description="taint the nodes so only pods that tolerate the pool land there")
+
+
+class Fleet(Section):
+    """The kwok GPU nodes (and the simulator's view of them): same names, same GPUs, same NUMA split."""
+
+    nodes: int = Field(16, ge=1, le=200)
+    gpus_per_node: int = Field(8, ge=1, le=16)
+    numa_nodes: int = Field(2, ge=1, le=8)
+    node_name_pattern: str = "gpu-node-{index:02d}"
+    pools: dict[str, Pool] = Field(default_factory=dict)
+
+    def node_names(self) -> list[str]:
+        return [self.node_name_pattern.format(index=i) for i in range(self.nodes)]
+
+    def numa_of(self, gpu: int) -> int:
+        """GPUs are split evenly and in order, as in the simulator (8 GPUs, 2 NUMA: 0-3 -> 0, 4-7 -> 1)."""
+        return gpu * self.numa_nodes // self.gpus_per_node
+
+
+class Hpa(Section):
+    """An autoscaling/v2 HPA on the Deployment, with Pods metrics served by the gpuwarden adapter."""
+
+    min: int = Field(1, ge=1)
+    max: int = Field(ge=1)
+    gpu_utilization: float | None = Field(None, gt=0, description="target average GPU utilization (%)")
+    requests_per_second: float | None = Field(None, gt=0, description="target average QPS per pod")
+    scale_down_stabilization_seconds: int = Field(0, ge=0)
+
+
+class Workload(Section):
+    """Pods requesting GPUs; scheduled by kube-scheduler through the gpuwarden extender."""
+
+    name: str
+    namespace: str = "default"
+    gpus: int = Field(1, ge=1)
+    priority_class: str | None = None
+    pool: str | None = Field(None, description="run only on this pool's nodes (tolerates its taint)")
+    nodes: list[str] | None = Field(None, description="run only on these nodes (required node affinity)")
+    topology_policy: Literal["single-numa", "prefer-numa", "single-pcie", "none"] | None = None
+    hold: bool = Field(
+        False, description="add a finalizer so a deleted pod stays terminating (a job checkpointing)"
+    )
+
+
+class Deploy(Workload):
+    """A Deployment; with `qps` the simulator serves that load over its pods (split evenly)."""
+
+    replicas: int = Field(1, ge=0)
+    qps: float | None = Field(None, ge=0)
+    qps_per_gpu: float = Field(100.0, gt=0, description="QPS one GPU serves at 100 % utilization")
+    hpa: Hpa | None = None
+
+
+class Job(Workload):
+    """A training job: `parallelism` worker pods `<name>-worker-<i>` (bare pods, as training operators
+    create them); a preempted worker is not recreated."""
+
+    parallelism: int = Field(1, ge=1)
+
+
+class Load(Section):
+    """Change the QPS the simulator serves for a workload (split over its mapped pods)."""
+
+    workload: str
+    namespace: str = "default"
+    qps: float = Field(ge=0)
+
+
+class Faults(Section):
+    """Simulator faults (see harness/simulator/control.py), fanned out over `nodes` x `gpus`.
+
+    Any other key (`kind`, `code`, `count`, `error`, `duration`, ...) is passed to the simulator as is and
+    validated against its fault schema when the scenario is loaded.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    nodes: list[str] = Field(min_length=1)
+    gpus: list[int] | None = Field(None, description="GPU indices; omitted: the fault has no `gpu`")
+
+    def expand(self) -> list[dict[str, Any]]:
+        rest = dict(self.model_extra or {})
+        gpus: list[int | None] = list(self.gpus) if self.gpus is not None else [None]
+        out = []
+        for node in self.nodes:
+            for gpu in gpus:
+                out.append({**rest, "node": node, **({"gpu": gpu} if gpu is not None else {})})
+        return out
+
+
+class ClearFaults(Section):
+    node: str | None = None
+    gpu: int | None = None
+    reset: bool = Field(False, description="also a GPU reset: clears the sticky XID and the XID window")
+
+
+class Reboot(Section):
+    """Reboot a node: a new `status.nodeInfo.bootID` and a GPU reset of all its GPUs in the simulator."""
+
+    node: str
+
+
+class Release(Section):
+    """Remove the demo's finalizer from pods of a workload, letting terminating ones go (checkpoint done)."""
+
+    namespace: str = "default"
+    workload: str
+
+
+class Delete(Section):
+    kind: str
+    name: str
+    namespace: str | None = None
+
+
+class Replicas(Section):
+    name: str
+    namespace: str = "default"
+    min: int | None = Field(None, ge=0)
+    max: int | None = Field(None, ge=0)
+
+
+class HpaMetrics(Section):
+    name: str
+    namespace: str = "default"
+    metrics: list[str] = Field(min_length=1)
+
+
+class Selected(Section):
+    """Pods of one workload (label `app=<workload>`)."""
+
+    workload: str
+    namespace: str = "default"
+
+
+class FollowPods(Selected):
+    pods: int | None = Field(None, ge=1, description="also require this many bound pods")
+
+
+class Running(Selected):
+    count: int = Field(ge=0)
+
+
+class NumaAligned(Selected):
+    pods: int = Field(ge=1)
+    gpus: int = Field(ge=1)
+
+
+class Node(Section):
+    node: str
+    reason: str | None = Field(None, description="taint value, e.g. xid-79")
+
+
+class Nodes(Section):
+    nodes: list[str] = Field(min_length=1)
+
+
+class XidSeen(Nodes):
+    code: int
+
+
+class Preempted(Section):
+    namespace: str = "default"
+    victims: int = Field(ge=0, description="exact number of Preempted events in the namespace")
+    preemptor: str = Field(description="workload whose pod must be running after preempting")
+
+
+class Throttled(Section):
+    namespace: str = "default"
+    workload: str = Field(description="workload whose pending pod the throttle refused to let preempt")
+
+
+class Nominated(Selected):
+    """A pending pod of the workload carries `status.nominatedNodeName` (= `node` when given)."""
+
+    node: str | None = None
+
+
+class NominationCleared(Selected):
+    pass
+
+
+class Expect(Section):
+    """Exactly one outcome key, plus how long to wait for it and how long it must then keep holding."""
+
+    replicas: Replicas | None = None
+    hpa_metrics: HpaMetrics | None = None
+    series_follow_pods: FollowPods | None = None
+    running: Running | None = None
+    numa_aligned: NumaAligned | None = None
+    xid_seen: XidSeen | None = None
+    quarantined: Node | None = None
+    not_quarantined: Nodes | None = None
+    released: Node | None = None
+    preempted: Preempted | None = None
+    throttled: Throttled | None = None
+    nominated: Nominated | None = None
+    nomination_cleared: NominationCleared | None = None
+    within: Seconds | None = Field(None, gt=0, description="default: the step's `within`")
+    hold: Seconds = Field(0.0, ge=0, description="after first holding, must keep holding this long")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Expect:
+        keys = [k for k in OUTCOME_KEYS if getattr(self, k) is not None]
+        if len(keys) != 1:
+            raise ValueError(f"give exactly one outcome key, got {keys or 'none'}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return next(k for k in OUTCOME_KEYS if getattr(self, k) is not None)
+
+    @property
+    def body(self) -> Section:
+        value: Section = getattr(self, self.key)
+        return value
+
+
+OUTCOME_KEYS = tuple(k for k in Expect.model_fields if k not in ("within", "hold"))
+
+
+class Action(Section):
+    """Exactly one of the keys."""
+
+    deploy: Deploy | None = None
+    job: Job | None = None
+    load: Load | None = None
+    fault: Faults | None = None
+    clear_faults: ClearFaults | None = None
+    reboot: Reboot | None = None
+    release: Release | None = None
+    delete: Delete | None = None
+    cordon: str | None = None
+    sleep: Seconds | None = Field(None, ge=0)
+    wait_for: Expect | None = Field(
+        None, description="block until this outcome holds (fails the step if not)"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Action:
+        set_keys = [k for k in type(self).model_fields if getattr(self, k) is not None]
+        if len(set_keys) != 1:
+            raise ValueError(f"give exactly one action key, got {set_keys or 'none'}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return next(k for k in type(self).model_fields if getattr(self, k) is not None)
+
+
+class Step(Section):
+    name: str = Field(pattern=r"^[a-z0-9][-a-z0-9]*$")
+    title: str
+    do: list[Action] = Field(default_factory=list)
+    expect: list[Expect] = Field(default_factory=list)
+    within: Seconds = Field(90.0, gt=0, description="seconds each expectation may take to hold")
+
+
+class DemoScenario(Section):
+    name: str
+    description: str = ""
+    fleet: Fleet = Field(default_factory=Fleet)
+    priority_classes: dict[str, int] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="merged over the demo's gpuwarden config (docs/configuration.md)"
+    )
+    steps: list[Step] = Field(min_length=1)
+
+
+def _cross_problems(s: DemoScenario) -> list[tuple[str, str]]:
+    """Names that must refer to something: nodes, pools, priority classes, unique step names, faults."""
+    problems: list[tuple[str, str]] = []
+    nodes = set(s.fleet.node_names())
+    for pool, spec in s.fleet.pools.items():
+        problems += [
+            (f"fleet.pools.{pool}.nodes", f"unknown node {n!r}") for n in spec.nodes if n not in nodes
+        ]
+    seen: set[str] = set()
+    for i, step in enumerate(s.steps):
+        if step.name in seen:
+            problems.append((f"steps[{i}].name", f"duplicate step name {step.name!r}"))
+        seen.add(step.name)
+        for j, action in enumerate(step.do):
+            where = f"steps[{i}].do[{j}]"
+            w = action.deploy or action.job
+            if w is not None:
+                if w.pool is not None and w.pool not in s.fleet.pools:
+                    problems.append((f"{where}.{action.key}.pool", f"unknown pool {w.pool!r}"))
+                if w.priority_class is not None and w.priority_class not in s.priority_classes:
+                    problems.append((f"{where}.{action.key}.priority_class", f"unknown {w.priority_class!r}"))
+                bad = [n for n in w.nodes or () if n not in nodes]
+                problems += [(f"{where}.{action.key}.nodes", f"unknown node {n!r}") for n in bad]
+            if action.fault is not None:
+                for k, body in enumerate(action.fault.expand()):
+                    if body["node"] not in nodes:
+                        problems.append((f"{where}.fault.nodes", f"unknown node {body['node']!r}"))
+                        break
+                    try:
+                        fault_adapter.validate_python(body)
+                    except ValidationError as exc:
+                        problems += problems_of(exc, f"{where}.fault[{k}].")
+                        break
+    return problems
+
+
+def parse_demo_scenario(data: Any) -> DemoScenario:
+    """Validate a decoded scenario; raises ConfigError listing every problem with its field."""
+    if not isinstance(data, dict):
+        raise ConfigError([("(top level)", f"expected a mapping, got {type(data).__name__}")])
+    try:
+        scenario = DemoScenario.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems_of(exc)) from None
+    problems = _cross_problems(scenario)
+    if problems:
+        raise ConfigError(problems)
+    return scenario
+
+
+def load_demo_scenario(path: Path | None = None) -> DemoScenario:
+    """Read a scenario YAML file (default: examples/demo/default.yaml)."""
+    path = path or DEFAULT_SCENARIO
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([("(file)", f"cannot read {path}: {exc.strerror or exc}")]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([("(file)", f"not valid YAML: {exc}")]) from None
+    return parse_demo_scenario(data)

@@ -1,0 +1,364 @@
+"""Prometheus text exposition of the simulated fleet, in dcgm-exporter's exact names, types, HELP and labels.
+
+Why it exists: one process must expose 5,000 nodes x 8 GPUs (~800k lines), so rendering is its own concern
+and is written for speed: every GPU's label string is built once and reused until the pod holding the GPU
+changes; each family is rendered with C-level `map`/`join` over per-GPU value lists, never per-line Python
+formatting. It reads `Fleet` state and never changes it.
+
+Label layout follows dcgm-exporter's template (`gpuMetricsFormat`): `gpu`, `UUID`, `pci_bus_id`, `device`,
+`modelName`, `Hostname` (or `hostname`), then label fields (`DCGM_FI_DRIVER_VERSION`) and attributes in sorted
+key order: `container`, `err_code`, `err_msg`, `namespace`, `pod`, `window_size_in_ms`, `xid`. Values are
+formatted as the exporter does: integers with `%d`, doubles with `%f`.
+
+Behaviours copied from the exporter on purpose (see the GPU-health reference, section 1.3): a GPU that never
+had an XID has no DCGM_FI_DEV_XID_ERRORS series (blank values are skipped; `xid_zero_when_none` emulates older
+exporters); the last XID sticks until a GPU reset; DCGM_EXP_XID_ERRORS_COUNT has one series per XID seen in
+the window, or one 0-valued series without `xid`, and is typed `counter` as in the exporter's CSV although it
+falls when XIDs age out of the window.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from harness.simulator.fleet import Fleet
+from harness.simulator.hardware import Gpu
+from harness.simulator.workload import Pod
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# dcgm-exporter internal/pkg/collector/xid_errors.go; index = XID code.
+_XID_TEXT = {
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+    46: "GPU stopped processing",
+    48: "Double Bit ECC Error",
+    54: "Auxiliary power is not connected to the GPU board",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    69: "Graphics Engine class error",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    93: "Non-fatal violation of provisioned InfoROM wear limit",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    121: "C2C Link Error",
+    136: "ALI Training Fail",
+    137: "NVLink Privilege Error",
+    140: "Unrecovered ECC Error",
+    143: "GPU Initialization Failure",
+    144: "NVLINK: Saw Error",
+    145: "NVLINK: RLW Error",
+    146: "NVLINK: TLW Error",
+    147: "NVLINK: TREX Error",
+    148: "NVLINK: NVLPW_CTRL Error",
+    149: "NVLINK: NETIR Error",
+    150: "NVLINK: MSE Error",
+    151: "Robust Channel Key rotation Error",
+    154: "GPU Recovery Action Changed",
+    155: "NVLINK: SW Defined Error",
+    156: "Resource Retirement Event",
+    157: "Resource Retirement Failure",
+    158: "GPU Fatal Timeout",
+    159: "Robust Channel CHI Non-Data Error",
+    160: "Channel Retirement Event",
+    161: "Channel Retirement Failure",
+    171: "Uncorrectable DRAM Error",
+    172: "Uncorrectable SRAM Error",
+}
+
+
+def xid_message(code: int) -> str:
+    """The `err_msg` dcgm-exporter attaches to an XID code.
+
+    The simulator carries the exporter's text for the XIDs health rules care about (above); any other code
+    gets the exporter's own fallback, "Unknown Error".
+    """
+    return "No Error" if code == 0 else _XID_TEXT.get(code, "Unknown Error")
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    type: str
+    help: str
+
+    @property
+    def header(self) -> str:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.type}\n"
+
+
+Values = Callable[[list[Gpu]], Iterable[str]]
+
+
+def _ints(attr: str) -> Values:
+    get = operator.attrgetter(attr)
+    return lambda gpus: map(str, map(get, gpus))
+
+
+def _util(gpus: list[Gpu]) -> Iterable[str]:
+    return [str(round(g.util)) for g in gpus]
+
+
+def _gr_active(gpus: list[Gpu]) -> Iterable[str]:
+    return [f"{g.util * 0.0095:f}" for g in gpus]  # ratio; a little below util/100, as on real GPUs
+
+
+def _power(gpus: list[Gpu]) -> Iterable[str]:
+    return [f"{g.power_w:f}" for g in gpus]
+
+
+def _energy(gpus: list[Gpu]) -> Iterable[str]:
+    return [str(int(g.energy_mj)) for g in gpus]
+
+
+XID = Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+XID_COUNT = Family("DCGM_EXP_XID_ERRORS_COUNT", "counter", "reported XIDs during last window")
+HTTP_REQUESTS = Family("http_requests_total", "counter", "Total HTTP requests served by the pod (simulated).")
+
+# One series per exported GPU; order as in dcgm-exporter's etc/dcp-metrics-included.csv.
+PER_GPU: tuple[tuple[Family, Values], ...] = (
+    (Family("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."), _ints("mem_temp_c")),
+    (Family("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."), _ints("temp_c")),
+    (Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."), _power),
+    (
+        Family(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."
+        ),
+        _energy,
+    ),
+    (Family("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."), _util),
+    (Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."), _ints("fb_free_mib")),
+    (Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."), _ints("fb_used_mib")),
+    (
+        Family("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+        _ints("ecc_sbe_vol"),
+    ),
+    (
+        Family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+        _ints("ecc_dbe_vol"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors."
+        ),
+        _ints("ecc_sbe_agg"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors."
+        ),
+        _ints("ecc_dbe_agg"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors."
+        ),
+        _ints("retired_sbe"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors."
+        ),
+        _ints("retired_dbe"),
+    ),
+    (
+        Family("DCGM_FI_DEV_RETIRED_PENDING", "counter", "Total number of pages pending retirement."),
+        _ints("retired_pending"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "counter",
+            "Number of remapped rows for uncorrectable errors",
+        ),
+        _ints("remapped_uncorrectable"),
+    ),
+    (
+        Family(
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "counter",
+            "Number of remapped rows for correctable errors",
+        ),
+        _ints("remapped_correctable"),
+    ),
+    (
+        Family("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+        _ints("row_remap_failure"),
+    ),
+    (
+        Family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+        _gr_active,
+    ),
+)
+ALL_FAMILIES = (*(f.name for f, _ in PER_GPU), XID.name, XID_COUNT.name)
+
+
+@dataclass(frozen=True)
+class _Labels:
+    pod: Pod | None
+    base: str  # '{gpu=...,DCGM_FI_DRIVER_VERSION="..."' (open)
+    container: str  # ',container="..."' or ''
+    ns_pod: str  # ',namespace="...",pod="..."' or ''
+    open: str  # base + container + ns_pod
+    closed: str  # open + '} '
+
+
+@dataclass(eq=False)
+class Chunk:
+    """A rendered piece of the body; `gz` is its raw deflate once a gzip client asked (compression.py)."""
+
+    data: bytes
+    labels: list[str] | None = None
+    values: list[str] | None = None
+    gz: bytes | None = None
+
+
+class Renderer:
+    """Renders a fleet; reuses per-GPU label strings and unchanged blocks of lines between renders.
+
+    The whole-fleet body is cut into chunks of `BLOCK` GPUs per family. A chunk whose labels and values are
+    unchanged since the last render is reused as is (bytes and compressed bytes), so a step in which only
+    busy GPUs change re-renders and re-compresses only their blocks.
+    """
+
+    BLOCK = 256
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        ex = fleet.scenario.exporter
+        self._hostname = ex.hostname_label
+        self._k8s = ex.kubernetes
+        enabled = set(ex.metrics) if ex.metrics is not None else set(ALL_FAMILIES)
+        self._families = [(f, v) for f, v in PER_GPU if f.name in enabled]
+        self._xid = XID.name in enabled
+        self._xid_count = XID_COUNT.name in enabled
+        self._window = f',window_size_in_ms="{round(ex.xid_count_window * 1000)}"'
+        self._model = escape(fleet.model.model_name)
+        self._driver = escape(fleet.model.driver_version)
+        self._labels: dict[Gpu, _Labels] = {}
+        self._chunks: dict[tuple[str, int], Chunk] = {}
+        self._headers = {f.name: Chunk(f.header.encode()) for f in (*(f for f, _ in PER_GPU), XID, XID_COUNT)}
+
+    def _label(self, g: Gpu) -> _Labels:
+        cached = self._labels.get(g)
+        if cached is not None and cached.pod is g.pod:
+            return cached
+        base = (
+            f'{{gpu="{g.index}",UUID="{g.uuid}",pci_bus_id="{g.pci_bus_id}",device="nvidia{g.index}",'
+            f'modelName="{self._model}",{self._hostname}="{escape(g.node)}",DCGM_FI_DRIVER_VERSION="{self._driver}"'
+        )
+        p = g.pod if self._k8s else None
+        container = f',container="{escape(p.container)}"' if p else ""
+        ns_pod = f',namespace="{escape(p.namespace)}",pod="{escape(p.name)}"' if p else ""
+        opened = base + container + ns_pod
+        made = self._labels[g] = _Labels(g.pod, base, container, ns_pod, opened, opened + "} ")
+        return made
+
+    def exported_gpus(self, node: str | None = None) -> list[Gpu]:
+        nodes = self.fleet.nodes.values() if node is None else [self.fleet.nodes[node]]
+        return [g for n in nodes if n.exporter_up for g in n.gpus if g.present]
+
+    def _family(self, name: str, labels: list[str], values: list[str], cache: bool) -> list[Chunk]:
+        """`name + label + value` lines; with `cache`, blocks equal to last render's are reused."""
+        sep = "\n" + name
+        out = []
+        for b in range(0, len(labels), self.BLOCK):
+            lab, val = labels[b : b + self.BLOCK], values[b : b + self.BLOCK]
+            old = self._chunks.get((name, b)) if cache else None
+            if old is not None and old.values == val and old.labels == lab:
+                out.append(old)
+                continue
+            chunk = Chunk((name + sep.join(map(operator.add, lab, val)) + "\n").encode(), lab, val)
+            if cache:
+                self._chunks[(name, b)] = chunk
+            out.append(chunk)
+        return out
+
+    def render_dcgm(self, gpus: list[Gpu], *, cache: bool = False) -> list[Chunk]:
+        """Chunks of every enabled DCGM family for `gpus`; `cache` only for the one whole-fleet body."""
+        if not gpus:
+            return []
+        labels = [self._label(g) for g in gpus]
+        closed = [lab.closed for lab in labels]
+        out: list[Chunk] = []
+        for fam, values in self._families:
+            out.append(self._headers[fam.name])
+            out += self._family(fam.name, closed, list(values(gpus)), cache)
+        if self._xid:
+            lines = self._xid_lines(gpus, labels)
+            if lines:
+                out += (self._headers[XID.name], Chunk(("\n".join(lines) + "\n").encode()))
+        if self._xid_count:
+            out.append(self._headers[XID_COUNT.name])
+            out += self._family(
+                XID_COUNT.name, [lab.open for lab in labels], self._xid_count_suffixes(gpus, labels), cache
+            )
+        return out
+
+    def _xid_lines(self, gpus: list[Gpu], labels: list[_Labels]) -> list[str]:
+        zero = self.fleet.scenario.exporter.xid_zero_when_none
+        lines = []
+        for g, lab in zip(gpus, labels, strict=True):
+            code = g.last_xid if g.last_xid is not None else (0 if zero else None)
+            if code is not None:
+                lines.append(
+                    f'{XID.name}{lab.base}{lab.container},err_code="{code}",'
+                    f'err_msg="{escape(xid_message(code))}"{lab.ns_pod}}} {code}'
+                )
+        return lines
+
+    def _xid_count_suffixes(self, gpus: list[Gpu], labels: list[_Labels]) -> list[str]:
+        """Per GPU: the rest of its DCGM_EXP_XID_ERRORS_COUNT line(s) after the open label set."""
+        with_events = self.fleet.xid_gpus
+        zero = self._window + "} 0"
+        out = []
+        for g, lab in zip(gpus, labels, strict=True):
+            if g not in with_events:
+                out.append(zero)
+                continue
+            counts = sorted(Counter(code for _, code in g.xid_events).items())
+            more = "\n" + XID_COUNT.name + lab.open
+            out.append(more.join(f'{self._window},xid="{code}"}} {n}' for code, n in counts))
+        return out
+
+    def render_apps(self) -> list[Chunk]:
+        """http_requests_total for every pod serving a workload (as the pods' own /metrics would)."""
+        pods = sorted(self.fleet.pods.values(), key=lambda p: (p.namespace, p.name))
+        if not pods:
+            return []
+        lines = [
+            f'{HTTP_REQUESTS.name}{{code="200",method="GET",namespace="{escape(p.namespace)}",'
+            f'pod="{escape(p.name)}"}} {int(p.requests)}'
+            for p in pods
+        ]
+        return [Chunk(HTTP_REQUESTS.header.encode()), Chunk(("\n".join(lines) + "\n").encode())]
+
+    def render_chunks(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> list[Chunk]:
+        """The whole fleet (default, block-cached), one node's exporter (`node`), or only app metrics."""
+        chunks = self.render_dcgm(self.exported_gpus(node), cache=node is None) if dcgm else []
+        if apps:
+            chunks += self.render_apps()
+        return chunks
+
+    def render(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> str:
+        """The exposition as text (tests and tools; the server serves `render_chunks`)."""
+        return b"".join(c.data for c in self.render_chunks(node=node, dcgm=dcgm, apps=apps)).decode()

@@ -1,0 +1,706 @@
+"""One real kubelet node beside the kwok fleet: kubelet v1.35 on containerd 1.6 + runc + a CNI bridge.
+
+kwok nodes run no kubelet, so nothing that ends on a node (a device plugin's Allocate, the PodResources API,
+graceful termination after an Eviction, ``kubectl logs``) can be proven on them. A :class:`RealNode` runs the
+real thing as plain processes of this harness, never through a service manager and never on the system's
+containerd paths:
+
+* **containerd** (Debian's 1.6) with its own config, socket, root and state under a short run directory
+  (``/tmp/gwtb-*``: unix socket paths are limited to 108 bytes), the CRI plugin's ``sandbox_image`` set to the
+  locally built pause image, ``SystemdCgroup = false`` (the kubelet's ``cgroupDriver: cgroupfs``), and
+  ``restrict_oom_score_adj = true`` because this machine's root lacks CAP_SYS_RESOURCE (runc fails with
+  ``can't get final child's PID from pipe: EOF`` otherwise);
+* a **CNI bridge** conflist (bridge + host-local; loopback is added by containerd itself) with its own bridge
+  name, subnet and IPAM data directory;
+* the two **images** of :mod:`harness.testbed.images`, imported into containerd's ``k8s.io`` namespace;
+* the **kubelet**, registered as ``system:node:<name>`` (group ``system:nodes``) with a client certificate
+  signed by the cluster CA, so the Node authorizer and NodeRestriction admission apply to it as to any
+  node. Its own API (logs) accepts only the API server's kubelet-client certificate and asks the API
+  server to authorize (webhook), as on a kubeadm node. It registers labelled
+  ``gpuwarden.io/real-kubelet=true`` and tainted ``gpuwarden.io/real-kubelet=true:NoSchedule``, so only
+  pods that ask for it land there.
+
+The kubelet's device-plugin directory is fixed at ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir``
+says, so only one real node can run on a machine at a time: :class:`RealNode` takes an exclusive lock
+(``/var/lib/kubelet/gpuwarden-testbed.lock``) and refuses a second one with a message naming the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from gpuwarden import ports
+from harness.testbed.images import IMAGES, PAUSE_IMAGE, build_archives
+from harness.testbed.pki import KeyPair, issue
+from harness.testbed.waiting import Progress, poll
+
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+"""Fixed by the kubelet (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 ``DevicePluginPath``)."""
+KUBELET_SOCKET = DEVICE_PLUGIN_DIR / "kubelet.sock"
+LOCK_PATH = Path("/var/lib/kubelet/gpuwarden-testbed.lock")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+"""Debian's containernetworking-plugins install location."""
+REAL_NODE_LABEL = "gpuwarden.io/real-kubelet"
+REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+RUNTIME_PACKAGES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc"}
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
+CGROUP_V1_REQUIRED = ("cpu", "cpuacct", "cpuset", "memory")
+
+
+class RealNodeError(RuntimeError):
+    """The real kubelet node could not be started (the message names the failing piece)."""
+
+
+@dataclass(frozen=True)
+class RealNodeSpec:
+    """One real kubelet node."""
+
+    name: str = "real-node-0"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[Mapping[str, str]] = (REAL_NODE_TAINT,)
+    max_pods: int = 32
+    bridge: str = "gwtb0"
+    subnet: str = "10.244.250.0/24"
+    ready_timeout: float = 120.0
+    kubelet_verbosity: int = 2
+
+
+@dataclass(frozen=True)
+class KubeletClientPki:
+    """The API server's client identity towards kubelets (``--kubelet-client-certificate``) and its CA."""
+
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+
+
+def write_kubelet_client_pki(directory: Path, ca: KeyPair) -> KubeletClientPki:
+    """CN ``kube-apiserver-kubelet-client``, group ``system:masters`` (the kubelet's webhook allows it)."""
+    client = issue(ca, "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True)
+    ca_cert, _ = ca.write(directory, "kubelet-client-ca")
+    cert, key = client.write(directory, "kubelet-client")
+    return KubeletClientPki(ca_cert=ca_cert, client_cert=cert, client_key=key)
+
+
+def check_prerequisites() -> list[str]:
+    """What this machine lacks to run a real node, each with the package or setting that cures it."""
+    problems: list[str] = []
+    for binary, package in RUNTIME_PACKAGES.items():
+        if shutil.which(binary) is None:
+            problems.append(f"{binary} not on PATH (Debian package {package}; `make node-runtime`)")
+    for plugin in CNI_PLUGINS:
+        if not os.access(CNI_BIN_DIR / plugin, os.X_OK):
+            problems.append(f"{CNI_BIN_DIR / plugin} missing (Debian containernetworking-plugins)")
+    if shutil.which("gcc") is None:
+        problems.append("gcc not on PATH (the pause and tool images are compiled from C)")
+    if shutil.which("ip") is None:
+        problems.append("ip not on PATH (Debian iproute2; the CNI bridge is removed with it)")
+    for subsystem in CGROUP_V1_REQUIRED:
+        if (
+            not Path("/sys/fs/cgroup", subsystem).is_dir()
+            and not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        ):
+            problems.append(f"cgroup subsystem {subsystem} not mounted under /sys/fs/cgroup")
+    if os.geteuid() != 0:
+        problems.append("not root: the kubelet and containerd need root")
+    return problems
+
+
+def node_ip() -> str:
+    """The address of the default-route interface (the kubelet refuses a loopback node IP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent; this only picks the route's source address
+        except OSError as exc:
+            raise RealNodeError(f"no default route to pick a node IP from ({exc})") from exc
+        ip = str(s.getsockname()[0])
+    if ip.startswith("127."):
+        raise RealNodeError(
+            f"the default-route address is loopback ({ip}); the kubelet refuses it as node IP"
+        )
+    return ip
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _proc_children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
+    out: list[int] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _kill(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    live = [p for p in pids if _alive(p)]
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [p for p in live if _alive(p)]
+    return live
+
+
+def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
+    out: list[str] = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return out
+    roots = [str(p).rstrip("/") + "/" for p in prefixes]
+    for line in lines:
+        mountpoint = line.split()[4].replace("\\040", " ")
+        if any((mountpoint + "/").startswith(r) for r in roots):
+            out.append(mountpoint)
+    return out
+
+
+def _rss(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class RealNode:
+    """A running real kubelet node. Start with :meth:`start`; always :meth:`stop` (or use ``with``)."""
+
+    def __init__(
+        self,
+        spec: RealNodeSpec,
+        *,
+        kubelet_binary: Path,
+        ctl_binary: Path,
+        server: str,
+        cluster_ca: KeyPair,
+        kubelet_client_ca: Path,
+        cache_dir: Path,
+        progress: Progress | None = None,
+    ) -> None:
+        self.spec = spec
+        self.kubelet_binary = kubelet_binary
+        self.kubectl_binary = ctl_binary
+        self.server = server
+        self._cluster_ca = cluster_ca
+        self._kubelet_client_ca = kubelet_client_ca
+        self._cache_dir = cache_dir
+        self._progress = progress or Progress(f"realnode:{spec.name}")
+        self.run_dir = Path(tempfile.mkdtemp(prefix="gwtb-", dir="/tmp"))
+        self._lock: IO[str] | None = None
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._cmds: dict[str, list[str]] = {}
+        self._netns_before: set[str] = set()
+        self._stopped = False
+        self.timings: dict[str, float] = {}
+        self.node_ip = ""
+        self.kubelet_port = 0
+        self.healthz_port = 0
+
+    # ---------------------------------------------------------------- paths
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.run_dir / "containerd" / "containerd.sock"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.run_dir / "kubelet"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet PodResources API (``<root-dir>/pod-resources/kubelet.sock``)."""
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        """Where device plugins put their sockets and find ``kubelet.sock`` (fixed by the kubelet)."""
+        return DEVICE_PLUGIN_DIR
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        return self.run_dir / "pod-logs"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def log(self, component: str) -> Path:
+        """``kubelet`` or ``containerd`` log file."""
+        return self.logs_dir / f"{component}.log"
+
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self._procs.items() if p.poll() is None}
+
+    def rss(self) -> dict[str, int]:
+        """Resident memory (bytes) of kubelet and containerd (and the sum of their shims as ``shims``)."""
+        out = {name: _rss(pid) for name, pid in self.pids().items()}
+        out["shims"] = sum(_rss(pid) for pid in self._shim_pids())
+        return out
+
+    # ---------------------------------------------------------------- start
+    def start(self) -> RealNode:
+        p = self._progress
+        t0 = time.monotonic()
+        try:
+            problems = check_prerequisites()
+            if problems:
+                raise RealNodeError("cannot run a real kubelet node here: " + "; ".join(problems))
+            self._take_lock()
+            self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+            for d in (self.logs_dir, self.pod_logs_dir, self.kubelet_root):
+                d.mkdir(parents=True, exist_ok=True)
+            self.node_ip = node_ip()
+            self._start_containerd()
+            self.timings["containerd_s"] = time.monotonic() - t0
+            p(f"containerd up in {self.timings['containerd_s']:.1f}s (socket {self.containerd_socket})")
+            t1 = time.monotonic()
+            self._import_images()
+            self.timings["images_s"] = time.monotonic() - t1
+            p(f"images imported in {self.timings['images_s']:.1f}s: {', '.join(i.name for i in IMAGES)}")
+            t2 = time.monotonic()
+            self._start_kubelet()
+            self._wait_ready()
+            self.timings["kubelet_ready_s"] = time.monotonic() - t2
+            self.timings["node_ready_s"] = time.monotonic() - t0
+            p(
+                f"node {self.name} Ready: kubelet {self.timings['kubelet_ready_s']:.1f}s after start, "
+                f"{self.timings['node_ready_s']:.1f}s in all (kubelet {self.node_ip}:{self.kubelet_port})"
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _take_lock(self) -> None:
+        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+        fh = LOCK_PATH.open("a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise RealNodeError(
+                f"another real-kubelet test bed node is running on this machine ({holder}); only one can run "
+                f"at a time because the kubelet's device-plugin directory {DEVICE_PLUGIN_DIR} is fixed. "
+                f"Stop it first (its lock: {LOCK_PATH})"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}, node {self.name}, run dir {self.run_dir}\n")
+        fh.flush()
+        self._lock = fh
+        if KUBELET_SOCKET.exists():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1)
+                try:
+                    s.connect(str(KUBELET_SOCKET))
+                except OSError:
+                    pass  # a stale socket of a kubelet that is gone; the new kubelet removes it
+                else:
+                    raise RealNodeError(
+                        f"a kubelet not started by this harness serves {KUBELET_SOCKET}; refusing to start a "
+                        "second kubelet on the same device-plugin directory"
+                    )
+
+    def _spawn(self, name: str, cmd: Sequence[str]) -> subprocess.Popen[bytes]:
+        log = self.log(name).open("ab")
+        # A session of its own: a test runner that ends its process group must not stop the node with it.
+        proc = subprocess.Popen(
+            list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        log.close()
+        self._procs[name] = proc
+        self._cmds[name] = list(cmd)
+        return proc
+
+    def _ctr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def containerd_config(self) -> str:
+        """containerd 1.6 config (version 2) with every path under the run directory."""
+        base = self.run_dir / "containerd"
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return "\n".join(
+            [
+                "version = 2",
+                f'root = "{base / "root"}"',
+                f'state = "{base / "state"}"',
+                'disabled_plugins = ["io.containerd.snapshotter.v1.btrfs",'
+                ' "io.containerd.snapshotter.v1.zfs",'
+                ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",'
+                ' "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
+                "[grpc]",
+                f'  address = "{self.containerd_socket}"',
+                "[ttrpc]",
+                f'  address = "{base / "containerd.sock.ttrpc"}"',
+                '[plugins."io.containerd.internal.v1.opt"]',
+                f'  path = "{base / "opt"}"',
+                f"[{cri}]",
+                f'  sandbox_image = "{PAUSE_IMAGE.name}"',
+                "  restrict_oom_score_adj = true",
+                '  stream_server_address = "127.0.0.1"',
+                '  stream_server_port = "0"',
+                "  enable_selinux = false",
+                f"[{cri}.containerd]",
+                '  snapshotter = "overlayfs"',
+                '  default_runtime_name = "runc"',
+                f"[{cri}.containerd.runtimes.runc]",
+                '  runtime_type = "io.containerd.runc.v2"',
+                f"[{cri}.containerd.runtimes.runc.options]",
+                "  SystemdCgroup = false",
+                f"[{cri}.cni]",
+                f'  bin_dir = "{CNI_BIN_DIR}"',
+                f'  conf_dir = "{self.run_dir / "cni" / "net.d"}"',
+                "  max_conf_num = 1",
+                "",
+            ]
+        )
+
+    def cni_conflist(self) -> dict[str, Any]:
+        """bridge + host-local; no ipMasq/portmap, so no iptables binary is needed."""
+        return {
+            "cniVersion": "1.0.0",
+            "name": "gpuwarden-testbed",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.spec.bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": self.spec.subnet}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(self.run_dir / "cni" / "ipam"),
+                    },
+                }
+            ],
+        }
+
+    def _start_containerd(self) -> None:
+        conf_dir = self.run_dir / "cni" / "net.d"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        (conf_dir / "10-gpuwarden-testbed.conflist").write_text(json.dumps(self.cni_conflist(), indent=2))
+        config = self.run_dir / "containerd" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(self.containerd_config())
+        proc = self._spawn("containerd", ["containerd", "--config", str(config), "--log-level", "info"])
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RealNodeError(
+                    f"containerd exited (rc={proc.returncode}); last lines of {self.log('containerd')}:\n"
+                    f"{_tail(self.log('containerd'))}"
+                )
+            return self._ctr("version", timeout=10).returncode == 0
+
+        try:
+            poll(answers, timeout=30, interval=0.1, what="containerd answering `ctr version`")
+        except RealNodeError:
+            raise
+        except TimeoutError as exc:
+            raise RealNodeError(
+                f"{exc}; last lines of containerd's log:\n{_tail(self.log('containerd'))}"
+            ) from exc
+
+    def _import_images(self) -> None:
+        for name, archive in build_archives(self._cache_dir).items():
+            res = self._ctr("images", "import", "--no-unpack=false", str(archive), timeout=120)
+            if res.returncode != 0:
+                raise RealNodeError(f"ctr images import {archive} failed: {res.stderr.strip()[-500:]}")
+            listed = self._ctr("images", "ls", "-q")
+            if name not in listed.stdout.split():
+                raise RealNodeError(
+                    f"image {name} not in containerd after import; images: {listed.stdout.split()}"
+                )
+
+    def _write_credentials(self) -> Path:
+        """The node's kubeconfig: client cert CN ``system:node:<name>``, O ``system:nodes``."""
+        pki = self.run_dir / "pki"
+        cert = issue(
+            self._cluster_ca, f"system:node:{self.name}", organizations=("system:nodes",), client=True
+        )
+        cert_path, key_path = cert.write(pki, "node-client")
+        ca_path = pki / "cluster-ca.crt"
+        ca_path.write_bytes(self._cluster_ca.cert_pem)
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "testbed", "cluster": {"server": self.server, "certificate-authority": str(ca_path)}}
+            ],
+            "users": [
+                {
+                    "name": self.name,
+                    "user": {"client-certificate": str(cert_path), "client-key": str(key_path)},
+                }
+            ],
+            "contexts": [{"name": "node", "context": {"cluster": "testbed", "user": self.name}}],
+            "current-context": "node",
+        }
+        path = self.run_dir / "kubelet.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        return path
+
+    def kubelet_configuration(self) -> dict[str, Any]:
+        """The KubeletConfiguration for this host (see tests/testbed/README.md for each deviation)."""
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # this host is cgroup v1 (hybrid); 1.35 refuses v1 by default
+            "cgroupDriver": "cgroupfs",  # containerd's SystemdCgroup = false; no systemd here
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "failSwapOn": False,
+            "address": self.node_ip,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True, "cacheTTL": "10s"},
+                "x509": {"clientCAFile": str(self._kubelet_client_ca)},
+            },
+            "authorization": {"mode": "Webhook"},
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
+            # No registry: the pause image must never be garbage-collected (containerd 1.6 pins nothing).
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "podLogsDir": str(self.pod_logs_dir),
+            "maxPods": self.spec.max_pods,
+            "registerWithTaints": [dict(t) for t in self.spec.taints],
+            "oomScoreAdj": 0,  # negative values need CAP_SYS_RESOURCE, which this machine's root lacks
+            "clusterDomain": "cluster.local",
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "5s",
+            "topologyManagerPolicy": "none",
+            "shutdownGracePeriod": "0s",
+        }
+
+    def _start_kubelet(self) -> None:
+        self.kubelet_port = ports.free_port("0.0.0.0")
+        self.healthz_port = ports.free_port("127.0.0.1")
+        kubeconfig = self._write_credentials()
+        config = self.run_dir / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(self.kubelet_configuration(), sort_keys=False))
+        labels = {REAL_NODE_LABEL: "true", **self.spec.labels}
+        cmd = [
+            str(self.kubelet_binary),
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}",
+            f"--root-dir={self.kubelet_root}",
+            f"--cert-dir={self.run_dir / 'kubelet-pki'}",
+            "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+            f"--v={self.spec.kubelet_verbosity}",
+        ]
+        self._spawn("kubelet", cmd)
+
+    def _kubectl_json(self, *args: str) -> dict[str, Any] | None:
+        res = subprocess.run(
+            [
+                str(self.kubectl_binary),
+                f"--kubeconfig={self.run_dir / 'kubelet.kubeconfig'}",
+                *args,
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        if res.returncode != 0:
+            return None
+        doc: dict[str, Any] = json.loads(res.stdout)
+        return doc
+
+    def _wait_ready(self) -> None:
+        kubelet = self._procs["kubelet"]
+
+        def ready() -> bool:
+            if kubelet.poll() is not None:
+                raise RealNodeError(
+                    f"kubelet exited (rc={kubelet.returncode}); last lines of {self.log('kubelet')}:\n"
+                    f"{_tail(self.log('kubelet'))}"
+                )
+            node = self._kubectl_json("get", "node", self.name)
+            if node is None:
+                return False
+            conds = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []}
+            return bool(conds.get("Ready", {}).get("status") == "True")
+
+        try:
+            poll(ready, timeout=self.spec.ready_timeout, interval=0.25, what=f"node {self.name} Ready")
+        except TimeoutError as exc:
+            node = self._kubectl_json("get", "node", self.name)
+            conds = (node or {}).get("status", {}).get("conditions") if node else "node not registered"
+            raise RealNodeError(
+                f"{exc}; conditions: {conds}\n--- kubelet log tail:\n{_tail(self.log('kubelet'))}\n"
+                f"--- containerd log tail:\n{_tail(self.log('containerd'))}"
+            ) from exc
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet and start it again with the same flags (it wipes the device-plugin sockets as it
+        starts, as on a real node); wait until the Node is Ready again. Running containers keep running."""
+        self._terminate("kubelet")
+        self._spawn("kubelet", self._cmds["kubelet"])
+        self._wait_ready()
+
+    # ---------------------------------------------------------------- stop
+    def _shim_pids(self) -> list[int]:
+        sock = str(self.containerd_socket)
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                cmd = _cmdline(int(entry.name))
+                if cmd and cmd[0].endswith("containerd-shim-runc-v2") and sock in cmd:
+                    out.append(int(entry.name))
+        return out
+
+    def stop(self) -> None:
+        """Kubelet, then every container, then shims and containerd; unmount, remove the bridge, unlock."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._lock is None:
+            # Never got the machine: the cgroups, netns, bridge and device-plugin files may be another node's.
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        self._terminate("kubelet")
+        shims = self._shim_pids()
+        children = _proc_children()
+        containers = [pid for shim in shims for pid in _descendants(shim, children)]
+        _kill(containers, signal.SIGKILL)
+        _wait_gone(containers, 5)
+        self._terminate("containerd")
+        _kill(shims, signal.SIGKILL)
+        _wait_gone(shims, 5)
+        for mountpoint in reversed(_mounts_under([self.run_dir])):
+            subprocess.run(["umount", "-l", mountpoint], capture_output=True, check=False)
+        if os.path.isdir("/run/netns"):
+            for ns in sorted(set(os.listdir("/run/netns")) - self._netns_before):
+                if ns.startswith("cni-"):
+                    subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", self.spec.bridge], capture_output=True, check=False)
+        self._remove_pod_cgroups()
+        # The kubelet's checkpoint of device allocations would be restored by the next test bed kubelet.
+        with contextlib.suppress(OSError):
+            (DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").unlink()
+        with contextlib.suppress(OSError):
+            KUBELET_SOCKET.unlink()
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+        self._lock = None
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _terminate(self, name: str, grace: float = 10.0) -> None:
+        """SIGTERM one of our processes, SIGKILL it if it outlives ``grace`` seconds."""
+        proc = self._procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    @staticmethod
+    def _remove_pod_cgroups() -> None:
+        """rmdir the (now empty) ``kubepods`` cgroup trees the kubelet made, deepest first."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            root = hierarchy / "kubepods"
+            if not root.is_dir():
+                continue
+            dirs = sorted(
+                (p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+            )
+            for d in [*dirs, root]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+    def copy_logs(self, target: Path) -> None:
+        """Keep kubelet and containerd logs (the run directory is removed on stop)."""
+        if self.logs_dir.is_dir():
+            shutil.copytree(self.logs_dir, target, dirs_exist_ok=True)
+
+    def __enter__(self) -> RealNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
