@@ -32,9 +32,9 @@ from controller.drain.loop import DrainLoop
 from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.health.loop import HealthLoop, controller_namespace
+from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.room_loop import RoomLoop
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
@@ -401,8 +401,8 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.drain.loop import plan_once as drain_plan_once
     from controller.drain.plan import plan_to_dict
     from controller.health.loop import plan_once as health_plan_once
+    from controller.makeroom.loop import plan_once as room_plan_once
     from controller.nominations.loop import plan_once as nominations_plan_once
-    from controller.preemption.room_loop import plan_once as room_plan_once
 
     quarantine = await health_plan_once(config, kubeconfig=kubeconfig)
     nominations = await nominations_plan_once(config, kubeconfig=kubeconfig)

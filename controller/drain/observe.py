@@ -15,8 +15,8 @@ from typing import Any
 
 from controller.drain.plan import DrainNode, DrainPod
 from controller.drain.state import DRAIN_ANNOTATION, PAUSE_ANNOTATION, DrainState, decode
-from controller.extender.objects import GPU_IDS_ANNOTATION
-from controller.extender.topology import TOPOLOGY_ANNOTATION, TopologyError, parse_annotation
+from controller.gpus.objects import GPU_IDS_ANNOTATION
+from controller.gpus.topology import TOPOLOGY_ANNOTATION, TopologyError, parse_annotation
 from controller.health.record import decode as decode_record
 from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 

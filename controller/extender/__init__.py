@@ -1,8 +1,8 @@
-"""Topology-aware kube-scheduler extender: filter / prioritize / preempt / bind over HTTP (issue 6).
+"""Topology-aware kube-scheduler extender: filter / prioritize / preempt / bind over HTTP.
 
-Pure core: `wire` (extender/v1 JSON), `topology`, `model`, `placement`, `decide`, `claims`.
-Shell: `bind` (claim-verify-bind against the API), `server` (aiohttp routes), `feed` (watches, error trends),
-`runtime` (wiring from config). The controller mounts it with::
+It serves the GPU model of `controller.gpus` (topology, model, fit, claims, victims, feed) and owns only the
+protocol: `wire` (extender/v1 JSON), `events` (bind Events), `metrics`; shell: `bind` (claim-verify-bind
+against the API), `server` (aiohttp routes), `runtime` (wiring from config). The controller mounts it with::
 
     from controller.extender.runtime import build_extender
 
@@ -10,6 +10,6 @@ Shell: `bind` (claim-verify-bind against the API), `server` (aiohttp routes), `f
     extender.mount(app)          # POST <extender.path_prefix>/{filter,prioritize,preempt,bind}
     await extender.run()         # keeps the model current; extender.ready() for the readiness probe
 
-This package init imports nothing, so `import controller.extender.decide` stays free of I/O modules.
+This package init imports nothing, so `import controller.extender.wire` stays free of I/O modules.
 See docs/extender.md.
 """

@@ -26,12 +26,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from controller.extender.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
-from controller.extender.decide import Choice, Policy, Settings, choose_gpus, policy_of
-from controller.extender.model import Claim, ClusterModel
-from controller.extender.objects import JsonObject, PodInfo, pod_info
-from controller.extender.placement import alignment
 from controller.extender.wire import ExtenderBindingArgs
+from controller.gpus.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
+from controller.gpus.fit import Choice, Policy, Settings, choose_gpus, policy_of
+from controller.gpus.model import Claim, ClusterModel
+from controller.gpus.objects import JsonObject, PodInfo, pod_info
+from controller.gpus.placement import alignment
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import PODS, KubeClient, PatchType
 

@@ -19,8 +19,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.extender.decide import Choice, Policy
 from controller.extender.wire import ExtenderBindingArgs
+from controller.gpus.fit import Choice, Policy
 from gpuwarden.kube import EventType, ObjectRef
 from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent
 

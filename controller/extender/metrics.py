@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from controller.extender.model import ClusterModel
+from controller.gpus.model import ClusterModel
 from gpuwarden.selfmetrics import SnapshotCollector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

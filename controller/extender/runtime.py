@@ -23,17 +23,17 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder, KubePodApi
-from controller.extender.decide import Policy, Settings, warm
 from controller.extender.events import BindEvents
-from controller.extender.feed import ErrorTrends, ModelFeed
 from controller.extender.metrics import extender_metrics, register_model_collectors
-from controller.extender.model import ClusterModel
 from controller.extender.server import (
     ExtenderService,
     PreemptHook,
     add_extender_routes,
     passthrough_preemption,
 )
+from controller.gpus.feed import ErrorTrends, ModelFeed
+from controller.gpus.fit import settings_from_config, warm
+from controller.gpus.model import ClusterModel
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, KubeClient
@@ -47,20 +47,6 @@ WARM_CHUNK = 100
 
 CLAIM_TTL_SECONDS = ExtenderConfig.model_fields["claim_ttl_seconds"].default
 """The default of `extender.claim_ttl_seconds` (kept for callers that imported the old constant)."""
-
-
-def settings_from_config(cfg: ExtenderConfig, resource: str) -> Settings:
-    """The decision knobs from the `extender` section."""
-    return Settings(
-        default_policy=Policy(cfg.default_policy),
-        claim_ttl_seconds=cfg.claim_ttl_seconds,
-        error_trend_threshold=cfg.scoring.error_trend_sbe_per_hour,
-        error_trend_penalty=cfg.scoring.error_trend_penalty,
-        fit_weight=cfg.scoring.fit_weight,
-        locality_weight=cfg.scoring.locality_weight,
-        count_nominated=cfg.count_nominated_pods,
-        resource=resource,
-    )
 
 
 @dataclass

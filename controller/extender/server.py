@@ -29,12 +29,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from controller.extender.bind import Binder, BindOutcome
-from controller.extender.decide import Settings, filter_nodes, score_nodes
 from controller.extender.events import BindEvents, bind_event
 from controller.extender.metrics import ExtenderMetrics
-from controller.extender.model import Claim, ClusterModel, NodeView
-from controller.extender.objects import PodInfo, pod_info
-from controller.extender.victims import explain_room
 from controller.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -45,6 +41,10 @@ from controller.extender.wire import (
     NodeList,
     encode_host_priorities,
 )
+from controller.gpus.fit import Settings, filter_nodes, score_nodes
+from controller.gpus.model import Claim, ClusterModel, NodeView, NotSynced
+from controller.gpus.objects import PodInfo, pod_info
+from controller.gpus.victims import explain_room
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,6 @@ class Encoded:
 
     def to_json(self) -> bytes:
         return self.body
-
-
-class NotSynced(Exception):
-    """The model has not completed its first list; answering now could double-book GPUs."""
 
 
 class ExtenderService:

@@ -28,7 +28,7 @@ Pure: no I/O, no clock (`now` is a parameter), no logging.
 
 from __future__ import annotations
 
-from controller.extender.decide import filter_nodes
+from controller.gpus.fit import never_fits as gpu_never_fits
 from controller.nominations.plan import (
     Clear,
     Evict,
@@ -51,8 +51,7 @@ def never_fits(pod: PendingPod, snapshot: NominationSnapshot, now: float) -> str
     view = snapshot.views.get(pod.node)
     if view is None:
         return ""
-    verdict = filter_nodes(pod.gpu, [(pod.node, view)], snapshot.fit_settings, now)
-    return verdict.unresolvable.get(pod.node, "")
+    return gpu_never_fits(pod.gpu, view, snapshot.fit_settings, now)
 
 
 def staleness(

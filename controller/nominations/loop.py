@@ -26,8 +26,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings
-from controller.extender.model import ClusterModel
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel
 from controller.nominations.act import ActResult, NominationActuator
 from controller.nominations.decide import plan_nominations
 from controller.nominations.metrics import NominationMetrics

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.extender.decide import Settings
-from controller.extender.model import NodeView
-from controller.extender.objects import PodInfo, pod_info
+from controller.gpus.fit import Settings
+from controller.gpus.model import NodeView
+from controller.gpus.objects import PodInfo, pod_info
 from controller.health.snapshot import TAINT_KEY
 from controller.preemption.signals import parse_time, terminating_by_preemption
 
@@ -199,10 +199,8 @@ def build_snapshot(
         views = {}
         for name in {p.node for p in pending if p.node}:
             view = view_of(name)
-            if view is not None:  # "never fits" = not even on the node emptied of every pod
-                views[name] = replace(
-                    view, used=frozenset(), used_unknown=0, claims=(), nominated=(), memo={}
-                )
+            if view is not None:
+                views[name] = view
     return NominationSnapshot(
         pods=tuple(sorted(pending, key=lambda p: p.key)),
         nodes=node_states,

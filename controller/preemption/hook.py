@@ -30,12 +30,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings
-from controller.extender.model import ClusterModel
-from controller.extender.objects import pod_info
-from controller.extender.server import NotSynced
-from controller.extender.victims import revise_candidates
 from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel, NotSynced
+from controller.gpus.objects import pod_info
+from controller.gpus.victims import revise_candidates
 from controller.preemption.graph import PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
 from controller.preemption.observer import PreemptionObserver

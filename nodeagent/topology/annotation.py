@@ -1,6 +1,6 @@
 """Render a discovered topology as the `gpuwarden.io/gpu-topology` node annotation.
 
-Why it exists: the scheduler extender (controller/extender/topology.py `parse_annotation`) reads this
+Why it exists: the scheduler extender (controller/gpus/topology.py `parse_annotation`) reads this
 annotation to keep a job's GPUs on one NUMA node, PCIe switch or NVLink domain. The format is theirs:
 `{"<id>": {"numa": 0, "pcie": "<switch id>", "nvlink": "nvl<k>", "uuid": "GPU-..."}, ...}`. The GPU id must
 be the id the NVIDIA device plugin hands to kubelet (`--device-id-strategy`: the UUID by default, or the

@@ -48,12 +48,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings, filter_nodes, score_nodes, warm
 from controller.extender.metrics import extender_metrics
-from controller.extender.model import ClusterModel
-from controller.extender.objects import PodInfo, pod_info
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extender.wire import ExtenderArgs
+from controller.gpus.fit import Settings, filter_nodes, score_nodes, warm
+from controller.gpus.model import ClusterModel
+from controller.gpus.objects import PodInfo, pod_info
 from gpuwarden import ports
 from harness.testbed import Binaries, TestbedMissingError
 from tests.bench.scheduler_e2e import e2e_throughput, settings_from_env

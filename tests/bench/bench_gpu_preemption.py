@@ -24,10 +24,10 @@ import statistics
 import time
 from typing import Any
 
-from controller.extender.decide import Settings, filter_nodes
-from controller.extender.model import ClusterModel
-from controller.extender.objects import pod_info
-from controller.preemption.room import NodeFacts, Pending, budgets_from, candidate, plan_room
+from controller.gpus.fit import Settings, filter_nodes
+from controller.gpus.model import ClusterModel
+from controller.gpus.objects import pod_info
+from controller.makeroom.plan import NodeFacts, Pending, budgets_from, candidate, plan_room
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
 PENDING = 1000

@@ -31,8 +31,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import Extender, build_extender
+from controller.makeroom.loop import RoomLoop, RoomPass, plan_once
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.room_loop import RoomLoop, RoomPass, plan_once
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NODES, Informer, KubeClient
 from harness.testbed import (

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from controller.extender.model import ClusterModel
+from controller.gpus.model import ClusterModel
 from gpuwarden.errors import KubeConflict, KubeNotFound
 
 RESOURCE = "nvidia.com/gpu"

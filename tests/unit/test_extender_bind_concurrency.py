@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from controller.extender.bind import Binder, BindOutcome
-from controller.extender.decide import Settings
 from controller.extender.wire import ExtenderBindingArgs
+from controller.gpus.fit import Settings
 from tests.unit.extender_support import FakePodApi, model, node, pod
 
 NOW = 1_700_000_000.0

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from controller.extender.bind import Binder
-from controller.extender.decide import Settings
-from controller.extender.model import ClusterModel
 from controller.extender.wire import ExtenderBindingArgs
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel
 from tests.unit.extender_support import FakePodApi, model, node, pod
 
 NOW = 1_700_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.extender.claims import (
+from controller.gpus.claims import (
     claim_patch,
     claim_selector,
     conflicts,
@@ -13,8 +13,8 @@ from controller.extender.claims import (
     release_patch,
     reusable_claim,
 )
-from controller.extender.decide import Choice
-from controller.extender.objects import PodInfo, pod_info
+from controller.gpus.fit import Choice
+from controller.gpus.objects import PodInfo, pod_info
 from tests.unit.extender_support import RESOURCE, pod
 
 NOW, TTL = 1000.0, 60.0

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from controller.extender.decide import (
+from controller.gpus.fit import (
     Settings,
     choose_gpus,
     filter_nodes,
     score_nodes,
 )
-from controller.extender.objects import pod_info
+from controller.gpus.objects import pod_info
 from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
 
 NOW = 1_700_000_000.0

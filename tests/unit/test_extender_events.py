@@ -11,12 +11,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder
-from controller.extender.decide import Choice, Settings
 from controller.extender.events import ASSIGNED, FAILED, BindEvent, BindEvents, bind_event, policy_verdict
 from controller.extender.metrics import extender_metrics
 from controller.extender.runtime import build_extender
 from controller.extender.server import NOT_SYNCED, ExtenderService
 from controller.extender.wire import ExtenderBindingArgs
+from controller.gpus.fit import Choice, Settings
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeForbidden
 from gpuwarden.kube import EventRecorder, EventType, KubeClient, ObjectRef

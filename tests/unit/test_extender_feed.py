@@ -9,10 +9,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Policy
-from controller.extender.feed import NRT, ErrorTrends, ModelFeed, trend_query, trends_from_vector
-from controller.extender.model import ClusterModel
-from controller.extender.runtime import build_extender, settings_from_config
+from controller.extender.runtime import build_extender
+from controller.gpus.feed import NRT, ErrorTrends, ModelFeed, trend_query, trends_from_vector
+from controller.gpus.fit import Policy, settings_from_config
+from controller.gpus.model import ClusterModel
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound, PrometheusServerError
 from gpuwarden.kube import KubeClient, ObjectList, Resource

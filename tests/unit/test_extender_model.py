@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from controller.extender.model import Claim, ClusterModel, Holder, NodeView
-from controller.extender.objects import gpu_request, parse_gpu_ids, pod_info
-from controller.extender.topology import count_only
+from controller.gpus.model import Claim, ClusterModel, Holder, NodeView
+from controller.gpus.objects import gpu_request, parse_gpu_ids, pod_info
+from controller.gpus.topology import count_only
 from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
 
 

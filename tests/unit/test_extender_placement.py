@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.extender.placement import Need, alignment, fits, min_span, pick, place
-from controller.extender.topology import Gpu
+from controller.gpus.placement import Need, alignment, fits, min_span, pick, place
+from controller.gpus.topology import Gpu
 
 
 def gpus(*spec: str) -> list[Gpu]:

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.extender.events import FAILED, BindEvent
-from controller.extender.feed import ModelFeed
-from controller.extender.model import ClusterModel
 from controller.extender.runtime import build_extender
+from controller.gpus.feed import ModelFeed
+from controller.gpus.model import ClusterModel
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventType, KubeClient
 from tests.unit.extender_support import node

@@ -13,9 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder
-from controller.extender.decide import Settings
 from controller.extender.metrics import extender_metrics, register_model_collectors
-from controller.extender.model import ClusterModel
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extender.wire import (
     ExtenderArgs,
@@ -23,6 +21,8 @@ from controller.extender.wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
 )
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel
 from tests.unit.extender_support import FakePodApi, pod
 from tests.unit.extender_support import model as support_model
 from tests.unit.extender_support import node as support_node

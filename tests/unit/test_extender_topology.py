@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.extender.topology import Gpu, TopologyError, count_only, parse_annotation, parse_nrt
+from controller.gpus.topology import Gpu, TopologyError, count_only, parse_annotation, parse_nrt
 from tests.unit.extender_support import RESOURCE, nrt
 
 ANNOTATIONS = [

@@ -1,4 +1,4 @@
-"""Scenario table for the topology-aware victim choice (controller/extender/victims.py) and the filter's
+"""Scenario table for the topology-aware victim choice (controller/gpus/victims.py) and the filter's
 honest answer for fragmented nodes.
 
 Node "n" is 2 NUMA x 4 GPUs: ids 0-3 on NUMA0 (PCIe switches pci0-0: 0,1 and pci0-1: 2,3), 4-7 on NUMA1.
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from controller.extender.decide import Settings, filter_nodes
-from controller.extender.objects import pod_info
-from controller.extender.victims import (
+from controller.gpus.fit import Settings, filter_nodes
+from controller.gpus.objects import pod_info
+from controller.gpus.victims import (
     EXPLAIN_BUDGET,
     Budgets,
     NoPlan,
@@ -292,7 +292,7 @@ def test_the_fast_group_check_chooses_what_the_full_check_chooses(
 ) -> None:
     import random
 
-    from controller.extender import victims as victims_module
+    from controller.gpus import victims as victims_module
 
     rng = random.Random(seed)
     gpus = rng.sample(range(8), rng.randrange(3, 8))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.extender.topology import Gpu, parse_annotation
+from controller.gpus.topology import Gpu, parse_annotation
 from nodeagent.topology.annotation import IdStrategy, nvlink_domains, render
 from nodeagent.topology.model import (
     DiscoveredTopology,

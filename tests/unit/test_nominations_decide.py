@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from controller.extender.decide import Settings
-from controller.extender.model import ClusterModel, NodeView
-from controller.extender.objects import pod_info
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel, NodeView
+from controller.gpus.objects import pod_info
 from controller.nominations.decide import plan_nominations
 from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
 from controller.nominations.snapshot import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.extender.model import ClusterModel
+from controller.gpus.model import ClusterModel
 from controller.nominations.snapshot import (
     NOMINATION_ANNOTATION,
     NodeState,

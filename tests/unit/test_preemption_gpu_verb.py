@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings
 from controller.extender.metrics import extender_metrics
 from controller.extender.server import ExtenderService, add_extender_routes
+from controller.gpus.fit import Settings
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import ADDED, SYNCED, WatchEvent

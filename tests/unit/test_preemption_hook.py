@@ -16,11 +16,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings
 from controller.extender.metrics import extender_metrics
-from controller.extender.model import ClusterModel
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extender.wire import ExtenderPreemptionArgs
+from controller.gpus.fit import Settings
+from controller.gpus.model import ClusterModel
 from controller.preemption.graph import Preemption
 from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.signals import Workload, parse_time

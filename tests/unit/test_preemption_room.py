@@ -1,4 +1,4 @@
-"""Tables for the controller's GPU preemption plan (controller/preemption/room.py): which pending pods are
+"""Tables for the controller's GPU preemption plan (controller/makeroom/plan.py): which pending pods are
 preemptors, which nodes they may use, PodDisruptionBudgets as kube-scheduler reads them, and the plan
 across nodes and preemptors of one pass."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from controller.extender.decide import Settings
-from controller.extender.objects import pod_info
-from controller.preemption.room import (
+from controller.gpus.fit import Settings
+from controller.gpus.objects import pod_info
+from controller.makeroom.plan import (
     NodeFacts,
     Pending,
     budgets_from,

@@ -1,4 +1,4 @@
-"""The GPU preemption loop's act step (controller/preemption/room_loop.py) over an in-memory API: reserve
+"""The GPU preemption loop's act step (controller/makeroom/loop.py) over an in-memory API: reserve
 first, then evict through the Eviction API; every refusal withdraws the reservation; a changed pod or
 unreadable PodDisruptionBudgets change nothing; no writes without leadership."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.extender.decide import Settings
+from controller.gpus.fit import Settings
+from controller.makeroom.loop import RoomLoop
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.room_loop import RoomLoop
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeConflict, KubeError
 from gpuwarden.kube import ADDED, SYNCED, PatchType, WatchEvent

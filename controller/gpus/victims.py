@@ -25,24 +25,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from controller.extender.decide import (
+from controller.gpus.fit import (
     Choice,
     FilterResult,
+    Fit,
     Policy,
     Settings,
-    _choose,
-    _Fit,
-    _free,
-    _healthy,
-    _need,
-    _unresolvable,
-    _yielding,
+    choose_from,
+    free_gpus,
+    healthy_gpus,
+    need_for,
     policy_of,
+    unresolvable_reason,
+    yielding_holders,
 )
-from controller.extender.model import Holder, NodeView
-from controller.extender.objects import PodInfo
-from controller.extender.placement import Need, fits
-from controller.extender.topology import Gpu
+from controller.gpus.model import Holder, NodeView
+from controller.gpus.objects import PodInfo
+from controller.gpus.placement import Need, fits
+from controller.gpus.topology import Gpu
 
 EXPLAIN_BUDGET = 16
 """Victim searches one filter answer may run to explain fragmented nodes (answers are cached per node
@@ -154,19 +154,19 @@ def plan_victims(
     policy = policy_of(pod, settings)
     if not isinstance(policy, Policy):
         return NoPlan(name, policy)
-    healthy = _healthy(view)
-    need = _need(pod.gpus, policy, healthy, settings)
-    why = _unresolvable(pod, view, need, policy, healthy, settings)
+    healthy = healthy_gpus(view)
+    need = need_for(pod.gpus, policy, healthy, settings)
+    why = unresolvable_reason(pod, view, need, policy, healthy, settings)
     if why:
         return NoPlan(name, why)
-    yielded = _yielding(pod, view)
+    yielded = yielding_holders(pod, view)
     leaving = [h for h in view.holders if (h.terminating or h in already) and h not in yielded]
 
     def attempt(victims: Sequence[Holder]) -> Choice | None:
-        free, unknown, _ = _free(pod, view, healthy, settings, now, freed=[*leaving, *victims])
+        free, unknown, _ = free_gpus(pod, view, healthy, settings, now, freed=[*leaving, *victims])
         if not fits(free, unknown, need):
             return None
-        return _choose(pod, view, _Fit(need, healthy, free, unknown), settings).choice
+        return choose_from(pod, view, Fit(need, healthy, free, unknown), settings).choice
 
     ready = attempt(())
     if ready is not None:

@@ -27,8 +27,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from controller.extender.decide import Choice
-from controller.extender.objects import (
+from controller.gpus.fit import Choice
+from controller.gpus.objects import (
     CLAIM_LABEL,
     CLAIM_NODE_ANNOTATION,
     CLAIMED_AT_ANNOTATION,
@@ -38,7 +38,7 @@ from controller.extender.objects import (
     PodInfo,
     claim_fresh,
 )
-from controller.extender.topology import gpu_sort_key
+from controller.gpus.topology import gpu_sort_key
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

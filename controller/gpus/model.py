@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.extender.objects import NodeInfo, PodInfo, node_info, pod_info
-from controller.extender.topology import NodeTopology, TopologyError, count_only, parse_nrt
+from controller.gpus.objects import NodeInfo, PodInfo, node_info, pod_info
+from controller.gpus.topology import NodeTopology, TopologyError, count_only, parse_nrt
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,11 @@ class NodeView:
         pod's preemption could be freeing)."""
         return self.lowest_priority < priority
 
+    def emptied(self) -> NodeView:
+        """This node as if no pod held, claimed or was nominated to any of its GPUs (fresh answer cache):
+        what "could this pod ever fit here?" is asked of."""
+        return replace(self, used=frozenset(), used_unknown=0, claims=(), nominated=(), memo={})
+
     def claims_stable_until(self, now: float, ttl: float) -> float:
         """Until when (from `now` on) every claim here stays as fresh or expired as it is at `now`: the
         earliest expiry still ahead (+inf when none is); answers derived at `now` hold until then."""
@@ -186,6 +191,10 @@ def build_view(
         holders=tuple(holders),
         error_trend=error_trend,
     )
+
+
+class NotSynced(Exception):
+    """The model has not completed its first list; answering from it now could double-book GPUs."""
 
 
 class ClusterModel:

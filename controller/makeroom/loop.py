@@ -33,14 +33,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from controller.extender.claims import claim_patch, release_patch
-from controller.extender.decide import Settings
-from controller.extender.model import ClusterModel
-from controller.extender.objects import pod_info
-from controller.extender.runtime import settings_from_config
-from controller.extender.victims import VictimPlan
-from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.room import (
+from controller.gpus.claims import claim_patch, release_patch
+from controller.gpus.fit import Settings, settings_from_config
+from controller.gpus.model import ClusterModel
+from controller.gpus.objects import pod_info
+from controller.gpus.victims import VictimPlan
+from controller.makeroom.plan import (
     NodeFacts,
     Pending,
     RoomDecision,
@@ -49,6 +47,7 @@ from controller.preemption.room import (
     node_facts,
     plan_room,
 )
+from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.signals import pod_meta
 from controller.preemption.throttle import Candidate, decide_preemption
 from gpuwarden.config.preemption import MakeRoomConfig

@@ -9,7 +9,8 @@ nominated pods, pods whose GPUs we cannot see) needs a table test with a reason 
 * pods whose GPU set we cannot see (count-only) are placed adversarially: a node passes a single-NUMA
   request only if a fitting NUMA node exists wherever those GPUs actually are;
 * a pod nominated to a node (it preempted there) counts the GPUs of terminating and lower-priority pods on
-  that node as free: the scheduler is removing them, and our watch may not have seen it yet (`_yielding`);
+  that node as free: the scheduler is removing them, and our watch may not have seen it yet
+  (`yielding_holders`);
 * `single-numa` asks for one NUMA node. A pod asking for more GPUs than *any* NUMA node in the fleet holds
   (`Settings.fleet_max_numa_gpus`) gets the fewest whole NUMA nodes instead: nothing better exists.
 
@@ -23,11 +24,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from controller.extender.model import Holder, NodeView
-from controller.extender.objects import POLICY_ANNOTATION, PodInfo, claim_fresh
-from controller.extender.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
-from controller.extender.topology import TOPOLOGY_ANNOTATION, Gpu
-from controller.extender.wire import MAX_EXTENDER_PRIORITY
+from controller.gpus.model import Holder, NodeView
+from controller.gpus.objects import POLICY_ANNOTATION, PodInfo, claim_fresh
+from controller.gpus.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
+from controller.gpus.topology import TOPOLOGY_ANNOTATION, Gpu
+from gpuwarden.config.extender import ExtenderConfig
+
+MAX_SCORE = 10
+"""The top of the placement score scale: kube-scheduler's `MaxExtenderPriority`, so a score is what the
+prioritize verb answers as it is."""
 
 
 class Policy(StrEnum):
@@ -63,6 +68,20 @@ class Settings:
     resource: str = "nvidia.com/gpu"
     fleet_max_numa_gpus: int = 0
     """Most healthy GPUs on one NUMA node anywhere; 0 = unknown (single-numa then never spreads)."""
+
+
+def settings_from_config(cfg: ExtenderConfig, resource: str) -> Settings:
+    """The decision knobs from the `extender` section (every capability that asks the model uses these)."""
+    return Settings(
+        default_policy=Policy(cfg.default_policy),
+        claim_ttl_seconds=cfg.claim_ttl_seconds,
+        error_trend_threshold=cfg.scoring.error_trend_sbe_per_hour,
+        error_trend_penalty=cfg.scoring.error_trend_penalty,
+        fit_weight=cfg.scoring.fit_weight,
+        locality_weight=cfg.scoring.locality_weight,
+        count_nominated=cfg.count_nominated_pods,
+        resource=resource,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +134,7 @@ def policy_of(pod: PodInfo, settings: Settings) -> Policy | str:
         )
 
 
-def _healthy(view: NodeView) -> list[Gpu]:
+def healthy_gpus(view: NodeView) -> list[Gpu]:
     """The node's non-quarantined GPUs (cached on the view; callers must not modify the list)."""
     healthy: list[Gpu] | None = view.memo.get("healthy")
     if healthy is None:
@@ -148,7 +167,7 @@ def _memo_span(view: NodeView, s: Settings, now: float) -> tuple[float, float]:
     return now, view.claims_stable_until(now, s.claim_ttl_seconds)
 
 
-def _need(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Need:
+def need_for(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Need:
     """What a set for k GPUs under `policy` must satisfy on a node with these healthy GPUs."""
     level = _CONSTRAINT.get(policy) if k > 1 else None
     if level == "numa" and 0 < settings.fleet_max_numa_gpus < k and all(g.numa is not None for g in healthy):
@@ -156,7 +175,7 @@ def _need(k: int, policy: Policy, healthy: list[Gpu], settings: Settings) -> Nee
     return Need(k, level)
 
 
-def _unresolvable(
+def unresolvable_reason(
     pod: PodInfo, view: NodeView, need: Need, policy: Policy, healthy: list[Gpu], s: Settings
 ) -> str:
     """Why the node could never host the pod, even with no other pod on it; "" when it could."""
@@ -192,7 +211,7 @@ def _unresolvable(
     )
 
 
-def _yielding(pod: PodInfo, view: NodeView) -> list[Holder]:
+def yielding_holders(pod: PodInfo, view: NodeView) -> list[Holder]:
     """The holders whose GPUs count as free for `pod`: when the scheduler nominated it to this node (so it
     has already chosen victims here), the pods that are terminating or of lower priority; else only pods of
     lower priority that the scheduler marked as preemption victims (DisruptionTarget/PreemptionByScheduler).
@@ -212,7 +231,7 @@ def _yielding(pod: PodInfo, view: NodeView) -> list[Holder]:
     return [h for h in view.holders if h.preempted and h.priority < pod.priority]
 
 
-def _free(
+def free_gpus(
     pod: PodInfo,
     view: NodeView,
     healthy: list[Gpu],
@@ -224,7 +243,7 @@ def _free(
     `freed`: holders to count as gone as well (victims.py asks "what if these were preempted?")."""
     taken = set(view.used)
     unknown = view.used_unknown
-    yielded = _yielding(pod, view)
+    yielded = yielding_holders(pod, view)
     if freed:
         yielded = [*yielded, *(h for h in freed if h not in yielded)]
     for holder in yielded:
@@ -251,7 +270,7 @@ def _free(
             continue
         their = policy_of(PodInfo(nominee.pod, "", nominee.gpus, policy=nominee.policy), s)
         their = their if isinstance(their, Policy) else Policy.NONE
-        picked = place(free, unknown, _need(nominee.gpus, their, healthy, s))
+        picked = place(free, unknown, need_for(nominee.gpus, their, healthy, s))
         if picked is None:
             unknown += nominee.gpus
         else:
@@ -285,14 +304,14 @@ def _summary(gpus: list[Gpu], level: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Fit:
+class Fit:
     need: Need
     healthy: list[Gpu]
     free: list[Gpu]
     unknown: int
 
 
-def _assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: str) -> Verdict | _Fit:
+def assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: str) -> Verdict | Fit:
     """A rejection, or the free GPUs among which a set satisfying the policy is guaranteed to exist."""
     if view is None:
         return Verdict(name, reason="node not (yet) known to the gpuwarden extender's cache")
@@ -307,18 +326,18 @@ def _assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: 
     return result
 
 
-def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: str) -> Verdict | _Fit:
+def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: str) -> Verdict | Fit:
     policy = policy_of(pod, s)
     if not isinstance(policy, Policy):
         return Verdict(name, reason=policy)
-    healthy = _healthy(view)
-    need = _need(pod.gpus, policy, healthy, s)
-    why = _unresolvable(pod, view, need, policy, healthy, s)
+    healthy = healthy_gpus(view)
+    need = need_for(pod.gpus, policy, healthy, s)
+    why = unresolvable_reason(pod, view, need, policy, healthy, s)
     if why:
         return Verdict(name, reason=why)
-    free, unknown, note = _free(pod, view, healthy, s, now)
+    free, unknown, note = free_gpus(pod, view, healthy, s, now)
     if fits(free, unknown, need):
-        return _Fit(need, healthy, free, unknown)
+        return Fit(need, healthy, free, unknown)
     counted = scheduler_free(pod, view, s, now)
     if counted >= pod.gpus and need.level is not None and len(free) - unknown >= pod.gpus:
         level = need.level
@@ -343,7 +362,7 @@ def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: st
     return Verdict(name, reason=why, resolvable=counted < pod.gpus)
 
 
-def _score(chosen: list[Gpu], fit: _Fit, view: NodeView, s: Settings) -> int:
+def _score(chosen: list[Gpu], fit: Fit, view: NodeView, s: Settings) -> int:
     """0-10: weighted mean of the set's locality and how tightly it packs its NUMA node and the node
     (fit: the mean fill of both after placement, so partly used nodes fill up before empty ones are opened),
     minus the correctable-error penalty."""
@@ -364,7 +383,7 @@ def _score(chosen: list[Gpu], fit: _Fit, view: NodeView, s: Settings) -> int:
     trend = view.error_trend
     if trend is not None and trend > 0 and s.error_trend_threshold > 0:
         penalty = round(s.error_trend_penalty * min(1.0, trend / s.error_trend_threshold))
-    return max(0, min(MAX_EXTENDER_PRIORITY, round(raw) - penalty))
+    return max(0, min(MAX_SCORE, round(raw) - penalty))
 
 
 def choose_gpus(
@@ -374,7 +393,7 @@ def choose_gpus(
     name = view.name if view is not None else node
     if pod.gpus <= 0:
         return Verdict(name, Choice((), (), "none", 0))
-    fit = _assess(pod, view, settings, now, name)
+    fit = assess(pod, view, settings, now, name)
     if isinstance(fit, Verdict):
         return fit
     assert view is not None
@@ -383,16 +402,16 @@ def choose_gpus(
         hit = view.memo.get(key)
         if hit is not None and hit[0] is settings and hit[2] <= now < hit[3]:
             return hit[1]  # type: ignore[no-any-return]
-    verdict = _choose(pod, view, fit, settings)
+    verdict = choose_from(pod, view, fit, settings)
     if key is not None:
         view.memo[key] = (settings, verdict, *_memo_span(view, settings, now))
     return verdict
 
 
-def _choose(pod: PodInfo, view: NodeView, fit: _Fit, settings: Settings) -> Verdict:
+def choose_from(pod: PodInfo, view: NodeView, fit: Fit, settings: Settings) -> Verdict:
     name = view.name
     picked = place(fit.free, fit.unknown, fit.need)
-    if picked is None:  # not expected: _assess checked `fits` for the same need
+    if picked is None:  # not expected: assess checked `fits` for the same need
         return Verdict(name, reason=f"no GPU set of {pod.gpus} found", resolvable=True)
     numa = tuple(sorted({g.numa for g in picked if g.numa is not None}))
     span = fit.need.span if fit.need.level == "numa" else 1
@@ -414,7 +433,7 @@ def filter_nodes(
         return FilterResult(tuple(name for name, _ in nodes), failed, unresolvable)
     key, nominated = ("assess", pod.gpus, pod.policy), pod.nominated
     for name, view in nodes:
-        # `_assess`'s memo read inline (the same key and conditions as `_memo_key`): most candidates of a
+        # `assess`'s memo read inline (the same key and conditions as `_memo_key`): most candidates of a
         # request hit it, and two calls per node are a visible share of a 500-node request
         hit = None
         if (
@@ -427,7 +446,7 @@ def filter_nodes(
         if hit is not None and hit[0] is settings and hit[2] <= now < hit[3]:
             verdict = hit[1]
         else:
-            verdict = _assess(pod, view, settings, now, name)
+            verdict = assess(pod, view, settings, now, name)
         if not isinstance(verdict, Verdict):
             passed.append(name)
         elif verdict.resolvable:
@@ -437,6 +456,13 @@ def filter_nodes(
             if verdict.fragmented:
                 fragmented.append(name)
     return FilterResult(tuple(passed), failed, unresolvable, tuple(fragmented))
+
+
+def never_fits(pod: PodInfo, view: NodeView, settings: Settings, now: float) -> str:
+    """Why `pod` could never fit on this node, not even with every pod on it gone (topology, quarantine,
+    allocatable, policy); "" when the emptied node could host it."""
+    verdict = filter_nodes(pod, [(view.name, view.emptied())], settings, now)
+    return verdict.unresolvable.get(view.name, "")
 
 
 class NodeScore(NamedTuple):

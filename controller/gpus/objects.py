@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.extender.topology import TOPOLOGY_ANNOTATION, NodeTopology, TopologyError, parse_annotation
+from controller.gpus.topology import TOPOLOGY_ANNOTATION, NodeTopology, TopologyError, parse_annotation
 from controller.health.record import decode as decode_quarantine
 from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.extender.model import ClusterModel
+from controller.gpus.model import ClusterModel
 from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
 from gpuwarden.kube import DELETED, LIVE_PODS, NODES, PODS, SYNCED, Informer, KubeClient, Resource, object_key
 from gpuwarden.promclient import PrometheusClient

@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.extender.decide import Settings
-from controller.extender.model import NodeView
-from controller.extender.objects import PodInfo, claim_fresh
-from controller.extender.victims import NO_BUDGETS, Budgets, NoPlan, VictimPlan, plan_victims
+from controller.gpus.fit import Settings
+from controller.gpus.model import NodeView
+from controller.gpus.objects import PodInfo, claim_fresh
+from controller.gpus.victims import NO_BUDGETS, Budgets, NoPlan, VictimPlan, plan_victims
 from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
