@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeagent.reconcile import canonical, id_key
+from gpuwarden.wellknown import canonical_gpu_ids as canonical
+from gpuwarden.wellknown import gpu_id_key as id_key
 
 
 @dataclass(frozen=True, slots=True)

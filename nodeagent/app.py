@@ -29,18 +29,21 @@ from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
 from gpuwarden.selfmetrics import metrics_handler, new_registry
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_RECORD as QUARANTINE_ANNOTATION
+from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
-from nodeagent.reconcile import GPU_IDS_ANNOTATION, Assignment, Outcome, decide, parse_ids, pod_record
+from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
 from nodeagent.topology.annotation import render
 from nodeagent.topology.discover import discover
 from nodeagent.topology.model import TopologyReadError
 
 log = logging.getLogger(__name__)
 
-TOPOLOGY_ANNOTATION = "gpuwarden.io/gpu-topology"
-QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
+
 COMPONENT = "node-agent"
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from gpuwarden.wellknown import canonical_gpu_ids as canonical
 from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
-from nodeagent.reconcile import Allocation, canonical
+from nodeagent.reconcile import Allocation
 
 
 class KubeletUnavailable(RuntimeError):

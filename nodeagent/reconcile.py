@@ -14,18 +14,19 @@ guessed at (PodResources names pods by namespace and name only; the shell keys i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-GPU_IDS_ANNOTATION = "gpuwarden.io/gpu-ids"
-NUMA_ANNOTATION = "gpuwarden.io/numa-node"
-REQUESTED_ANNOTATION = "gpuwarden.io/gpu-ids-requested"
-SOURCE_ANNOTATION = "gpuwarden.io/gpu-ids-source"
-SOURCE_KUBELET = "kubelet"
-_TRAILING_INT = re.compile(r"^\d+$")
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_REQUESTED as REQUESTED_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE as SOURCE_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE_KUBELET as SOURCE_KUBELET
+from gpuwarden.wellknown import NUMA_NODE as NUMA_ANNOTATION
+from gpuwarden.wellknown import canonical_gpu_ids as canonical
+from gpuwarden.wellknown import format_gpu_ids
+from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 
 
 class Outcome(StrEnum):
@@ -34,23 +35,6 @@ class Outcome(StrEnum):
     HONOURED = "honoured"
     OVERRIDDEN = "overridden"
     UNRECORDED = "unrecorded"
-
-
-def id_key(gpu_id: str) -> tuple[int, int, str]:
-    """Numeric ids in numeric order, then the rest alphabetically (as the extender sorts them)."""
-    return (0, int(gpu_id), "") if _TRAILING_INT.match(gpu_id) else (1, 0, gpu_id)
-
-
-def canonical(ids: Iterable[str]) -> tuple[str, ...]:
-    """A GPU set in its one written form: unique, sorted with `id_key`."""
-    return tuple(sorted(set(ids), key=id_key))
-
-
-def parse_ids(text: str | None) -> tuple[str, ...] | None:
-    """`"0,1"` -> ("0", "1"); None or blank -> None (nothing recorded)."""
-    if text is None or not text.strip():
-        return None
-    return canonical(part.strip() for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +150,7 @@ def decide(
             outcome = Outcome.OVERRIDDEN
         annotations: dict[str, str | None] = {SOURCE_ANNOTATION: SOURCE_KUBELET}
         if pod.recorded != actual:
-            annotations[GPU_IDS_ANNOTATION] = ",".join(actual)
+            annotations[GPU_IDS_ANNOTATION] = format_gpu_ids(actual)
             if numa is not None or pod.numa is not None:
                 annotations[NUMA_ANNOTATION] = numa
         if outcome is Outcome.OVERRIDDEN and requested is not None:

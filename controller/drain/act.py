@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controller.drain.plan import DrainPlan, NodePlan, PodAction, PodHistory, Verdict
-from controller.drain.state import DRAIN_ANNOTATION, DrainState
+from controller.drain.state import DrainState
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, KubeClient, ObjectRef
 from gpuwarden.kube.eviction import evict
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 log = logging.getLogger(__name__)
 

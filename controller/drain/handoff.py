@@ -16,17 +16,11 @@ import yaml
 
 from controller.drain.observe import DrainSnapshot
 from controller.drain.plan import DrainNode
-from controller.drain.remediation import (
-    REMEDIATION_ANNOTATION,
-    Decision,
-    NodeRemediation,
-    RemediationState,
-    decode,
-    render_template,
-)
+from controller.drain.remediation import Decision, NodeRemediation, RemediationState, decode, render_template
 from gpuwarden.config.remediation import RemediationConfig, RemediationStep
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, EventRecorder, EventType, KubeClient, ObjectRef
+from gpuwarden.wellknown import REMEDIATION as REMEDIATION_ANNOTATION
 
 log = logging.getLogger(__name__)
 

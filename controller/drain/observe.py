@@ -14,11 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.drain.plan import DrainNode, DrainPod
-from controller.drain.state import DRAIN_ANNOTATION, PAUSE_ANNOTATION, DrainState, decode
-from controller.gpus.objects import GPU_IDS_ANNOTATION
-from controller.gpus.topology import TOPOLOGY_ANNOTATION, TopologyError, parse_annotation
+from controller.drain.state import DrainState, decode
+from controller.gpus.topology import TopologyError, parse_annotation
 from controller.health.record import decode as decode_record
-from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
+from gpuwarden.wellknown import DRAIN_PAUSE as PAUSE_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
+from gpuwarden.wellknown import parse_gpu_ids
 
 QUARANTINE_TAINT = TAINT_KEY
 QUARANTINE_ANNOTATION = RECORD_ANNOTATION
@@ -67,7 +72,7 @@ def drain_pod(obj: Obj, resource: str) -> DrainPod:
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
-        gpu_ids=tuple(i.strip() for i in ids.split(",") if i.strip()) if ids else None,
+        gpu_ids=parse_gpu_ids(ids),
         gpus=_gpus(obj, resource),
         owner_kinds=tuple(str(o.get("kind", "")) for o in meta.get("ownerReferences") or []),
         mirror=MIRROR_ANNOTATION in ann,

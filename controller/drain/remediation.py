@@ -21,8 +21,6 @@ from typing import Any
 from controller.health.record import iso, parse_iso
 from gpuwarden.config.remediation import RemediationConfig, RemediationStep
 
-REMEDIATION_ANNOTATION = "gpuwarden.io/remediation"
-
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:

@@ -15,9 +15,7 @@ from typing import Any
 
 from controller.drain.plan import PodHistory
 from controller.health.record import iso, parse_iso
-
-DRAIN_ANNOTATION = "gpuwarden.io/drain"
-PAUSE_ANNOTATION = "gpuwarden.io/drain-pause"
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,17 +28,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from controller.gpus.fit import Choice
-from controller.gpus.objects import (
-    CLAIM_LABEL,
-    CLAIM_NODE_ANNOTATION,
-    CLAIMED_AT_ANNOTATION,
-    GPU_IDS_ANNOTATION,
-    NUMA_ANNOTATION,
-    RESERVED_UNTIL_ANNOTATION,
-    PodInfo,
-    claim_fresh,
-)
-from controller.gpus.topology import gpu_sort_key
+from controller.gpus.objects import PodInfo, claim_fresh
+from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_NODE as CLAIM_LABEL
+from gpuwarden.wellknown import GPU_NODE as CLAIM_NODE_ANNOTATION
+from gpuwarden.wellknown import GPU_RESERVED_UNTIL as RESERVED_UNTIL_ANNOTATION
+from gpuwarden.wellknown import NUMA_NODE as NUMA_ANNOTATION
+from gpuwarden.wellknown import format_gpu_ids
+from gpuwarden.wellknown import gpu_id_key as gpu_sort_key
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -67,7 +65,7 @@ def claim_patch(
             "resourceVersion": resource_version,
             "labels": {CLAIM_LABEL: label_value(node)},
             "annotations": {
-                GPU_IDS_ANNOTATION: ",".join(choice.ids),
+                GPU_IDS_ANNOTATION: format_gpu_ids(choice.ids),
                 NUMA_ANNOTATION: numa,
                 CLAIM_NODE_ANNOTATION: node,
                 CLAIMED_AT_ANNOTATION: f"{now:.3f}",

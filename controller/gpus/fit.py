@@ -25,10 +25,12 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from controller.gpus.model import Holder, NodeView
-from controller.gpus.objects import POLICY_ANNOTATION, PodInfo, claim_fresh
+from controller.gpus.objects import PodInfo, claim_fresh
 from controller.gpus.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
-from controller.gpus.topology import TOPOLOGY_ANNOTATION, Gpu
+from controller.gpus.topology import Gpu
 from gpuwarden.config.extender import ExtenderConfig
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
 
 MAX_SCORE = 10
 """The top of the placement score scale: kube-scheduler's `MaxExtenderPriority`, so a score is what the

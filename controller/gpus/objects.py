@@ -13,19 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.gpus.topology import TOPOLOGY_ANNOTATION, NodeTopology, TopologyError, parse_annotation
+from controller.gpus.topology import NodeTopology, TopologyError, parse_annotation
 from controller.health.record import decode as decode_quarantine
-from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
+from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_NODE as CLAIM_NODE_ANNOTATION
+from gpuwarden.wellknown import GPU_RESERVED_UNTIL as RESERVED_UNTIL_ANNOTATION
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
+from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
+from gpuwarden.wellknown import parse_gpu_ids
 
-GPU_IDS_ANNOTATION = "gpuwarden.io/gpu-ids"
-NUMA_ANNOTATION = "gpuwarden.io/numa-node"
-POLICY_ANNOTATION = "gpuwarden.io/topology-policy"
-CLAIM_LABEL = "gpuwarden.io/gpu-node"
-CLAIM_NODE_ANNOTATION = "gpuwarden.io/gpu-node"
-CLAIMED_AT_ANNOTATION = "gpuwarden.io/gpu-claimed-at"
-RESERVED_UNTIL_ANNOTATION = "gpuwarden.io/gpu-reserved-until"
-"""Set with a claim by the controller's GPU preemption (not by bind): the claim holds until this Unix time
-instead of for the claim TTL, so GPUs freed for a preemptor are not taken back while its victims exit."""
 JsonObject = dict[str, Any]
 
 
@@ -54,14 +53,6 @@ def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
         else:
             init_peak = max(init_peak, sidecars + _amount(c, resource))
     return max(app + sidecars, init_peak)
-
-
-def parse_gpu_ids(text: str | None) -> tuple[str, ...] | None:
-    """`"0,1,2,3"` -> ("0", "1", "2", "3"); None when absent or empty."""
-    if not text:
-        return None
-    ids = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    return ids or None
 
 
 @dataclass(frozen=True, slots=True)

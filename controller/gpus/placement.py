@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from controller.gpus.topology import Gpu, gpu_sort_key
+from controller.gpus.topology import Gpu
+from gpuwarden.wellknown import gpu_id_key as gpu_sort_key
 
 LOCALITY_LEVELS = ("nvlink", "pcie", "numa")
 """Locality levels, best first: NVLink peers beat a shared PCIe switch, which beats a shared NUMA node."""

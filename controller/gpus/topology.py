@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TOPOLOGY_ANNOTATION = "gpuwarden.io/gpu-topology"
-NRT_GPU_IDS_ATTRIBUTE = "gpuwarden.io/gpu-ids"
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import NRT_GPU_IDS_ATTRIBUTE
+from gpuwarden.wellknown import gpu_id_key as gpu_sort_key
 
 _NUMA_KEYS = ("numa", "numaNode", "numa_node")
 _PCIE_KEYS = ("pcie", "pcieSwitch", "pcie_switch")
@@ -58,11 +59,6 @@ class NodeTopology:
     def known(self) -> bool:
         """False for the count-only stand-in built when no topology is published."""
         return self.source != "count"
-
-
-def gpu_sort_key(gpu_id: str) -> tuple[int, int, str]:
-    """Numeric ids in numeric order ("2" < "10"), then anything else alphabetically."""
-    return (0, int(gpu_id), "") if gpu_id.isdigit() else (1, 0, gpu_id)
 
 
 def count_only(count: int) -> NodeTopology:

@@ -22,16 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import BREAKER_DATA_KEY, BREAKER_RESET_ANNOTATION, encode_breaker
+from controller.health.observe import BREAKER_DATA_KEY, encode_breaker
 from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
-from controller.health.snapshot import (
-    CONDITION_TYPE,
-    EXCLUDE_LABEL,
-    RECORD_ANNOTATION,
-    RELEASE_ANNOTATION,
-    TAINT_KEY,
-    BreakerState,
-)
+from controller.health.snapshot import BreakerState
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import (
     CONFIG_MAPS,
@@ -44,6 +37,12 @@ from gpuwarden.kube import (
     PatchType,
     patch_with_retry,
 )
+from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
+from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
+from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
+from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
 
 log = logging.getLogger(__name__)
 

@@ -18,23 +18,17 @@ from dataclasses import replace
 from typing import Any
 
 from controller.health.record import iso, parse_iso
-from controller.health.snapshot import (
-    CONDITION_TYPE,
-    BreakerState,
-    ConditionState,
-    FleetSnapshot,
-    NodeState,
-    Taint,
-)
+from controller.health.snapshot import BreakerState, ConditionState, FleetSnapshot, NodeState, Taint
 from controller.health.telemetry import Querier, Queries, Telemetry, build_queries, read_telemetry
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
+from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
+from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 BREAKER_DATA_KEY = "state"
-BREAKER_RESET_ANNOTATION = "gpuwarden.io/reset"
 
 
 def _quantity(raw: object) -> int:

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-TAINT_KEY = "gpuwarden.io/gpu-unhealthy"
-RECORD_ANNOTATION = "gpuwarden.io/quarantine"
-RELEASE_ANNOTATION = "gpuwarden.io/release"
-EXCLUDE_LABEL = "gpuwarden.io/exclude"
-CONDITION_TYPE = "GPUHealthy"
+from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
+from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
+from gpuwarden.wellknown import RELEASE_NOW
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
@@ -116,7 +116,7 @@ class NodeState:
     @property
     def release_requested(self) -> bool:
         """`gpuwarden.io/release=now`: lift the quarantine at once."""
-        return self.annotations.get(RELEASE_ANNOTATION, "").lower() == "now"
+        return self.annotations.get(RELEASE_ANNOTATION, "").lower() == RELEASE_NOW
 
 
 @dataclass(frozen=True, slots=True)

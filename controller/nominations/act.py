@@ -28,13 +28,14 @@ from typing import Any, Protocol
 
 from controller.nominations.metrics import NominationMetrics
 from controller.nominations.plan import Clear, Evict, Forget, Plan, Stamp
-from controller.nominations.snapshot import NOMINATION_ANNOTATION, NominationRecord, PendingPod
+from controller.nominations.snapshot import NominationRecord, PendingPod
 from controller.preemption.signals import terminating_by_preemption
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import PODS, EventRecorder, EventType, JsonObject, ObjectRef, PatchType, patch_with_retry
 from gpuwarden.kube.eviction import evict as evict_pod
 from gpuwarden.kube.patch import ObjectClient
 from gpuwarden.kube.resources import ObjectList, Resource
+from gpuwarden.wellknown import NOMINATION as NOMINATION_ANNOTATION
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from typing import Any
 from controller.gpus.fit import Settings
 from controller.gpus.model import NodeView
 from controller.gpus.objects import PodInfo, pod_info
-from controller.health.snapshot import TAINT_KEY
 from controller.preemption.signals import parse_time, terminating_by_preemption
+from gpuwarden.wellknown import NOMINATION as NOMINATION_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 
-NOMINATION_ANNOTATION = "gpuwarden.io/nomination"
 QUARANTINE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """Our taint with these effects keeps every new pod off the node; PreferNoSchedule is left to the model."""
 JsonObject = dict[str, Any]

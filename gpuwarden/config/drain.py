@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, Percent, PositiveCount, Seconds
 from gpuwarden.config.remediation import RemediationConfig
+from gpuwarden.wellknown import DRAIN_EXCLUDE
 
 DrainMode = Literal["immediate", "allow-completion", "never"]
 
@@ -84,7 +85,7 @@ class DrainConfig(Section):
         description="Never drained (report only). kube-system: cluster infrastructure has its own lifecycle.",
     )
     exclude_label: str = Field(
-        default="gpuwarden.io/drain-exclude",
+        default=DRAIN_EXCLUDE,
         description='Pods with this label set to "true" are never drained (report only).',
     )
     retry_backoff_seconds: Seconds = Field(

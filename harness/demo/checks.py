@@ -22,21 +22,16 @@ from gpuwarden.errors import GpuwardenError
 from gpuwarden.kube import EVENTS, JsonObject, KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
+from gpuwarden.wellknown import GPU_IDS
+from gpuwarden.wellknown import NUMA_NODE as NUMA
+from gpuwarden.wellknown import QUARANTINE_RECORD as QUARANTINE_ANNOTATION
 from harness.demo import scenario as sc
-from harness.demo.observer import (
-    GPU_IDS,
-    NUMA,
-    ClusterView,
-    gpu_ids,
-    hpa_metric_values,
-    is_bound,
-    our_taint,
-)
+from harness.demo.observer import ClusterView, gpu_ids, hpa_metric_values, is_bound, our_taint
 from harness.demo.processes import ProcessFailed
 from harness.demo.timeline import Outcome, Timeline
 
 Verdict = tuple[bool, str]
-QUARANTINE_ANNOTATION = "gpuwarden.io/quarantine"
+
 HEARTBEAT_SECONDS = 15.0
 
 

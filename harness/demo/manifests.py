@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from gpuwarden.wellknown import TOPOLOGY_POLICY
 from harness.demo.scenario import Deploy, Fleet, Hpa, Job, Workload
 from harness.simulator.hardware import gpu_uuid
 from harness.testbed import GpuNodeSpec
@@ -87,7 +88,7 @@ def priority_class(name: str, value: int) -> dict[str, Any]:
 
 def pod_template(w: Workload) -> dict[str, Any]:
     """Metadata and spec of the workload's pods."""
-    annotations = {"gpuwarden.io/topology-policy": w.topology_policy} if w.topology_policy else {}
+    annotations = {TOPOLOGY_POLICY: w.topology_policy} if w.topology_policy else {}
     metadata: dict[str, Any] = {"labels": {APP_LABEL: w.name, DEMO_LABEL: "true"}}
     if annotations:
         metadata["annotations"] = annotations

@@ -28,11 +28,11 @@ from prometheus_client.registry import Collector
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, Informer, JsonObject, KubeClient, Resource
 from gpuwarden.selfmetrics import metrics_handler
+from gpuwarden.wellknown import GPU_IDS
+from gpuwarden.wellknown import NUMA_NODE as NUMA
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from harness.demo.manifests import APP_LABEL, DEMO_LABEL
 
-TAINT_KEY = "gpuwarden.io/gpu-unhealthy"
-GPU_IDS = "gpuwarden.io/gpu-ids"
-NUMA = "gpuwarden.io/numa-node"
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", namespaced=True)
 
 

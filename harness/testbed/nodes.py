@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from harness.testbed.cluster import Cluster
 from harness.testbed.waiting import poll
 
 GPU_RESOURCE = "nvidia.com/gpu"
-TOPOLOGY_ANNOTATION = "gpuwarden.io/gpu-topology"
+
 TESTBED_LABEL = "gpuwarden.io/testbed-node"
 
 

@@ -22,9 +22,10 @@ from typing import Any
 
 from controller.drain.observe import build_snapshot
 from controller.drain.plan import plan_drains
-from controller.drain.state import DRAIN_ANNOTATION, DrainState
+from controller.drain.state import DrainState
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.drain import DrainConfig
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
 PODS_PER_NODE = 8

@@ -32,8 +32,9 @@ from controller.nominations.act import NominationActuator
 from controller.nominations.decide import plan_nominations
 from controller.nominations.metrics import NominationMetrics
 from controller.nominations.plan import NominationPolicy
-from controller.nominations.snapshot import NOMINATION_ANNOTATION, NominationRecord, build_snapshot
+from controller.nominations.snapshot import NominationRecord, build_snapshot
 from gpuwarden.kube.resources import ObjectList
+from gpuwarden.wellknown import NOMINATION as NOMINATION_ANNOTATION
 
 PENDING = int(os.environ.get("GPUWARDEN_BENCH_PENDING", "10000"))
 NODES = max(10, PENDING // 4)

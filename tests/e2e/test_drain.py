@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 
 from controller.drain.loop import DrainLoop
-from controller.drain.state import DRAIN_ANNOTATION
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE as SOURCE_ANNOTATION
 from harness.testbed import Cluster, poll
 from harness.testbed.realnode import KUBELET_SOCKET, RealNode
-from nodeagent.reconcile import GPU_IDS_ANNOTATION, SOURCE_ANNOTATION
 from tests.e2e.conftest import REAL_NODE
 from tests.e2e.test_kubelet_node import create, events, first, pod_phase, tool_pod, wait_phase
 from tests.e2e.test_node_agent import UUIDS, Agent, HighestFirstPlugin, annotations, wait_allocatable

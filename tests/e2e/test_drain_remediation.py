@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from controller.drain.loop import DrainLoop
-from controller.drain.remediation import REMEDIATION_ANNOTATION
 from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
+from gpuwarden.wellknown import REMEDIATION as REMEDIATION_ANNOTATION
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, poll
 
 pytestmark = pytest.mark.e2e

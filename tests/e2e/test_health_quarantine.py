@@ -30,11 +30,12 @@ from controller.app import run_controller
 from controller.health.act import BREAKER_CONFIGMAP
 from controller.health.loop import HealthLoop
 from controller.health.plan import Plan
-from controller.health.snapshot import RECORD_ANNOTATION, TAINT_KEY
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound
 from gpuwarden.kube import LEASES, KubeClient
 from gpuwarden.promclient import PrometheusClient
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import RunningSimulator, parse_scenario, start
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace

@@ -23,9 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_REQUESTED as REQUESTED_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE as SOURCE_ANNOTATION
 from harness.testbed import Cluster, ExtenderSpec, SchedulerSettings, poll, scheduler_configuration
 from harness.testbed.realnode import KUBELET_SOCKET, RealNode
-from nodeagent.reconcile import GPU_IDS_ANNOTATION, REQUESTED_ANNOTATION, SOURCE_ANNOTATION
 from tests.e2e.conftest import REAL_NODE, free_port
 from tests.e2e.minimal_device_plugin import MinimalDevicePlugin
 from tests.e2e.test_extender_scheduler import PREFIX, RunningExtender

@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from controller.drain.observe import build_snapshot
-from controller.drain.state import DRAIN_ANNOTATION, DrainState, decode
+from controller.drain.state import DrainState, decode
 from controller.health.record import Evidence, QuarantineRecord
+from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 TAINT = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 TOPO = json.dumps({str(i): {"numa": 0, "uuid": f"GPU-{i}"} for i in range(4)})

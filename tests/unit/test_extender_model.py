@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from controller.gpus.model import Claim, ClusterModel, Holder, NodeView
-from controller.gpus.objects import gpu_request, parse_gpu_ids, pod_info
+from controller.gpus.objects import gpu_request, pod_info
 from controller.gpus.topology import count_only
+from gpuwarden.wellknown import parse_gpu_ids
 from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
 
 

@@ -10,7 +10,8 @@ import pytest
 from controller.health.act import condition_patch, node_patch
 from controller.health.plan import Action, ConditionUpdate
 from controller.health.record import QuarantineRecord
-from controller.health.snapshot import TAINT_KEY, Taint
+from controller.health.snapshot import Taint
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 
 OURS = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
 THEIRS = {"key": "example.com/maintenance", "effect": "NoSchedule"}

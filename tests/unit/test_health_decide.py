@@ -13,8 +13,6 @@ from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy
 from controller.health.record import decode
 from controller.health.snapshot import (
-    RECORD_ANNOTATION,
-    TAINT_KEY,
     BreakerState,
     ConditionState,
     FleetSnapshot,
@@ -22,6 +20,8 @@ from controller.health.snapshot import (
     Taint,
     XidObservation,
 )
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from tests.unit.test_health_fixtures import NOW, node, quarantined, record
 
 

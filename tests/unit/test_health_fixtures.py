@@ -5,18 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from controller.health.record import Evidence, QuarantineRecord
-from controller.health.snapshot import (
-    CONDITION_TYPE,
-    EXCLUDE_LABEL,
-    RECORD_ANNOTATION,
-    RELEASE_ANNOTATION,
-    TAINT_KEY,
-    ConditionState,
-    GpuTelemetry,
-    NodeState,
-    Taint,
-    XidObservation,
-)
+from controller.health.snapshot import ConditionState, GpuTelemetry, NodeState, Taint, XidObservation
+from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
+from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
+from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
+from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
 
 NOW = 1_700_000_000.0
 __all__ = ["CONDITION_TYPE", "NOW", "gpu", "node", "quarantined", "record"]

@@ -15,7 +15,8 @@ import yaml
 
 from gpuwarden.config.root import Config
 from gpuwarden.kube.resources import Resource
-from nodeagent.app import TOPOLOGY_ANNOTATION, NodeAgent, quarantined_uuids
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from nodeagent.app import NodeAgent, quarantined_uuids
 from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 

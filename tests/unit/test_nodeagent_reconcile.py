@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_REQUESTED as REQUESTED_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE as SOURCE_ANNOTATION
+from gpuwarden.wellknown import NUMA_NODE as NUMA_ANNOTATION
+from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Candidate, candidate, prefer
-from nodeagent.reconcile import (
-    GPU_IDS_ANNOTATION,
-    NUMA_ANNOTATION,
-    REQUESTED_ANNOTATION,
-    SOURCE_ANNOTATION,
-    Allocation,
-    Outcome,
-    PodRecord,
-    decide,
-    parse_ids,
-    pod_record,
-)
+from nodeagent.reconcile import Allocation, Outcome, PodRecord, decide, pod_record
 
 NUMA = {"0": 0, "1": 0, "2": 1, "3": 1}
 

@@ -18,11 +18,12 @@ from controller.nominations.act import NominationActuator
 from controller.nominations.loop import NominationLoop
 from controller.nominations.metrics import NominationMetrics
 from controller.nominations.plan import Clear, Evict, Forget, Plan, Stale, Stamp
-from controller.nominations.snapshot import NOMINATION_ANNOTATION, NominationRecord, PendingPod
+from controller.nominations.snapshot import NominationRecord, PendingPod
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeNotFound, KubeUnreachable
 from gpuwarden.kube import PatchType, Resource
 from gpuwarden.kube.resources import ObjectList
+from gpuwarden.wellknown import NOMINATION as NOMINATION_ANNOTATION
 
 GOLDEN = Path(__file__).parent / "golden" / "nominations"
 NOW = 1_700_000_000.0

@@ -10,7 +10,6 @@ import pytest
 
 from controller.gpus.model import ClusterModel
 from controller.nominations.snapshot import (
-    NOMINATION_ANNOTATION,
     NodeState,
     NominationRecord,
     Victim,
@@ -19,6 +18,7 @@ from controller.nominations.snapshot import (
     pending_pod,
 )
 from controller.preemption.signals import parse_time
+from gpuwarden.wellknown import NOMINATION as NOMINATION_ANNOTATION
 from tests.unit.extender_support import node as gpu_node
 
 GOLDEN = Path(__file__).parent / "golden" / "nominations"

@@ -1,0 +1,101 @@
+"""Every `gpuwarden.io/*` name other pieces rely on, and the format of its value: one home for all of them.
+
+Why it exists: the adapter, the controller, the node agent, the charts and the harness meet on these keys
+(a taint the scheduler honours, annotations a user reads in `kubectl describe`, a GPU set the node agent
+hands to the container). Defined in several places they drift; here each is defined once, the way
+Kubernetes keeps `well_known_labels.go`. The value formats that more than one piece reads or writes are here
+too: a GPU set is written one way (`format_gpu_ids`) and read one way (`parse_gpu_ids`).
+
+What it must not do: import anything from gpuwarden or a deployable (every layer imports it), decide
+anything, or do I/O. Keys used only by the test harness (test bed labels, demo markers) live in the harness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+DOMAIN = "gpuwarden.io"
+
+# --- nodes: GPU health (the controller's quarantine) --------------------------------------------------------
+QUARANTINE_TAINT = "gpuwarden.io/gpu-unhealthy"
+"""Taint key; value `<reason>` (e.g. `xid-79`), effect configurable per reason class (default NoSchedule)."""
+QUARANTINE_RECORD = "gpuwarden.io/quarantine"
+"""Node annotation, JSON: reason, xid, GPU UUIDs, first seen, values (controller.health.record)."""
+RELEASE = "gpuwarden.io/release"
+"""Operator override on a node: value `now` lifts the quarantine at the next pass."""
+RELEASE_NOW = "now"
+EXCLUDE = "gpuwarden.io/exclude"
+"""Node label: `true` means never touch this node."""
+BREAKER_RESET = "gpuwarden.io/reset"
+"""Annotation on the quarantine breaker's state ConfigMap: `now` (or `true`) closes an open breaker."""
+GPU_HEALTHY_CONDITION = "GPUHealthy"
+"""Node condition type written by the quarantine (False while quarantined)."""
+GPU_DEGRADED_CONDITION = "GPUDegraded"
+"""Node condition type for degradation signals graded `degrade` (no taint)."""
+
+# --- nodes: GPU topology ------------------------------------------------------------------------------------
+GPU_TOPOLOGY = "gpuwarden.io/gpu-topology"
+"""Node annotation, JSON: GPU id -> {numa, pcie, nvlink, uuid} (written by the node agent)."""
+NRT_GPU_IDS_ATTRIBUTE = "gpuwarden.io/gpu-ids"
+"""NodeResourceTopology zone attribute listing the zone's GPU ids (else they are numbered in NUMA order)."""
+
+# --- nodes: drain and remediation -------------------------------------------------------------------------
+DRAIN = "gpuwarden.io/drain"
+"""Node annotation, JSON: the drain's progress (controller.drain.state)."""
+DRAIN_PAUSE = "gpuwarden.io/drain-pause"
+"""Operator override on a node: `true` pauses its drain."""
+DRAIN_EXCLUDE = "gpuwarden.io/drain-exclude"
+"""Pod label (the config default of `drain.exclude_label`): `true` keeps the pod from being evicted."""
+REMEDIATION = "gpuwarden.io/remediation"
+"""Node annotation, JSON: the remediation hand-off's step and escalation."""
+
+# --- pods: the GPU set (extender bind, node agent) ----------------------------------------------------------
+GPU_IDS = "gpuwarden.io/gpu-ids"
+"""Pod annotation: the GPU set assigned at bind, `format_gpu_ids` form (e.g. `0,1,2,3`)."""
+NUMA_NODE = "gpuwarden.io/numa-node"
+"""Pod annotation: the NUMA node(s) of the GPU set, comma-separated."""
+TOPOLOGY_POLICY = "gpuwarden.io/topology-policy"
+"""Pod annotation: `single-numa` (default for multi-GPU), `prefer-numa`, `single-pcie` or `none`."""
+GPU_NODE = "gpuwarden.io/gpu-node"
+"""Pod label (label-safe node name, for selection) and annotation (full node name) of a GPU claim."""
+GPU_CLAIMED_AT = "gpuwarden.io/gpu-claimed-at"
+"""Pod annotation: Unix time the claim was written (claims of unbound pods expire after a TTL)."""
+GPU_RESERVED_UNTIL = "gpuwarden.io/gpu-reserved-until"
+"""Pod annotation written with a claim by GPU preemption: the claim holds until this Unix time."""
+GPU_IDS_REQUESTED = "gpuwarden.io/gpu-ids-requested"
+"""Pod annotation by the node agent: the set the scheduler recorded, when the kubelet gave another."""
+GPU_IDS_SOURCE = "gpuwarden.io/gpu-ids-source"
+"""Pod annotation by the node agent: `kubelet` once `gpu-ids` holds the set the kubelet actually gave."""
+GPU_IDS_SOURCE_KUBELET = "kubelet"
+
+# --- pods: nominations and idle GPUs ------------------------------------------------------------------------
+NOMINATION = "gpuwarden.io/nomination"
+"""Pod annotation, JSON: when the controller first saw the pod's nominatedNodeName."""
+IDLE_SINCE = "gpuwarden.io/idle-since"
+"""Pod annotation (set by gpuwarden): RFC 3339 time since every GPU of the pod stayed idle."""
+IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
+"""Pod annotation (set by users): RFC 3339 time until which no idle-GPU action is taken."""
+
+
+def gpu_id_key(gpu_id: str) -> tuple[int, int, str]:
+    """The order of GPU ids everywhere: numeric ids in numeric order ("2" < "10"), then the rest
+    alphabetically."""
+    return (0, int(gpu_id), "") if gpu_id.isdigit() else (1, 0, gpu_id)
+
+
+def canonical_gpu_ids(ids: Iterable[str]) -> tuple[str, ...]:
+    """A GPU set in its one order: unique, sorted by `gpu_id_key`, blanks dropped."""
+    return tuple(sorted({i.strip() for i in ids if i.strip()}, key=gpu_id_key))
+
+
+def parse_gpu_ids(text: str | None) -> tuple[str, ...] | None:
+    """The value of `gpu-ids` read: `"3, 1,1"` -> ("1", "3"); None when absent or blank (nothing recorded)."""
+    if text is None:
+        return None
+    ids = canonical_gpu_ids(text.split(","))
+    return ids or None
+
+
+def format_gpu_ids(ids: Iterable[str]) -> str:
+    """The value of `gpu-ids` written: ("3", "1") -> "1,3"."""
+    return ",".join(canonical_gpu_ids(ids))
