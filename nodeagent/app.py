@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.quarantine import node_quarantine, quarantined_ids
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
-from gpuwarden.wellknown import QUARANTINE_RECORD as QUARANTINE_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
@@ -47,19 +47,16 @@ log = logging.getLogger(__name__)
 COMPONENT = "node-agent"
 
 
-def quarantined_uuids(node: Mapping[str, Any]) -> set[str]:
-    """GPU UUIDs a current quarantine record of the health controller names (per-GPU faults only)."""
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(QUARANTINE_ANNOTATION)
-    if not text:
-        return set()
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return set()
-    if not isinstance(record, dict) or record.get("state") != "quarantined":
-        return set()  # a released record keeps its evidence only to remember what was dismissed
-    gpus = record.get("gpus")
-    return {str(g) for g in gpus} if isinstance(gpus, list) else set()
+def quarantined_devices(
+    node: Mapping[str, Any], ids: Sequence[str], uuid_by_id: Mapping[str, str]
+) -> set[str]:
+    """Device ids the health controller's quarantine covers, by the one rule (`gpuwarden.quarantine`): none
+    without our taint, the faulty GPUs when the record names them (by UUID, or by device id when the device
+    plugin's ids are UUIDs) and the topology maps them, every device when that cannot be told."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    quarantine = node_quarantine(spec.get("taints") or [], meta.get("annotations") or {})
+    id_by_uuid = {i: i for i in ids} | {uuid: i for i, uuid in uuid_by_id.items() if uuid}
+    return set(quarantined_ids(quarantine, ids, id_by_uuid))
 
 
 @dataclass
@@ -293,11 +290,9 @@ class NodeAgent:
         if self.plugin is None or self.topology_json is None:
             return
         node = self.nodes.get(self.node) or {}
-        bad = quarantined_uuids(node)
         ids = list(json.loads(self.topology_json))
-        await self.plugin.set_devices(
-            {i: (self.uuid_by_id.get(i, i) not in bad and i not in bad) for i in ids}
-        )
+        bad = quarantined_devices(node, ids, self.uuid_by_id)
+        await self.plugin.set_devices({i: i not in bad for i in ids})
 
     async def on_node_event(self, _event: Any) -> None:
         await self.refresh_devices()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from nodeagent.admission import Preference
 from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
@@ -62,6 +62,14 @@ class DevicePluginMetrics:
         )
         for answer in ("recorded", "none"):
             self.preferences.labels(answer)
+        self.devices = Gauge(
+            "gpuwarden_node_devices",
+            "GPUs the device plugin offers the kubelet, by health (Unhealthy: quarantined by gpuwarden).",
+            ["health"],
+            registry=registry,
+        )
+        for health in (HEALTHY, UNHEALTHY):
+            self.devices.labels(health)
 
 
 def device_specs(ids: Sequence[str], index_of: Mapping[str, int]) -> list[dp.DeviceSpec]:
@@ -121,6 +129,9 @@ class GpuDevicePlugin(dp_grpc.DevicePluginServicer):
             self._devices = new
             self._version += 1
             self._changed.notify_all()
+        unhealthy = sum(1 for ok in new.values() if not ok)
+        self.metrics.devices.labels(UNHEALTHY).set(unhealthy)
+        self.metrics.devices.labels(HEALTHY).set(len(new) - unhealthy)
 
     def _device_list(self) -> list[dp.Device]:
         return [

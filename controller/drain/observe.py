@@ -15,8 +15,10 @@ from typing import Any
 
 from controller.drain.plan import DrainNode, DrainPod
 from controller.drain.state import DrainState, decode
-from controller.gpus.topology import TopologyError, parse_annotation
-from controller.health.record import decode as decode_record
+from controller.gpus.objects import gpu_request
+from controller.gpus.topology import TopologyError, parse_annotation, uuid_map
+from gpuwarden.quarantine import decode as decode_record
+from gpuwarden.quarantine import node_quarantine
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 from gpuwarden.wellknown import DRAIN_PAUSE as PAUSE_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
@@ -52,18 +54,6 @@ def _annotations(obj: Obj) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
-def _gpus(obj: Obj, resource: str) -> int:
-    total = 0
-    for c in (obj.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
-        try:
-            total += int(value or 0)
-        except (TypeError, ValueError):
-            continue
-    return total
-
-
 def drain_pod(obj: Obj, resource: str) -> DrainPod:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     ann = _annotations(obj)
@@ -73,7 +63,7 @@ def drain_pod(obj: Obj, resource: str) -> DrainPod:
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         gpu_ids=parse_gpu_ids(ids),
-        gpus=_gpus(obj, resource),
+        gpus=gpu_request(obj.get("spec") or {}, resource),
         owner_kinds=tuple(str(o.get("kind", "")) for o in meta.get("ownerReferences") or []),
         mirror=MIRROR_ANNOTATION in ann,
         phase=str(status.get("phase", "")),
@@ -147,21 +137,20 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
             continue
         if record.healthy_since is not None:
             recovering.append(name)
-        node_level = any(not e.gpu for e in record.evidence) or not record.evidence
-        uuid_to_id: dict[str, str] = {}
+        quarantine = node_quarantine((node.get("spec") or {}).get("taints") or [], ann)
+        faulty = quarantine.uuids if quarantine is not None else None
         try:
             topo = parse_annotation(ann[TOPOLOGY_ANNOTATION]) if TOPOLOGY_ANNOTATION in ann else None
         except TopologyError as exc:
             problems.append(f"{name}: {exc}")
             topo = None
-        if topo is not None:
-            uuid_to_id = {g.uuid: g.id for g in topo.gpus if g.uuid}
+        uuid_to_id = uuid_map(topo)
         if state is not None:
             states[name] = state
         out.append(
             DrainNode(
                 name=name,
-                fault_gpus=frozenset() if node_level else frozenset(e.gpu for e in record.evidence if e.gpu),
+                fault_gpus=faulty or frozenset(),
                 uuid_to_id=uuid_to_id,
                 started=state.started if state is not None else None,
                 history=dict(state.history) if state is not None else {},

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.health.record import iso, parse_iso
 from gpuwarden.config.remediation import RemediationConfig, RemediationStep
+from gpuwarden.quarantine import iso, parse_iso
 
 
 @dataclass(frozen=True, slots=True)

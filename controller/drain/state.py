@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.drain.plan import PodHistory
-from controller.health.record import iso, parse_iso
+from gpuwarden.quarantine import iso, parse_iso
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 

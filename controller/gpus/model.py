@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.gpus.objects import NodeInfo, PodInfo, node_info, pod_info
-from controller.gpus.topology import NodeTopology, TopologyError, count_only, parse_nrt
+from controller.gpus.topology import NodeTopology, TopologyError, count_only, parse_nrt, uuid_map
+from gpuwarden.quarantine import quarantined_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +150,7 @@ def build_view(
     if topology is None:
         topology = count_only(info.allocatable)
     ids = {g.id for g in topology.gpus}
-    quarantined: frozenset[str] = frozenset()
-    if info.quarantine_reason is not None:
-        by_uuid = {g.uuid: g.id for g in topology.gpus if g.uuid}
-        uuids = info.quarantined_uuids
-        if uuids is None or not uuids <= by_uuid.keys():
-            quarantined = frozenset(ids)
-        else:
-            quarantined = frozenset(by_uuid[u] for u in uuids)
+    quarantined = quarantined_ids(info.quarantine, ids, uuid_map(topology, info.topology))
     used: set[str] = set()
     unknown = 0
     claims: list[Claim] = []

@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.gpus.topology import NodeTopology, TopologyError, parse_annotation
-from controller.health.record import decode as decode_quarantine
+from gpuwarden.quarantine import NodeQuarantine, node_quarantine
 from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_NODE as CLAIM_NODE_ANNOTATION
 from gpuwarden.wellknown import GPU_RESERVED_UNTIL as RESERVED_UNTIL_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
-from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
-from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids
 
@@ -147,9 +145,12 @@ class NodeInfo:
     allocatable: int
     topology: NodeTopology | None = None
     topology_error: str = ""
-    quarantine_reason: str | None = None
-    quarantined_uuids: frozenset[str] | None = None
-    """UUIDs named by the quarantine record; None = the whole node (no usable per-GPU evidence)."""
+    quarantine: NodeQuarantine | None = None
+    """Our quarantine of the node (`gpuwarden.quarantine.node_quarantine`); None: not quarantined."""
+
+    @property
+    def quarantine_reason(self) -> str | None:
+        return self.quarantine.reason if self.quarantine is not None else None
 
 
 def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
@@ -163,12 +164,5 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
             topology = parse_annotation(str(annotations[TOPOLOGY_ANNOTATION]))
         except TopologyError as exc:
             error = str(exc)
-    taint = next((t for t in spec.get("taints") or [] if t.get("key") == TAINT_KEY), None)
-    reason, uuids = None, None
-    if taint is not None:
-        reason = str(taint.get("value") or "quarantined")
-        record, _ = decode_quarantine(annotations.get(RECORD_ANNOTATION))
-        if record is not None and record.state == "quarantined" and record.evidence:
-            gpus = [e.gpu for e in record.evidence]
-            uuids = None if "" in gpus else frozenset(gpus)
-    return NodeInfo(str(meta.get("name", "")), allocatable, topology, error, reason, uuids)
+    quarantine = node_quarantine(spec.get("taints") or [], annotations)
+    return NodeInfo(str(meta.get("name", "")), allocatable, topology, error, quarantine)

@@ -61,6 +61,17 @@ class NodeTopology:
         return self.source != "count"
 
 
+def uuid_map(*sources: NodeTopology | None) -> dict[str, str]:
+    """GPU UUID -> id from whichever sources know UUIDs (the NodeResourceTopology CRD carries none; the
+    node agent's annotation does), earlier sources first."""
+    out: dict[str, str] = {}
+    for source in sources:
+        for gpu in source.gpus if source is not None else ():
+            if gpu.uuid:
+                out.setdefault(gpu.uuid, gpu.id)
+    return out
+
+
 def count_only(count: int) -> NodeTopology:
     """Stand-in for a node that publishes no topology: ids 0..count-1, every attribute unknown."""
     return NodeTopology(tuple(Gpu(str(i)) for i in range(max(0, count))), "count")

@@ -21,8 +21,8 @@ from controller.health import breaker
 from controller.health import plan as p
 from controller.health.findings import Assessment, Finding, assess_node, recovery_holds
 from controller.health.policy import HealthPolicy
-from controller.health.record import QuarantineRecord, decode, iso
 from controller.health.snapshot import EFFECT_STRENGTH, FleetSnapshot, NodeState, Taint
+from gpuwarden.quarantine import QuarantineRecord, decode, iso
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 

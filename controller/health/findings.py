@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from controller.health.policy import HealthPolicy, reason_class
-from controller.health.record import Evidence
 from controller.health.snapshot import GpuTelemetry, NodeState
+from gpuwarden.quarantine import Evidence
 
 Status = Literal["healthy", "faulty", "unknown"]
 RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}

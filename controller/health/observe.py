@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from controller.health.record import iso, parse_iso
 from controller.health.snapshot import BreakerState, ConditionState, FleetSnapshot, NodeState, Taint
 from controller.health.telemetry import Querier, Queries, Telemetry, build_queries, read_telemetry
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
+from gpuwarden.quarantine import iso, parse_iso
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 

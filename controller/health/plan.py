@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from controller.health.record import QuarantineRecord, iso
 from controller.health.snapshot import BreakerState, Taint
+from gpuwarden.quarantine import QuarantineRecord, iso
 
 ActionKind = Literal["quarantine", "release", "update-record", "set-condition"]
 EventType = Literal["Normal", "Warning"]

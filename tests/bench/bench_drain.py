@@ -23,8 +23,8 @@ from typing import Any
 from controller.drain.observe import build_snapshot
 from controller.drain.plan import plan_drains
 from controller.drain.state import DrainState
-from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.drain import DrainConfig
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from controller.drain.loop import DrainLoop
-from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS_SOURCE as SOURCE_ANNOTATION

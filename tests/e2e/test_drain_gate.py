@@ -19,9 +19,9 @@ import pytest
 
 from controller.drain.loop import DrainLoop
 from controller.drain.state import decode
-from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, ensure_namespace
 from tests.e2e.conftest import pod_manifest

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from controller.drain.loop import DrainLoop
-from controller.health.record import Evidence, QuarantineRecord
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import REMEDIATION as REMEDIATION_ANNOTATION
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, poll
 

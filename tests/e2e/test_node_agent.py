@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,7 +283,10 @@ def test_enforce_mode_survives_a_kubelet_restart_and_drops_a_quarantined_gpu(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     agent = Agent(node_cluster, real_node, tmp_path, device_plugin=True)
-    record = {"version": 1, "state": "quarantined", "reason": "xid-79", "gpus": [UUIDS[0]], "xids": [79]}
+    record = {
+        "version": 1, "state": "quarantined", "reason": "xid-79",
+        "evidence": [{"reason": "xid-79", "gpu": UUIDS[0], "xid": 79}],
+    }  # fmt: skip
     try:
         wait_allocatable(node_cluster, 8)
         assert agent.metric("gpuwarden_node_device_plugin_registrations_total", 'outcome="ok"') == 1
@@ -307,13 +311,27 @@ def test_enforce_mode_survives_a_kubelet_restart_and_drops_a_quarantined_gpu(
             what="after-restart reconciled",
         )
         assert sorted(seen) == sorted(ann[GPU_IDS_ANNOTATION].split(",")) and REQUESTED_ANNOTATION not in ann
-        # The health record names GPU 0: it turns Unhealthy and the Node's allocatable drops by one.
+        # A record without our taint quarantines nothing (the one rule, gpuwarden.quarantine): the agent
+        # reads the node (its devices refreshed on every node event) and keeps all 8 devices Healthy.
         patch = {"metadata": {"annotations": {"gpuwarden.io/quarantine": json.dumps(record)}}}
         node_cluster.kubectl("patch", "node", REAL_NODE, "--type=merge", "-p", json.dumps(patch))
+        node_cluster.kubectl("label", "node", REAL_NODE, "gpuwarden.io/e2e-poke=1", "--overwrite")
+        time.sleep(3)
+        assert agent.metric("gpuwarden_node_devices", 'health="Unhealthy"') == 0
+        assert agent.metric("gpuwarden_node_devices", 'health="Healthy"') == 8
+        # With the taint the record names GPU 0: it turns Unhealthy and the Node's allocatable drops by one.
+        node_cluster.kubectl("taint", "node", REAL_NODE, "gpuwarden.io/gpu-unhealthy=xid-79:NoSchedule")
+        poll(
+            lambda: agent.metric("gpuwarden_node_devices", 'health="Unhealthy"') == 1,
+            timeout=30,
+            what="GPU 0 Unhealthy in the device plugin",
+        )
         wait_allocatable(node_cluster, 7)
     finally:
         patch = {"metadata": {"annotations": {"gpuwarden.io/quarantine": None}}}
         node_cluster.kubectl("patch", "node", REAL_NODE, "--type=merge", "-p", json.dumps(patch), check=False)
+        node_cluster.kubectl("taint", "node", REAL_NODE, "gpuwarden.io/gpu-unhealthy-", check=False)
+        node_cluster.kubectl("label", "node", REAL_NODE, "gpuwarden.io/e2e-poke-", check=False)
         node_cluster.kubectl(
             "delete", "pods", "--all", "-n", node_ns, "--grace-period=0", "--force", check=False
         )

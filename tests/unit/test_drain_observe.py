@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.drain.observe import build_snapshot
 from controller.drain.state import DrainState, decode
-from controller.health.record import Evidence, QuarantineRecord
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 TAINT = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}

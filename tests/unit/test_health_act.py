@@ -9,8 +9,8 @@ import pytest
 
 from controller.health.act import condition_patch, node_patch
 from controller.health.plan import Action, ConditionUpdate
-from controller.health.record import QuarantineRecord
 from controller.health.snapshot import Taint
+from gpuwarden.quarantine import QuarantineRecord
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 
 OURS = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}

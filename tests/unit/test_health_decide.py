@@ -11,7 +11,6 @@ from controller.health.catalog import load_catalog
 from controller.health.decide import plan_quarantine
 from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy
-from controller.health.record import decode
 from controller.health.snapshot import (
     BreakerState,
     ConditionState,
@@ -20,6 +19,7 @@ from controller.health.snapshot import (
     Taint,
     XidObservation,
 )
+from gpuwarden.quarantine import decode
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from tests.unit.test_health_fixtures import NOW, node, quarantined, record

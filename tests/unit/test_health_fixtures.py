@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.health.record import Evidence, QuarantineRecord
 from controller.health.snapshot import ConditionState, GpuTelemetry, NodeState, Taint, XidObservation
+from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION

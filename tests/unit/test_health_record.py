@@ -7,8 +7,8 @@ import json
 import pytest
 
 from controller.health.observe import breaker_state, encode_breaker, node_state
-from controller.health.record import Evidence, QuarantineRecord, decode
 from controller.health.snapshot import BreakerState, Taint
+from gpuwarden.quarantine import Evidence, QuarantineRecord, decode
 
 REC = QuarantineRecord(
     "quarantined",

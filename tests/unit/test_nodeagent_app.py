@@ -16,7 +16,7 @@ import yaml
 from gpuwarden.config.root import Config
 from gpuwarden.kube.resources import Resource
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
-from nodeagent.app import NodeAgent, quarantined_uuids
+from nodeagent.app import NodeAgent, quarantined_devices
 from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 
@@ -178,23 +178,44 @@ async def test_kubelet_down_is_unknown_not_ready(tmp_path: Path) -> None:
     assert metric(a, "gpuwarden_node_podresources_reads_total", {"outcome": "error"}) == 1
 
 
+def _record(state: str, *gpus: str) -> str:
+    evidence = [{"reason": "xid-79", "gpu": g} if g else {"reason": "gpu-missing"} for g in gpus]
+    return json.dumps({"version": 1, "state": state, "reason": "xid-79", "evidence": evidence})
+
+
+TAINT = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+UUIDS = {"0": "GPU-0", "1": "GPU-1", "2": "GPU-2", "3": "GPU-3"}
+
+
 @pytest.mark.parametrize(
-    ("annotation", "expect"),
+    ("tainted", "annotation", "expect"),
     [
-        (None, set()),
-        ("not json", set()),
-        (json.dumps({"state": "quarantined", "gpus": ["GPU-1", "GPU-3"]}), {"GPU-1", "GPU-3"}),
-        (json.dumps({"state": "quarantined", "gpus": []}), set()),
-        (json.dumps(["GPU-1"]), set()),
-        (json.dumps({"state": "released", "gpus": ["GPU-1"]}), set()),
+        (True, None, {"0", "1", "2", "3"}),
+        (True, "not json", {"0", "1", "2", "3"}),
+        (True, _record("quarantined", "GPU-1", "GPU-3"), {"1", "3"}),
+        (True, _record("quarantined", ""), {"0", "1", "2", "3"}),
+        (True, _record("quarantined", "GPU-9"), {"0", "1", "2", "3"}),
+        (False, _record("quarantined", "GPU-1"), set()),
+        (False, None, set()),
+        (True, _record("released", "GPU-1"), {"0", "1", "2", "3"}),
     ],
-    ids=["none", "garbage", "two-gpus", "node-level", "wrong-shape", "released"],
+    ids=[
+        "taint-no-record",
+        "taint-garbage-record",
+        "two-gpus",
+        "node-level",
+        "unmapped-uuid",
+        "record-without-taint",
+        "healthy",
+        "taint-released-record",
+    ],
 )
-def test_quarantined_uuids(annotation: str | None, expect: set[str]) -> None:
+def test_quarantined_devices(tainted: bool, annotation: str | None, expect: set[str]) -> None:
     node = {
-        "metadata": {"annotations": {} if annotation is None else {"gpuwarden.io/quarantine": annotation}}
+        "metadata": {"annotations": {} if annotation is None else {"gpuwarden.io/quarantine": annotation}},
+        "spec": {"taints": [TAINT] if tainted else []},
     }
-    assert quarantined_uuids(node) == expect
+    assert quarantined_devices(node, list(UUIDS), UUIDS) == expect
 
 
 async def test_a_write_the_watch_has_not_delivered_yet_is_not_repeated(tmp_path: Path) -> None:

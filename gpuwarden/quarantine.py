@@ -1,10 +1,19 @@
-"""The `gpuwarden.io/quarantine` node annotation: why a node is quarantined, and what we must remember.
+"""The GPU quarantine as every deployable reads it: the `gpuwarden.io/quarantine` record, and the one rule
+that says which of a node's GPUs are quarantined.
 
-Why it exists: safety rule 5 — everything that matters survives a restart or a leader change because it lives
-on the Node. The record holds the evidence (reason, XID, GPU UUIDs, first seen, values) an operator reads
-with `kubectl describe node`, plus the little state the decision needs: when the quarantine began (breaker
-window), the bootID then (reboot recovery), when the evidence was last seen gone (healthy period), and which
-evidence an operator already dismissed (no re-taint for the same evidence).
+Why it exists: the health controller writes the quarantine (taint + record); the GPU model (extender,
+make-room, nominations), drain and the node agent's device plugin must all read it the same way, and the
+record must survive a restart or a leader change because it lives on the Node. The record holds the
+evidence (reason, XID, GPU UUIDs, first seen, values) an operator reads with `kubectl describe node`, plus
+the little state the decision needs: when the quarantine began (breaker window), the bootID then (reboot
+recovery), when the evidence was last seen gone (healthy period), and which evidence an operator already
+dismissed (no re-taint for the same evidence).
+
+The rule (`node_quarantine`, `quarantined_ids`): a node is quarantined only while it carries our taint - a
+record alone quarantines nothing (a released or stale record keeps its evidence only to remember what was
+dismissed). Its faulty GPUs are the UUIDs the record's evidence names, mapped to the ids pods record through
+whatever topology knows the UUIDs; the whole node is quarantined only when that cannot be told (node-level
+evidence such as a missing GPU, no readable record, a UUID no topology maps).
 
 What it must not do: no I/O, no clock reads. Unparseable annotations decode to `None` with an error string;
 they are never fatal and never guessed at.
@@ -13,9 +22,12 @@ they are never fatal and never guessed at.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from gpuwarden.wellknown import QUARANTINE_RECORD, QUARANTINE_TAINT
 
 RecordState = Literal["quarantined", "released"]
 SCHEMA_VERSION = 1
@@ -160,3 +172,41 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
         )
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"unreadable {text[:40]!r}: {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeQuarantine:
+    """What our quarantine says about one node's GPUs."""
+
+    reason: str
+    """The taint's value (e.g. `xid-79`)."""
+    uuids: frozenset[str] | None
+    """The faulty GPUs' UUIDs; None: the whole node (node-level evidence, or no readable record)."""
+
+
+def node_quarantine(
+    taints: Iterable[Mapping[str, Any]], annotations: Mapping[str, Any]
+) -> NodeQuarantine | None:
+    """The node's quarantine from its taints and annotations; None when our taint is absent."""
+    taint = next((t for t in taints if t.get("key") == QUARANTINE_TAINT), None)
+    if taint is None:
+        return None
+    reason = str(taint.get("value") or "quarantined")
+    record, _ = decode(annotations.get(QUARANTINE_RECORD))
+    if record is None or record.state != "quarantined" or not record.evidence:
+        return NodeQuarantine(reason, None)
+    gpus = [e.gpu for e in record.evidence]
+    return NodeQuarantine(reason, None if "" in gpus else frozenset(gpus))
+
+
+def quarantined_ids(
+    quarantine: NodeQuarantine | None, ids: Iterable[str], uuid_to_id: Mapping[str, str]
+) -> frozenset[str]:
+    """Which of the node's GPU ids are quarantined: none without the taint, the faulty GPUs' ids when every
+    faulty UUID maps through `uuid_to_id`, else all of them (unsure = the whole node)."""
+    if quarantine is None:
+        return frozenset()
+    uuids = quarantine.uuids
+    if uuids is None or not uuids <= uuid_to_id.keys():
+        return frozenset(ids)
+    return frozenset(uuid_to_id[u] for u in uuids)
