@@ -31,12 +31,13 @@ from prometheus_client import CollectorRegistry
 from controller.drain.loop import DrainLoop
 from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
+from controller.gpus.feed import build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
 from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
-from gpuwarden.kube import NODES, Informer, KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.kube import LIVE_PODS, NODES, PODS, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 
@@ -253,8 +254,9 @@ async def run_controller(
 ) -> None:
     """Run every controller loop and the listener until `stop` is set or the task is cancelled.
 
-    One node watch serves the quarantine and nomination loops; one live-pod watch serves the preemption
-    observer and the nomination loop; the extender keeps its own model feed (it answers on every replica).
+    One node informer and one live-pod informer (one list+watch stream each) serve every capability: the
+    GPU model (built once, whether or not the extender is on), quarantine, drain, nominations, make-room and
+    the preemption observer. Every replica runs them and the model: the extender answers on every replica.
     """
     registry = registry if registry is not None else new_registry("controller")
     stop = stop or asyncio.Event()
@@ -265,8 +267,15 @@ async def run_controller(
         PrometheusClient(config.prometheus, registry=registry) as prom,
         kube_client(config, kubeconfig, registry) as kube,
     ):
-        nodes = Informer(kube, NODES, page_size=k.list_page_size, watch_timeout=int(k.watch_timeout_seconds))
-        throttle = PreemptionThrottle(config, kube, registry=registry, dry_run=dry_run, instance=identity)
+        page, timeout = k.list_page_size, int(k.watch_timeout_seconds)
+        nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
+        pods = Informer(kube, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
+        gpus = build_gpu_model(config, kube, prometheus=prom, nodes=nodes, pods=pods)
+        throttle = PreemptionThrottle(
+            config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods
+        )
+        if config.preemption.enabled:  # the preempt verb chooses victims with the GPU model
+            throttle.use_gpu_model(gpus.model, gpus.settings)
         extender: Extender | None = None
         if config.extender.enabled:
             hook = throttle if config.preemption.enabled else passthrough_preemption
@@ -278,22 +287,19 @@ async def run_controller(
                 dry_run=bool(dry_run),
                 preempt_hook=hook,
                 instance=identity,
+                gpus=gpus,
             )
-        room: RoomLoop | None = None
-        if extender is not None:
-            if config.preemption.enabled:  # the preempt verb chooses victims with the GPU model
-                throttle.use_gpu_model(extender.model, extender.service.current_settings)
-            room = RoomLoop(
-                config,
-                kube,
-                throttle=throttle,
-                model=extender.model,
-                settings=extender.service.current_settings,
-                nodes=nodes,
-                registry=registry,
-                dry_run=dry_run,
-                instance=identity,
-            )
+        room = RoomLoop(
+            config,
+            kube,
+            throttle=throttle,
+            model=gpus.model,
+            settings=gpus.settings,
+            nodes=nodes,
+            registry=registry,
+            dry_run=dry_run,
+            instance=identity,
+        )
         health = HealthLoop(
             config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes
         )
@@ -303,10 +309,10 @@ async def run_controller(
             registry=registry,
             dry_run=dry_run,
             instance=identity,
-            pods=throttle.pods,
+            pods=pods,
             nodes=nodes,
-            model=extender.model if extender is not None else None,
-            settings=extender.service.current_settings if extender is not None else None,
+            model=gpus.model,
+            settings=gpus.settings,
         )
 
         drain = DrainLoop(
@@ -315,7 +321,7 @@ async def run_controller(
             registry=registry,
             dry_run=dry_run,
             instance=identity,
-            pods=throttle.pods,
+            pods=pods,
             nodes=nodes,
         )
 
@@ -339,12 +345,11 @@ async def run_controller(
             leading.set()
 
         passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS)
-        passes.add("health", health)  # both loops share the `nodes` and throttle's pod caches run here
+        passes.add("health", health)  # every loop reads the shared `nodes` and `pods` caches run here
         passes.add("nominations", nominations)
-        passes.add("drain", drain)  # the same node and pod caches; nothing scheduled when drain is off
-        if room is not None:  # GPU preemption: the throttle's pod cache, the extender's model
-            passes.add("gpu-preemption", room)
-        jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), throttle.run()]
+        passes.add("drain", drain)  # nothing scheduled when drain is off
+        passes.add("gpu-preemption", room)  # make-room: nothing scheduled when it is off
+        jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), pods.run(), gpus.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())
 

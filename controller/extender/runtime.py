@@ -31,8 +31,8 @@ from controller.extender.server import (
     add_extender_routes,
     passthrough_preemption,
 )
-from controller.gpus.feed import ErrorTrends, ModelFeed
-from controller.gpus.fit import settings_from_config, warm
+from controller.gpus.feed import ErrorTrends, GpuModel, ModelFeed, build_gpu_model
+from controller.gpus.fit import warm
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
@@ -64,6 +64,8 @@ class Extender:
     warmed: bool = False
     freeze_gc: bool = True
     """Freeze the long-lived cache (and the warmed answers) out of gen-2 GC scans once warmed (feed.py)."""
+    owns_model: bool = True
+    """`run` runs the model's feed and error trends; False when the controller runs a shared `GpuModel`."""
 
     def mount(self, app: web.Application) -> None:
         add_extender_routes(app, self.service, self.prefix)
@@ -108,9 +110,10 @@ class Extender:
         that is counted as dropped."""
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self.feed.run(), name="extender-feed")
+                if self.owns_model:
+                    group.create_task(self.feed.run(), name="extender-feed")
                 group.create_task(self._warm(), name="extender-warm")
-                if self.trends is not None:
+                if self.trends is not None and self.owns_model:
                     group.create_task(self.trends.run(), name="extender-error-trends")
                 if self.events is not None:
                     group.create_task(self.events.run(), name="extender-events")
@@ -135,18 +138,21 @@ def build_extender(
     clock: Callable[[], float] = time.time,
     instance: str = "",
     recorder: EventSink | None = None,
+    gpus: GpuModel | None = None,
 ) -> Extender:
-    """Build the extender from config; `prometheus` None disables the error-trend penalty.
+    """Build the extender from config; `prometheus` None disables the error-trend penalty. `gpus`: the
+    controller's shared GPU model (run by the controller), else the extender builds and runs its own.
 
     With `extender.events` on, bind outcomes become Events written by `recorder` (default: an
     `EventRecorder` reporting as gpuwarden.io/extender, `instance` defaulting to the host name)."""
     cfg = config.extender
-    resource = config.kubernetes.gpu_resource_name
-    model = ClusterModel(resource, topology_source=cfg.topology_source)
+    owns_model = gpus is None
+    if gpus is None:
+        gpus = build_gpu_model(config, kube, prometheus=prometheus)
+    model = gpus.model
     metrics = extender_metrics(registry)
     if registry is not None:
         register_model_collectors(registry, model)
-    settings = settings_from_config(cfg, resource)
     events = None
     if cfg.events:
         events = BindEvents(
@@ -154,7 +160,15 @@ def build_extender(
             on_drop=metrics.events_dropped.inc,
             dry_run=dry_run,
         )
-    service = ExtenderService(model, settings, metrics, preempt_hook=preempt_hook, clock=clock, events=events)
+    service = ExtenderService(
+        model,
+        gpus.settings.base,
+        metrics,
+        preempt_hook=preempt_hook,
+        clock=clock,
+        events=events,
+        fleet=gpus.settings,
+    )
     service.binder = Binder(
         KubePodApi(kube),
         model,
@@ -166,22 +180,14 @@ def build_extender(
         on_phase=lambda phase, seconds: metrics.bind_phases.labels(phase).observe(seconds),
     )
     service.max_body_bytes = cfg.max_request_bytes
-    feed = ModelFeed(
-        kube,
-        model,
-        page_size=config.kubernetes.list_page_size,
-        watch_timeout=int(config.kubernetes.watch_timeout_seconds),
-        on_pod=service.binder.pod_seen,
-    )
-    trends = None
-    if prometheus is not None:
-        trends = ErrorTrends(
-            prometheus,
-            model,
-            node_labels=config.health.node_labels,
-            label_matchers=config.health.label_matchers,
-            interval=cfg.scoring.error_trend_refresh_seconds,
-        )
+    gpus.feed.add_pod_listener(service.binder.pod_seen)
     return Extender(
-        model, service, feed, trends, cfg.path_prefix, events, warm_gpu_counts=tuple(cfg.warm_gpu_counts)
+        model,
+        service,
+        gpus.feed,
+        gpus.trends,
+        cfg.path_prefix,
+        events,
+        warm_gpu_counts=tuple(cfg.warm_gpu_counts),
+        owns_model=owns_model,
     )

@@ -41,7 +41,7 @@ from controller.extender.wire import (
     NodeList,
     encode_host_priorities,
 )
-from controller.gpus.fit import Settings, filter_nodes, score_nodes
+from controller.gpus.fit import FleetSettings, Settings, filter_nodes, score_nodes
 from controller.gpus.model import Claim, ClusterModel, NodeView, NotSynced
 from controller.gpus.objects import PodInfo, pod_info
 from controller.gpus.victims import explain_room
@@ -94,33 +94,37 @@ class ExtenderService:
         settle_seconds: float = 0.3,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         events: BindEvents | None = None,
+        fleet: FleetSettings | None = None,
     ) -> None:
         self.model = model
         self.events = events
         """Where bind outcomes go as Kubernetes Events (None: no Events); `offer` never blocks."""
         self.settle_seconds = settle_seconds
         self._sleep = sleep
-        self.settings = settings
+        self.fleet = fleet if fleet is not None else FleetSettings(settings, model.max_numa_gpus)
+        """The settings every capability asks the model with (`controller.gpus.fit.FleetSettings`)."""
         self.metrics = metrics
         self.binder = binder
         self.preempt_hook = preempt_hook
         self.clock = clock
-        self._settings = dataclasses.replace(settings, fleet_max_numa_gpus=model.max_numa_gpus())
-        self._settings_base = settings
         self.max_body_bytes = MAX_BODY_BYTES
         self._overlays: dict[str, tuple[NodeView, tuple[Claim, ...], NodeView]] = {}
         """Per node: (model view, this replica's in-flight claims there, the view with them). Kept while
         both are unchanged, so decide.py's answers cached on it serve the next requests too (filter then
         prioritize of one pod, and the pods after it) instead of being rebuilt per request."""
 
+    @property
+    def settings(self) -> Settings:
+        """The configured knobs (without the fleet-derived NUMA size)."""
+        return self.fleet.base
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self.fleet.base = value
+
     def current_settings(self) -> Settings:
-        """Settings with the fleet-derived NUMA size filled in. The same object is returned while that size
-        is unchanged, so decide.py's per-view answers (cached by settings identity) stay valid."""
-        numa = self.model.max_numa_gpus()
-        if self._settings.fleet_max_numa_gpus != numa or self._settings_base is not self.settings:
-            self._settings = dataclasses.replace(self.settings, fleet_max_numa_gpus=numa)
-            self._settings_base = self.settings
-        return self._settings
+        """Settings with the fleet-derived NUMA size filled in (the same object while unchanged)."""
+        return self.fleet()
 
     def _views(self, names: list[str]) -> list[tuple[str, NodeView | None]]:
         if not self.model.synced:

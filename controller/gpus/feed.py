@@ -1,12 +1,16 @@
-"""Keeping the extender's model current: watches on nodes, pods and NodeResourceTopology, and error trends.
+"""Keeping the GPU model current: watches on nodes, pods and NodeResourceTopology, and error trends.
 
-Why it exists: every replica answers filter/prioritize/bind from memory, so the model must follow the API
+Why it exists: every replica's extender answers filter/prioritize/bind from memory, and the controller's
+other capabilities ask the same model, so the model must follow the API
 with the reflector contract (list, watch from its resourceVersion, relist on 410) that `gpuwarden.kube`
 implements. Pods are watched without terminated ones (field selector), so a pod that finishes arrives as a
 DELETED event and frees its GPUs. The NRT CRD is optional: when it is not installed the feed checks again
 every few minutes, so a CRD installed after start is picked up (scheduler-plugins#967 is the known bug of
 not doing so). Correctable-error trends come from Prometheus on a timer; a failed read keeps the last values
 for a while and then forgets them (unknown = no penalty, never a guess).
+
+In the controller the node and live-pod informers are the process's shared ones (`nodes=`, `pods=`: one
+list+watch stream per kind for every capability); standalone, the feed runs its own.
 
 It must not decide anything and never writes to the API.
 """
@@ -17,11 +21,25 @@ import asyncio
 import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from controller.gpus.fit import FleetSettings, settings_from_config
 from controller.gpus.model import ClusterModel
+from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
-from gpuwarden.kube import DELETED, LIVE_PODS, NODES, PODS, SYNCED, Informer, KubeClient, Resource, object_key
+from gpuwarden.kube import (
+    DELETED,
+    LIVE_PODS,
+    NODES,
+    PODS,
+    SYNCED,
+    Informer,
+    KubeClient,
+    Resource,
+    WatchEvent,
+    object_key,
+)
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
 
@@ -45,6 +63,8 @@ class ModelFeed:
         freeze_gc_after_sync: bool = True,
         sleep: Callable[[float], Any] = asyncio.sleep,
         on_pod: Callable[[str], None] = lambda key: None,
+        nodes: Informer | None = None,
+        pods: Informer | None = None,
     ) -> None:
         self._client = client
         self.model = model
@@ -56,12 +76,35 @@ class ModelFeed:
         self._on_pod = on_pod
         """Told the key of every pod event once the model has applied it (the binder waits on its claims)."""
         self.nrt_installed = False
+        self._own: list[Informer] = []
+        """Informers this feed runs itself (those not handed in)."""
+        for informer, resource, selector, handler in (
+            (nodes, NODES, None, self.on_node),
+            (pods, PODS, LIVE_PODS, self.on_pod),
+        ):
+            if informer is None:
+                informer = self._informer(resource, selector)
+                self._own.append(informer)
+            informer.subscribe(handler)
+
+    def add_pod_listener(self, listener: Callable[[str], None]) -> None:
+        """Also tell `listener` the key of every pod event once the model has applied it."""
+        previous = self._on_pod
+
+        def both(key: str) -> None:
+            previous(key)
+            listener(key)
+
+        self._on_pod = both
 
     async def run(self) -> None:
-        tasks = [self._nodes(), self._pods()]
+        tasks = [informer.run() for informer in self._own]
         if self.model.topology_source != "annotation":
             tasks.append(self._nrts())
-        await asyncio.gather(*tasks)
+        if tasks:
+            await asyncio.gather(*tasks)
+        else:  # every informer is the process's shared one: nothing of our own to run
+            await asyncio.Event().wait()
 
     def _informer(self, resource: Resource, field_selector: str | None = None) -> Informer:
         return Informer(
@@ -80,32 +123,30 @@ class ModelFeed:
                 # 50-150 ms at 5,000 nodes otherwise). Objects are still freed by reference counting.
                 gc.freeze()
 
-    async def _nodes(self) -> None:
-        async for event in self._informer(NODES).events():
-            if event.type == SYNCED:
-                first = not self.model.nodes_synced
-                self.model.nodes_synced = True
-                if first:
-                    self._synced()
-            elif event.type == DELETED:
-                self.model.delete_node(object_key(event.object))
-            else:
-                self.model.upsert_node(event.object)
+    def on_node(self, event: WatchEvent) -> None:
+        if event.type == SYNCED:
+            first = not self.model.nodes_synced
+            self.model.nodes_synced = True
+            if first:
+                self._synced()
+        elif event.type == DELETED:
+            self.model.delete_node(object_key(event.object))
+        else:
+            self.model.upsert_node(event.object)
 
-    async def _pods(self) -> None:
-        async for event in self._informer(PODS, LIVE_PODS).events():
-            if event.type == SYNCED:
-                first = not self.model.pods_synced
-                self.model.pods_synced = True
-                if first:
-                    self._synced()
-            elif event.type == DELETED:
-                key = object_key(event.object)
-                self.model.delete_pod(key)
-                self._on_pod(key)
-            else:
-                self.model.upsert_pod(event.object)
-                self._on_pod(object_key(event.object))
+    def on_pod(self, event: WatchEvent) -> None:
+        if event.type == SYNCED:
+            first = not self.model.pods_synced
+            self.model.pods_synced = True
+            if first:
+                self._synced()
+        elif event.type == DELETED:
+            key = object_key(event.object)
+            self.model.delete_pod(key)
+            self._on_pod(key)
+        else:
+            self.model.upsert_pod(event.object)
+            self._on_pod(object_key(event.object))
 
     async def _nrts(self) -> None:
         while not await self._nrt_available():
@@ -186,3 +227,59 @@ class ErrorTrends:
         while True:
             await self.refresh()
             await self._sleep(self._interval)
+
+
+@dataclass
+class GpuModel:
+    """The controller's one GPU model: the model, the settings every capability asks it with, and the feed
+    (plus the error trends) that keep it current. `await run()` runs the feed and trends until cancelled;
+    the shared node and pod informers it subscribes to are run by their owner."""
+
+    model: ClusterModel
+    settings: FleetSettings
+    feed: ModelFeed
+    trends: ErrorTrends | None = None
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.feed.run(), name="gpu-model-feed")
+                if self.trends is not None:
+                    group.create_task(self.trends.run(), name="gpu-model-error-trends")
+        except BaseExceptionGroup as failed:  # the first failure; the rest are usually its consequences
+            raise failed.exceptions[0] from failed
+
+
+def build_gpu_model(
+    config: Config,
+    kube: KubeClient,
+    *,
+    prometheus: PrometheusClient | None = None,
+    nodes: Informer | None = None,
+    pods: Informer | None = None,
+) -> GpuModel:
+    """The model from the `extender` (topology source, decision knobs, scoring), `kubernetes` and `health`
+    (node labels of DCGM series) sections; `prometheus` None disables the error trends. `nodes`/`pods`:
+    the process's shared informers (live pods), else the feed runs its own."""
+    cfg = config.extender
+    resource = config.kubernetes.gpu_resource_name
+    model = ClusterModel(resource, topology_source=cfg.topology_source)
+    feed = ModelFeed(
+        kube,
+        model,
+        page_size=config.kubernetes.list_page_size,
+        watch_timeout=int(config.kubernetes.watch_timeout_seconds),
+        nodes=nodes,
+        pods=pods,
+    )
+    trends = None
+    if prometheus is not None:
+        trends = ErrorTrends(
+            prometheus,
+            model,
+            node_labels=config.health.node_labels,
+            label_matchers=config.health.label_matchers,
+            interval=cfg.scoring.error_trend_refresh_seconds,
+        )
+    settings = FleetSettings(settings_from_config(cfg, resource), model.max_numa_gpus)
+    return GpuModel(model, settings, feed, trends)

@@ -19,8 +19,8 @@ It must not do I/O, log, read the clock (`now` is a parameter) or import anythin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -84,6 +84,25 @@ def settings_from_config(cfg: ExtenderConfig, resource: str) -> Settings:
         count_nominated=cfg.count_nominated_pods,
         resource=resource,
     )
+
+
+class FleetSettings:
+    """The settings every capability asks the model with: the configured knobs plus the fleet-derived
+    NUMA size (`Settings.fleet_max_numa_gpus`, from the model). Calling it returns the same object while
+    both are unchanged, so answers cached on node views (keyed by settings identity) stay valid."""
+
+    def __init__(self, base: Settings, max_numa_gpus: Callable[[], int]) -> None:
+        self.base = base
+        self._max_numa_gpus = max_numa_gpus
+        self._current = replace(base, fleet_max_numa_gpus=max_numa_gpus())
+        self._for = base
+
+    def __call__(self) -> Settings:
+        numa = self._max_numa_gpus()
+        if self._current.fleet_max_numa_gpus != numa or self._for is not self.base:
+            self._current = replace(self.base, fleet_max_numa_gpus=numa)
+            self._for = self.base
+        return self._current
 
 
 @dataclass(frozen=True, slots=True)

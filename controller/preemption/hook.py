@@ -71,6 +71,7 @@ class PreemptionThrottle:
         recorder: EventRecorder | None = None,
         event_interval: float | None = None,
         flush_interval: float = 30.0,
+        pods: Informer | None = None,
     ) -> None:
         self.policy: ThrottlePolicy = policy_from_config(config.preemption, dry_run=dry_run)
         self.clock = clock
@@ -85,6 +86,7 @@ class PreemptionThrottle:
             page_size=config.kubernetes.list_page_size,
             watch_timeout=int(config.kubernetes.watch_timeout_seconds),
             clock=clock,
+            pods=pods,
         )
         self.recorder = recorder or EventRecorder(
             kube, component="preemption", instance=instance or socket.gethostname()

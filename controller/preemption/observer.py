@@ -57,13 +57,18 @@ class PreemptionObserver:
         watch_timeout: int = 300,
         prune_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
+        pods: Informer | None = None,
     ) -> None:
         self.graph = graph
         self.metrics = metrics
         self.clock = clock
-        self.pods = Informer(
+        self.owns_pods = pods is None
+        """False when `pods` is the process's shared live-pod informer (its owner runs it)."""
+        self.pods = pods or Informer(
             source, PODS, field_selector=LIVE_PODS, page_size=page_size, watch_timeout=watch_timeout
         )
+        if not self.owns_pods:
+            self.pods.subscribe(self.on_pod)
         self.events = Informer(
             source, EVENTS, field_selector=PREEMPTED_EVENTS, page_size=page_size, watch_timeout=watch_timeout
         )
@@ -173,7 +178,10 @@ class PreemptionObserver:
 
     async def run(self) -> None:
         """Run both watches and the pruning until cancelled (events start once pods are listed)."""
-        pods = asyncio.create_task(self.pods.run(self.on_pod), name="preemption-pod-informer")
+        pods = asyncio.create_task(
+            self.pods.run(self.on_pod) if self.owns_pods else asyncio.Event().wait(),
+            name="preemption-pod-informer",
+        )
         try:
             await self.pods.synced.wait()
             await asyncio.gather(self.events.run(self.on_event), self._prune_loop())

@@ -152,6 +152,12 @@ class Informer:
         self.lists = 0
         """Completed (re)lists so far; more than 1 means a relist happened (410 Gone)."""
         self._running = False
+        self._subscribers: list[Handler] = []
+
+    def subscribe(self, handler: Handler) -> None:
+        """Also pass every event to `handler` (sync or async), in subscription order, before `run`'s own
+        handler: one list+watch stream and one cache serve every part of a process that needs the kind."""
+        self._subscribers.append(handler)
 
     def get(self, key: str) -> JsonObject | None:
         """The cached object at `namespace/name` (or `name` for cluster-scoped kinds)."""
@@ -162,10 +168,12 @@ class Informer:
         return list(self.store.values())
 
     async def run(self, handler: Handler | None = None) -> None:
-        """Keep the cache current until cancelled, passing every event to `handler` (sync or async)."""
+        """Keep the cache current until cancelled, passing every event to the subscribers, then to `handler`
+        (sync or async)."""
+        own = (handler,) if handler is not None else ()
         async for event in self.events():
-            if handler is not None:
-                result = handler(event)
+            for each in (*self._subscribers, *own):
+                result = each(event)
                 if inspect.isawaitable(result):
                     await result
 

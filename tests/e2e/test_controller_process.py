@@ -96,6 +96,14 @@ def _gauge(text: str, name: str) -> float:
     return max(values, default=0.0)
 
 
+def _sample(text: str, series: str) -> float:
+    """The value of one exposition line, by its exact name and labels (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def _lease_holder(cluster: Cluster) -> str:
     lease = cluster.get_json("-n", NS, "lease", LEASE)
     return str(lease.get("spec", {}).get("holderIdentity") or "")
@@ -133,6 +141,14 @@ def test_controller_serves_leads_filters_and_releases_on_sigterm(
     _wait(
         lambda: _gauge(httpx.get(f"{base}/metrics", timeout=5).text, last_pass) > 0, 30, "a quarantine pass"
     )
+    # A quarantine pass ran (its node cache listed) and the extender is ready (the model listed): one node
+    # and one live-pod list+watch stream serve every capability - the GPU model (extender, make-room,
+    # nominations), quarantine, drain and the preemption observer (each list is one page here).
+    metrics = httpx.get(f"{base}/metrics", timeout=5).text
+    for kind in ("nodes", "pods"):
+        listed = f'gpuwarden_kube_requests_total{{outcome="success",resource="{kind}",verb="list"}}'
+        assert _sample(metrics, listed) == 1.0, [line for line in metrics.splitlines() if "list" in line]
+
     for node in GPU_NODES:
         taints = cluster.get_json("node", node).get("spec", {}).get("taints") or []
         assert not [t for t in taints if t["key"].startswith("gpuwarden.io/")], (node, taints)
