@@ -16,6 +16,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
-from gpuwarden.kube import LIVE_PODS, NODES, PODS, Informer, KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.kube import LIVE_PODS, NODES, PDBS, PODS, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 
@@ -402,17 +403,26 @@ async def run_controller(
 
 
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> ControllerPlan:
-    """`gpuwarden plan`: what the quarantine and nomination loops would do now; reads only, writes nothing."""
-    from controller.drain.loop import plan_once as drain_plan_once
+    """`gpuwarden plan`: what every mutating loop would do now; reads only, writes nothing. Nodes, live pods
+    and PodDisruptionBudgets are listed once, through one client, and one GPU model is built from them."""
+    from controller.drain.loop import plan_from as drain_plan
     from controller.drain.plan import plan_to_dict
-    from controller.health.loop import plan_once as health_plan_once
-    from controller.makeroom.loop import plan_once as room_plan_once
-    from controller.nominations.loop import plan_once as nominations_plan_once
+    from controller.gpus.feed import model_from_lists
+    from controller.health.loop import plan_from as health_plan
+    from controller.makeroom.loop import plan_from as room_plan
+    from controller.nominations.loop import plan_from as nominations_plan
 
-    quarantine = await health_plan_once(config, kubeconfig=kubeconfig)
-    nominations = await nominations_plan_once(config, kubeconfig=kubeconfig)
-    drain = await drain_plan_once(config, kubeconfig=kubeconfig)
-    room = await room_plan_once(config, kubeconfig=kubeconfig)
+    k = config.kubernetes
+    async with PrometheusClient(config.prometheus) as prom, kube_client(config, kubeconfig, None) as kube:
+        nodes = (await kube.list_objects(NODES, limit=k.list_page_size)).items
+        pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
+        pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
+        quarantine = await health_plan(config, prom, kube, nodes)
+    now = time.time()
+    gpus = model_from_lists(config, nodes, pods)
+    nominations = nominations_plan(config, pods, nodes, model=gpus.model, settings=gpus.settings(), now=now)
+    drain = drain_plan(config, nodes, pods, now=now)
+    room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now)
     return ControllerPlan(
         quarantine.to_dict(),
         quarantine.render_table(),

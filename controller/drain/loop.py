@@ -26,7 +26,7 @@ from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snap
 from controller.drain.plan import DrainPlan, Verdict, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
-from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, KubeClient
+from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
 
 log = logging.getLogger(__name__)
 LOOP_INTERVAL_SECONDS = 5.0
@@ -163,12 +163,17 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> DrainP
     ) as kube:
         pods = await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)
         nodes = await kube.list_objects(NODES, limit=k.list_page_size)
-    snap = build_snapshot(nodes.items, pods.items, resource=k.gpu_resource_name)
+    return plan_from(config, nodes.items, pods.items, now=time.time())
+
+
+def plan_from(config: Config, nodes: list[JsonObject], pods: list[JsonObject], *, now: float) -> DrainPlan:
+    """The drain plan from listed nodes and live pods (no eviction history: a plan, not a pass)."""
+    snap = build_snapshot(nodes, pods, resource=config.kubernetes.gpu_resource_name)
     return plan_drains(
         snap.nodes,
         snap.pods_by_node,
         config.drain,
-        time.time(),
+        now,
         evictions_last_minute=0,
         gpu_nodes=snap.gpu_nodes,
         schedulable_gpu_nodes=snap.schedulable_gpu_nodes,

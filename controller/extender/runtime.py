@@ -180,6 +180,8 @@ def build_extender(
         on_phase=lambda phase, seconds: metrics.bind_phases.labels(phase).observe(seconds),
     )
     service.max_body_bytes = cfg.max_request_bytes
+    if gpus.feed is None:
+        raise ValueError("the extender needs a GPU model kept current by a feed")
     gpus.feed.add_pod_listener(service.binder.pod_seen)
     return Extender(
         model,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,13 +237,15 @@ class GpuModel:
 
     model: ClusterModel
     settings: FleetSettings
-    feed: ModelFeed
+    feed: ModelFeed | None
+    """None for a model built from objects listed once (`model_from_lists`)."""
     trends: ErrorTrends | None = None
 
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self.feed.run(), name="gpu-model-feed")
+                if self.feed is not None:
+                    group.create_task(self.feed.run(), name="gpu-model-feed")
                 if self.trends is not None:
                     group.create_task(self.trends.run(), name="gpu-model-error-trends")
         except BaseExceptionGroup as failed:  # the first failure; the rest are usually its consequences
@@ -283,3 +285,19 @@ def build_gpu_model(
         )
     settings = FleetSettings(settings_from_config(cfg, resource), model.max_numa_gpus)
     return GpuModel(model, settings, feed, trends)
+
+
+def model_from_lists(
+    config: Config, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> GpuModel:
+    """A synced model from objects listed once (`gpuwarden plan`): no feed runs, no error trends.
+    Topology from the node annotation (NodeResourceTopology objects are not listed)."""
+    cfg, resource = config.extender, config.kubernetes.gpu_resource_name
+    model = ClusterModel(resource)
+    for node in nodes:
+        model.upsert_node(node)
+    for pod in pods:
+        model.upsert_pod(pod)
+    model.nodes_synced = model.pods_synced = True
+    settings = FleetSettings(settings_from_config(cfg, resource), model.max_numa_gpus)
+    return GpuModel(model, settings, None)

@@ -159,8 +159,13 @@ def _kube(config: Config, kubeconfig: Path | None, registry: CollectorRegistry |
 
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
     """`gpuwarden plan`: list nodes once, observe, decide; changes nothing (not even Events)."""
-    registry = CollectorRegistry()
     async with PrometheusClient(config.prometheus) as prom, _kube(config, kubeconfig, None) as kube:
-        loop = HealthLoop(config, prom, kube, registry=registry)
         nodes = await kube.list_objects(NODES, limit=config.kubernetes.list_page_size)
-        return await loop.plan(nodes.items)
+        return await plan_from(config, prom, kube, nodes.items)
+
+
+async def plan_from(
+    config: Config, prom: PrometheusClient, kube: KubeClient, nodes: list[JsonObject]
+) -> Plan:
+    """The quarantine plan for listed nodes: Prometheus and the breaker's state read, nothing written."""
+    return await HealthLoop(config, prom, kube, registry=CollectorRegistry()).plan(nodes)

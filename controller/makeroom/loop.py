@@ -22,7 +22,6 @@ are gone from the API. PodDisruptionBudgets are listed each pass; when they cann
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import socket
 import time
@@ -34,7 +33,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.gpus.claims import claim_patch, release_patch
-from controller.gpus.fit import Settings, settings_from_config
+from controller.gpus.feed import GpuModel, model_from_lists
+from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from controller.gpus.objects import pod_info
 from controller.gpus.victims import VictimPlan
@@ -385,16 +385,23 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> RoomPa
         nodes = (await kube.list_objects(NODES, limit=k.list_page_size)).items
         pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
         pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
-    model = ClusterModel(k.gpu_resource_name)
-    for node in nodes:
-        model.upsert_node(node)
-    for pod in pods:
-        model.upsert_pod(pod)
-    model.nodes_synced = model.pods_synced = True
-    base = settings_from_config(config.extender, k.gpu_resource_name)
-    settings = dataclasses.replace(base, fleet_max_numa_gpus=model.max_numa_gpus())
+    return plan_from(config, nodes, pods, pdbs, now=time.time())
+
+
+def plan_from(
+    config: Config,
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]],
+    *,
+    gpus: GpuModel | None = None,
+    now: float,
+) -> RoomPass:
+    """The GPU preemption plan from listed nodes, live pods and PodDisruptionBudgets (`gpus`: the model
+    built from the same lists, else built here)."""
+    gpus = gpus if gpus is not None else model_from_lists(config, nodes, pods)
     policy = config.preemption.make_room
-    return plan_pass(pods, nodes, model, pdbs, settings, policy, time.time())[0]
+    return plan_pass(pods, nodes, gpus.model, pdbs, gpus.settings(), policy, now)[0]
 
 
 def _ref(obj: dict[str, Any]) -> ObjectRef:

@@ -34,7 +34,7 @@ from controller.nominations.metrics import NominationMetrics
 from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
 from controller.nominations.snapshot import NominationRecord, NominationSnapshot, build_snapshot
 from gpuwarden.config.root import Config
-from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, KubeClient
+from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -152,5 +152,24 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
     ) as kube:
         pods = await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)
         nodes = await kube.list_objects(NODES, limit=k.list_page_size)
-    snapshot = build_snapshot(pods.items, nodes.items, resource=k.gpu_resource_name)
-    return plan_nominations(snapshot, policy_from_config(config.nominations, dry_run=True), time.time())
+    return plan_from(config, pods.items, nodes.items, now=time.time())
+
+
+def plan_from(
+    config: Config,
+    pods: list[JsonObject],
+    nodes: list[JsonObject],
+    *,
+    model: ClusterModel | None = None,
+    settings: Settings | None = None,
+    now: float,
+) -> Plan:
+    """The nomination plan from listed pods and nodes (with the GPU model: the never-fits rule too)."""
+    snapshot = build_snapshot(
+        pods,
+        nodes,
+        resource=config.kubernetes.gpu_resource_name,
+        view_of=model.view if model is not None else None,
+        fit_settings=settings,
+    )
+    return plan_nominations(snapshot, policy_from_config(config.nominations, dry_run=True), now)
