@@ -10,6 +10,6 @@ against the API), `server` (aiohttp routes), `runtime` (wiring from config). The
     extender.mount(app)          # POST <extender.path_prefix>/{filter,prioritize,preempt,bind}
     await extender.run()         # keeps the model current; extender.ready() for the readiness probe
 
-This package init imports nothing, so `import controller.extender.wire` stays free of I/O modules.
+This package init imports nothing, so `import controller.extenderv1` stays free of I/O modules.
 See docs/extender.md.
 """

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
 from controller.gpus.fit import Choice, Policy, Settings, choose_gpus, policy_of
 from controller.gpus.model import Claim, ClusterModel

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Choice, Policy
 from gpuwarden.kube import EventType, ObjectRef
 from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from controller.extender.bind import Binder, BindOutcome
 from controller.extender.events import BindEvents, bind_event
 from controller.extender.metrics import ExtenderMetrics
-from controller.extender.wire import (
+from controller.extenderv1 import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
 
+from controller.extenderv1 import MAX_EXTENDER_PRIORITY
 from controller.gpus.model import Holder, NodeView
 from controller.gpus.objects import PodInfo, claim_fresh
 from controller.gpus.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
@@ -32,7 +33,7 @@ from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
 
-MAX_SCORE = 10
+MAX_SCORE = MAX_EXTENDER_PRIORITY
 """The top of the placement score scale: kube-scheduler's `MaxExtenderPriority`, so a score is what the
 prioritize verb answers as it is."""
 

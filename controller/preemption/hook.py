@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from controller.extenderv1 import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel, NotSynced
 from controller.gpus.objects import pod_info

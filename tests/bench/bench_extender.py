@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.metrics import extender_metrics
 from controller.extender.server import ExtenderService, add_extender_routes
-from controller.extender.wire import ExtenderArgs
+from controller.extenderv1 import ExtenderArgs
 from controller.gpus.fit import Settings, filter_nodes, score_nodes, warm
 from controller.gpus.model import ClusterModel
 from controller.gpus.objects import PodInfo, pod_info

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controller.extender.bind import Binder, BindOutcome
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from gpuwarden.errors import KubeError

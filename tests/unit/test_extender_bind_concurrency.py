@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from controller.extender.bind import Binder, BindOutcome
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Settings
 from tests.unit.extender_support import FakePodApi, model, node, pod
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from controller.extender.bind import Binder
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from tests.unit.extender_support import FakePodApi, model, node, pod

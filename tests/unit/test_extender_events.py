@@ -15,7 +15,7 @@ from controller.extender.events import ASSIGNED, FAILED, BindEvent, BindEvents, 
 from controller.extender.metrics import extender_metrics
 from controller.extender.runtime import build_extender
 from controller.extender.server import NOT_SYNCED, ExtenderService
-from controller.extender.wire import ExtenderBindingArgs
+from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Choice, Settings
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeForbidden

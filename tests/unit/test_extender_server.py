@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from controller.extender.bind import Binder
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.server import ExtenderService, add_extender_routes
-from controller.extender.wire import (
+from controller.extenderv1 import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from controller.extender.wire import (
+from controller.extenderv1 import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.metrics import extender_metrics
 from controller.extender.server import ExtenderService, add_extender_routes
-from controller.extender.wire import ExtenderPreemptionArgs
+from controller.extenderv1 import ExtenderPreemptionArgs
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from controller.preemption.graph import Preemption

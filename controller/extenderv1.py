@@ -18,12 +18,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from controller.gpus.fit import MAX_SCORE
-
 JsonObject = dict[str, Any]
 
 MIN_EXTENDER_PRIORITY = 0
-MAX_EXTENDER_PRIORITY = MAX_SCORE
+MAX_EXTENDER_PRIORITY = 10
 
 
 _OBJECT, _LIST, _STRING, _INT = "an object", "a list", "a string", "an integer"
