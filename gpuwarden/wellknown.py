@@ -99,3 +99,8 @@ def parse_gpu_ids(text: str | None) -> tuple[str, ...] | None:
 def format_gpu_ids(ids: Iterable[str]) -> str:
     """The value of `gpu-ids` written: ("3", "1") -> "1,3"."""
     return ",".join(canonical_gpu_ids(ids))
+
+
+def reporting_controller(component: str) -> str:
+    """The `reportingController` of our Events: `gpuwarden.io/<component>` (e.g. `gpuwarden.io/health`)."""
+    return f"{DOMAIN}/{component}"

@@ -4,9 +4,10 @@ Why one module for the wiring: the topology publisher, the reconcile loop and (o
 share the pod watch of this node, the PodResources reader, the Kubernetes client and the self-metrics. The
 listener serves `/healthz`, `/readyz` (pod watch synced and PodResources answering) and `/metrics`.
 
-What it touches (DESIGN.md: only its own Node and the pods bound to it): the `gpuwarden.io/gpu-topology`
-annotation of its Node, our GPU annotations on pods with `spec.nodeName` = this node, Events about those.
-Dry-run decides, logs and counts, and writes nothing. This module decides nothing itself.
+What it touches (docs/architecture.md: only its own Node and the pods bound to it): the
+`gpuwarden.io/gpu-topology` annotation of its Node, our GPU annotations on pods with `spec.nodeName` = this
+node, Events about those. Dry-run decides, logs and counts, and writes nothing. This module decides nothing
+itself.
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""Drain: move running work off quarantined GPUs (pure plan and gate in `plan`; the shell comes next)."""
+"""Drain: move running work off quarantined GPUs (pure plan and gate in `plan`; the shell in `observe`, `act`,
+`loop`, `handoff`)."""

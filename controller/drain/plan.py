@@ -1,10 +1,10 @@
 """The drain plan: for each quarantined node, which pods must move, how, and whether the gate lets them.
 
 Why it exists: moving work off a failed GPU is the step that ends running jobs, so every choice is made here,
-purely and table-tested, from what the API says (safety rule 5): the node's quarantine record (which GPUs,
-by UUID), the topology (UUID -> the id pods record), the pods bound to the node with their recorded or
-actual GPU set, the per-workload modes, the drain state already on the Node, the clock and the fleet's
-eviction history. The shell only evicts what this returns.
+purely and table-tested, from what the API says (docs/architecture.md, safety rule 5):
+the node's quarantine record (which GPUs, by UUID), the topology (UUID -> the id pods record), the pods bound
+to the node with their recorded or actual GPU set, the per-workload modes, the drain state already on the
+Node, the clock and the fleet's eviction history. The shell only evicts what this returns.
 
 Scope: a GPU-level fault moves only the pods holding one of the faulty GPUs; a node-level fault (no GPU
 named) or a GPU that cannot be mapped to an id moves every GPU pod of the node. Never moved: DaemonSet pods,

@@ -1,9 +1,10 @@
 """The `gpuwarden.io/drain` node annotation: a drain's progress, kept on the Node it concerns.
 
-Why it exists: safety rule 5 — a restarted or new leader continues a drain where the last one stopped, and
-`kubectl describe node` shows it: when it started, its scope, which pods are still to move, which are blocked
-and by what (a PodDisruptionBudget's 429), and when it was done. The per-pod retry history is what the plan's
-back-off and `delete_after_seconds` deadlines are computed from. Pure: encode/decode only, no I/O, no clock.
+Why it exists: docs/architecture.md safety rule 5 — a restarted or new leader continues a drain where the last
+one stopped, and `kubectl describe node` shows it: when it started, its scope, which pods are still to move,
+which are blocked and by what (a PodDisruptionBudget's 429), and when it was done. The per-pod retry history
+is what the plan's back-off and `delete_after_seconds` deadlines are computed from. Pure: encode/decode only,
+no I/O, no clock.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ dropped bind Events.
 
 Why a module of its own: the HTTP edge and the binder count into the same series, and a registry must get
 each series exactly once (tests create a fresh `CollectorRegistry` each). The model's size and sync state are
-collect-on-scrape gauges so they always describe the current cache. Names follow DESIGN.md: prefix
+collect-on-scrape gauges so they always describe the current cache. Names follow docs/architecture.md: prefix
 `gpuwarden_`, counters end `_total`, durations `_seconds`. No label carries a node or pod name.
 """
 

@@ -1,10 +1,10 @@
 """The extender's cluster model: per node, which GPUs exist, which are taken, quarantined or promised.
 
 Why it exists: filter, prioritize and bind must all answer from the same picture, rebuilt purely from the API
-(safety rule 5) so any replica, or a restarted one, sees identical state. `ClusterModel` is fed objects by
-the watch caches (nodes, pods, NodeResourceTopology) and keeps, per node, an immutable `NodeView` that the
-pure decisions in `decide.py` read. A view is rebuilt only when something on that node changed, so a
-filter over 500 candidates costs a dict lookup per node.
+(docs/architecture.md, safety rule 5) so any replica, or a restarted one, sees identical
+state. `ClusterModel` is fed objects by the watch caches (nodes, pods, NodeResourceTopology) and keeps, per
+node, an immutable `NodeView` that the pure decisions in `decide.py` read. A view is rebuilt only when
+something on that node changed, so a filter over 500 candidates costs a dict lookup per node.
 
 GPU occupancy comes from, in this order of certainty:
 * non-terminated pods bound to the node with `gpuwarden.io/gpu-ids` - those exact GPUs;

@@ -1,8 +1,9 @@
-"""Reading Kubernetes objects into what the extender needs: a pod's GPU request, policy and GPU assignment; a
-node's GPU count, published topology and quarantine.
+"""Reading Kubernetes objects into what the GPU model needs: a pod's GPU request (restartable sidecars
+included), policy and GPU assignment; a node's GPU count, published topology and quarantine.
 
-Why a module of its own: these annotation and field conventions (DESIGN.md "Names that other pieces rely
-on") are shared by the model, the bind protocol and the tests, and must be read one way only. Parsing is
+Why a module of its own: these conventions (`gpuwarden.wellknown`; "Names other pieces rely on" in
+docs/architecture.md) are shared by the model, the bind protocol, drain and the tests, and must be read one
+way only. Parsing is
 lenient about absent fields (a pod without GPUs is simply not interesting) and strict about meaning (an
 unreadable topology is an error string, never a guess). No I/O, no clock.
 """

@@ -10,9 +10,9 @@ NUMA nodes loses 15-50 % of its speed. Two sources describe the layout:
   `{"0": {"numa": 0, "pcie": "pci0", "nvlink": "nvl0", "uuid": "GPU-..."}, ...}`; a list of objects with an
   `"id"` key, or either form under a top-level `"gpus"` key, is accepted too.
 
-The NRT object wins when it describes the GPU resource (DESIGN.md). Parsing is pure and strict about types;
-an unreadable source yields a `TopologyError` whose message is shown to users in filter reasons. It must not
-guess: an attribute that is absent stays `None` and never satisfies an alignment requirement.
+The NRT object wins when it describes the GPU resource (docs/architecture.md). Parsing is pure and strict
+about types; an unreadable source yields a `TopologyError` whose message is shown to users in filter reasons.
+It must not guess: an attribute that is absent stays `None` and never satisfies an alignment requirement.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Act: apply a quarantine `Plan` to the cluster — our taint, our annotations, our condition, Events.
 
 Why it exists: the plan says *what*; this module is the only place that writes Nodes for the health loop, so
-the rules of safety rule 2 live here once. Each node write re-reads the Node and recomputes the change from
-what it read (conflicts retried by `gpuwarden.kube.patch_with_retry`), so an operator's concurrent taint is
-never overwritten: we filter and append only taints with our key. The `GPUHealthy` condition goes through the
-status subresource (strategic merge by condition type). The breaker's state lives in a ConfigMap so a new
-leader resumes it; deleting the ConfigMap, or annotating it `gpuwarden.io/reset=now`, resets it.
+the rules of docs/architecture.md safety rule 2 live here once. Each node write re-reads the Node and
+recomputes the change from what it read (conflicts retried by `gpuwarden.kube.patch_with_retry`), so an
+operator's concurrent taint is never overwritten: we filter and append only taints with our key. The
+`GPUHealthy` condition goes through the status subresource (strategic merge by condition type). The breaker's
+state lives in a ConfigMap so a new leader resumes it; deleting the ConfigMap, or annotating it
+`gpuwarden.io/reset=now`, resets it.
 
 What it must not do: decide. It never touches a taint with another key, never cordons, and in dry-run
 writes nothing but Events (prefixed "[dry-run]"), which is how the plan is "evented" without changing state.

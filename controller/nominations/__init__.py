@@ -1,4 +1,4 @@
-"""Stale nominatedNodeName cleanup (issue 7): find pending pods whose nomination outlived its reason.
+"""Stale nominatedNodeName cleanup: find pending pods whose nomination outlived its reason.
 
 Pure core: `snapshot` (what is read from pods and nodes, our `gpuwarden.io/nomination` record), `plan`
 (policy and plan types), `decide` (`plan_nominations`). Shell: `act` (pods/status patch, Eviction API,

@@ -1,4 +1,4 @@
-"""Cascading-preemption throttle (issue 7): observe preemptions, bound them in the extender's preempt verb.
+"""Cascading-preemption throttle: observe preemptions, bound them in the extender's preempt verb.
 
 Pure core: `signals` (workloads, DisruptionTarget, `Preempted` Events), `graph` (the sliding-window
 preemption graph), `throttle` (`decide_preemption`). Shell: `observer` (watches), `hook`

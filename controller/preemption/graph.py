@@ -5,7 +5,8 @@ minutes (per cluster, preemptor namespace, preemptor workload), whether the pree
 a victim (a chain, and how deep), whether a candidate victim's workload just preempted the preemptor's
 (ping-pong), and how often this workload preempted on this node (back-off). The graph answers them from
 records built purely from the API (`Preempted` Events and DisruptionTarget conditions), so a restarted or
-second replica that has read the same objects answers the same (safety rule 5).
+second replica that has read the same objects answers the same (docs/architecture.md,
+safety rule 5).
 
 A record is one victim (one Event each, as the budgets count). Its chain depth is 1 plus the deepest recent
 record that made its preemptor's workload a victim (within `chain_window` before it): A preempts B is depth

@@ -1,7 +1,7 @@
 """Self-metrics of the preemption observer and throttle, in one place so their names stay consistent.
 
 Why: an operator must see, without reading logs, how much preemption happens, how deep the chains get, and
-what the throttle refuses and why. Names follow DESIGN.md (prefix `gpuwarden_`, counters `_total`,
+what the throttle refuses and why. Names follow docs/architecture.md (prefix `gpuwarden_`, counters `_total`,
 durations `_seconds`); no label carries a pod, node or namespace name (unbounded cardinality). What the
 graph holds right now is collect-on-scrape, so it always describes the current window.
 

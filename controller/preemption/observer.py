@@ -1,7 +1,8 @@
 """The preemption observer: keeps the preemption graph and a UID index of pods current from two watches.
 
 Why it exists: the throttle answers on every controller replica, each from its own memory, and that memory
-must be derivable from the API (safety rule 5) so replicas agree and a restart loses nothing:
+must be derivable from the API (docs/architecture.md, safety rule 5) so replicas agree
+and a restart loses nothing:
 
 * a list+watch of `Preempted` Events (events.k8s.io/v1, field selector `reason=Preempted`; Events written
   through core/v1 are served there too) — each names victim, preemptor and node;

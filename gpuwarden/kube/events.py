@@ -25,6 +25,7 @@ from typing import Protocol
 
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube.resources import EVENTS, JsonObject, PatchType, Resource
+from gpuwarden.wellknown import reporting_controller
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class EventRecorder:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._client = client
-        self.reporting_controller = f"gpuwarden.io/{component}"
+        self.reporting_controller = reporting_controller(component)
         self.reporting_instance = instance[:128]
         self._window = window
         self._flush_interval = flush_interval

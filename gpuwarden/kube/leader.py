@@ -1,11 +1,11 @@
 """Leader election on a coordination.k8s.io/v1 Lease, with client-go's rules and defaults.
 
 Why it exists: the controller's mutating loops (quarantine, nomination cleanup, preemption throttle) must
-run in exactly one replica at a time (DESIGN.md, safety rule 6). This is client-go's `leaderelection`
-semantics: a candidate takes the Lease when it is free (no holder, or not renewed within its
-`leaseDurationSeconds` as *observed on our own clock*, so clock skew between replicas does not matter), the
-leader renews every `retry_period`, and a leader that has not renewed within `renew_deadline` stops
-leading. On shutdown the leader releases the Lease (empty holder, 1 s duration), so a standby takes over
+run in exactly one replica at a time (docs/architecture.md, safety rule 6). This is
+client-go's `leaderelection` semantics: a candidate takes the Lease when it is free (no holder, or not renewed
+within its `leaseDurationSeconds` as *observed on our own clock*, so clock skew between replicas does not
+matter), the leader renews every `retry_period`, and a leader that has not renewed within `renew_deadline`
+stops leading. On shutdown the leader releases the Lease (empty holder, 1 s duration), so a standby takes over
 on its next retry instead of waiting out the full lease duration. Every write is conditional on the
 resourceVersion read, so two candidates cannot both win.
 
