@@ -36,7 +36,7 @@ from controller.gpus.claims import claim_patch, release_patch
 from controller.gpus.feed import GpuModel, model_from_lists
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
-from controller.gpus.objects import pod_info
+from controller.gpus.objects import PodInfo, pod_info
 from controller.gpus.victims import VictimPlan
 from controller.makeroom.plan import (
     NodeFacts,
@@ -252,6 +252,27 @@ class RoomLoop:
             )  # fmt: skip
             return
         until = now + self.policy.reservation_seconds
+        if not await self._reserve(pod, plan, now, until):
+            return
+        evicted = await self._evict_victims(obj, pod, plan, result)
+        if not evicted:
+            await self._withdraw(obj, pod, plan)
+            return
+        self.throttle.graph.reserve(meta.uid, meta.workload, {plan.node: tuple(evicted)}, now, verdict.depth)
+        self.metrics.preemptions.labels("started").inc()
+        result.started.append(pod.key)
+        log.info(
+            "GPU preemption started",
+            extra={"pod": pod.key, "node": plan.node, "gpus": gpus, "victims": [v.pod for v in plan.victims]},
+        )
+        await self.recorder.emit(
+            _ref(obj), reason="GPUPreempting", action="MakeRoom",
+            note=f"evicting {plan.describe()} to free {what}; "
+            f"reserved until {time.strftime('%H:%M:%SZ', time.gmtime(until))}",
+        )  # fmt: skip
+
+    async def _reserve(self, pod: PodInfo, plan: VictimPlan, now: float, until: float) -> bool:
+        """Claim the freed GPUs for the preemptor before any eviction (guarded by its resourceVersion)."""
         ns, name = pod.key.split("/", 1)
         try:
             await self.kube.patch(
@@ -260,11 +281,17 @@ class RoomLoop:
             )  # fmt: skip
         except (KubeConflict, KubeNotFound):
             self.metrics.preemptions.labels("conflict").inc()
-            return  # the pod changed (bound, deleted, updated): next pass decides afresh
+            return False  # the pod changed (bound, deleted, updated): next pass decides afresh
         except KubeError as exc:
             self.metrics.preemptions.labels("failed").inc()
             log.warning("GPU reservation failed", extra={"pod": pod.key, "error": str(exc)})
-            return
+            return False
+        return True
+
+    async def _evict_victims(
+        self, obj: dict[str, Any], pod: PodInfo, plan: VictimPlan, result: RoomPass
+    ) -> list[tuple[str, str]]:
+        """Evict each victim through the Eviction API (PDBs hold); (uid, workload) of those gone."""
         evicted: list[tuple[str, str]] = []
         for victim in plan.victims:
             vns, vname = victim.pod.split("/", 1)
@@ -292,29 +319,20 @@ class RoomLoop:
                 note=f"Preempted by pod {pod.uid} on node {plan.node}: gpuwarden frees GPUs "
                 f"{','.join(victim.ids) or '?'} for {pod.key} (priority {pod.priority}), fragmented node",
             )  # fmt: skip
-        if not evicted:
-            self.metrics.preemptions.labels("blocked").inc()
-            try:
-                await self.kube.patch(PODS, name, release_patch(), namespace=ns, patch_type=PatchType.MERGE)
-            except KubeError as exc:
-                log.warning("GPU reservation not withdrawn", extra={"pod": pod.key, "error": str(exc)})
-            await self.recorder.emit(
-                _ref(obj), reason="GPUPreemptionBlocked", action="MakeRoom", type=EventType.WARNING,
-                note=f"no victim could be evicted on {plan.node} (PodDisruptionBudget or error): "
-                f"{plan.describe()}",
-            )  # fmt: skip
-            return
-        self.throttle.graph.reserve(meta.uid, meta.workload, {plan.node: tuple(evicted)}, now, verdict.depth)
-        self.metrics.preemptions.labels("started").inc()
-        result.started.append(pod.key)
-        log.info(
-            "GPU preemption started",
-            extra={"pod": pod.key, "node": plan.node, "gpus": gpus, "victims": [v.pod for v in plan.victims]},
-        )
+        return evicted
+
+    async def _withdraw(self, obj: dict[str, Any], pod: PodInfo, plan: VictimPlan) -> None:
+        """No victim could be evicted: give the reserved GPUs back and say why."""
+        self.metrics.preemptions.labels("blocked").inc()
+        ns, name = pod.key.split("/", 1)
+        try:
+            await self.kube.patch(PODS, name, release_patch(), namespace=ns, patch_type=PatchType.MERGE)
+        except KubeError as exc:
+            log.warning("GPU reservation not withdrawn", extra={"pod": pod.key, "error": str(exc)})
         await self.recorder.emit(
-            _ref(obj), reason="GPUPreempting", action="MakeRoom",
-            note=f"evicting {plan.describe()} to free {what}; "
-            f"reserved until {time.strftime('%H:%M:%SZ', time.gmtime(until))}",
+            _ref(obj), reason="GPUPreemptionBlocked", action="MakeRoom", type=EventType.WARNING,
+            note=f"no victim could be evicted on {plan.node} (PodDisruptionBudget or error): "
+            f"{plan.describe()}",
         )  # fmt: skip
 
     # --- scheduling (controller.app.PassScheduler) --------------------------------------------------------
