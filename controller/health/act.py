@@ -25,7 +25,6 @@ from controller.health.metrics import HealthMetrics
 from controller.health.observe import BREAKER_DATA_KEY, BREAKER_RESET_ANNOTATION, encode_breaker
 from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
 from controller.health.snapshot import (
-    CONDITION_TYPE,
     EXCLUDE_LABEL,
     RECORD_ANNOTATION,
     RELEASE_ANNOTATION,
@@ -92,9 +91,10 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
 
 
 def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime) -> JsonObject | None:
-    """Strategic-merge status patch setting `GPUHealthy`; lastTransitionTime moves only on a status change."""
+    """Strategic-merge status patch setting our condition (`GPUHealthy`, or `update.type`: `GPUDegraded`);
+    lastTransitionTime moves only on a status change."""
     conditions = (current.get("status") or {}).get("conditions") or []
-    old = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+    old = next((c for c in conditions if c.get("type") == update.type), None)
     if old and (old.get("status"), old.get("reason"), old.get("message")) == (
         update.status,
         update.reason,
@@ -104,7 +104,7 @@ def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime
     stamp = wall.isoformat(timespec="seconds").replace("+00:00", "Z")
     changed = old is None or old.get("status") != update.status
     cond = {
-        "type": CONDITION_TYPE,
+        "type": update.type,
         "status": update.status,
         "reason": update.reason,
         "message": update.message[:1024],

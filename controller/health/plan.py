@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controller.health.record import QuarantineRecord, iso
-from controller.health.snapshot import BreakerState, Taint
+from controller.health.snapshot import CONDITION_TYPE, BreakerState, Streak, Taint
 
-ActionKind = Literal["quarantine", "release", "update-record", "set-condition"]
+ActionKind = Literal["quarantine", "release", "update-record", "set-condition", "degrade", "clear-degraded"]
 EventType = Literal["Normal", "Warning"]
+SignalState = Literal["confirmed", "debouncing", "boot-grace"]
 
 # Skip reasons (stable strings: tests, metrics and the table use them).
 SKIP_EXCLUDED = "excluded"
@@ -28,15 +29,20 @@ SKIP_STILL_FAULTY = "still-faulty"
 SKIP_HEALTHY_PERIOD = "healthy-period-not-elapsed"
 SKIP_RECOVERY_PENDING = "recovery-pending"
 SKIP_BAD_RECORD = "unreadable-record"
+SKIP_STALLED = "telemetry-stalled"  # fresh samples, frozen values: unknown
+SKIP_DEBOUNCING = "signal-debouncing"  # a signal holds, but not yet for `consecutive` passes
+SKIP_BOOT_GRACE = "boot-grace"  # a signal holds inside the node's boot grace
+SKIP_OBSERVED = "signal-observed"  # a confirmed signal whose action is `observe` (metric only)
 
 
 @dataclass(frozen=True, slots=True)
 class ConditionUpdate:
-    """Desired `GPUHealthy` condition."""
+    """Desired node condition: `GPUHealthy` unless `type` says otherwise (`GPUDegraded`)."""
 
     status: Literal["True", "False"]
     reason: str
     message: str
+    type: str = CONDITION_TYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,8 @@ class Action:
             out["remove_release_request"] = True
         if self.condition is not None:
             out["condition"] = {"status": self.condition.status, "reason": self.condition.reason}
+            if self.condition.type != CONDITION_TYPE:
+                out["condition"]["type"] = self.condition.type
         if self.event is not None:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
         if self.first_seen is not None:
@@ -138,6 +146,17 @@ class BreakerDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalStatus:
+    """One fabric/degradation signal holding on one GPU (or node) this pass, for metrics and the table."""
+
+    node: str
+    signal: str
+    gpu: str
+    action: str  # quarantine | degrade | observe
+    state: SignalState
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Everything one loop decided. `healthy` counts nodes that needed nothing."""
 
@@ -149,6 +168,9 @@ class Plan:
     healthy: int = 0
     gpu_nodes: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+    signals: tuple[SignalStatus, ...] = ()
+    streaks: dict[str, Streak] = field(default_factory=dict)  # debounce state for the next pass
+    stalled_gpus: int = 0
 
     def actions_of(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
