@@ -66,7 +66,7 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
     for node in nodes:
         assessment = assessments[node.name]
         if node.name in known:
-            extra = tuple(_signal_finding(g, policy) for g in grading.confirmed(node.name, "quarantine"))
+            extra = tuple(_signal_finding(g, policy) for g in _quarantining(node, grading))
             if extra:
                 assessment = assess_node(node, policy, now, extra)
             _plan_signals(node, grading, work)
@@ -89,6 +89,22 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
         streaks=grading.streaks,
         stalled_gpus=sum(len(a.stalled) for a in assessments.values() if a is not None),
     )
+
+
+def _quarantining(node: NodeState, grading: FleetGrading) -> tuple[Graded, ...]:
+    """Confirmed `quarantine` signals, plus those still debouncing that are already our node's evidence:
+    streaks restart with the controller, and a quarantine must not start its healthy period for that."""
+    confirmed = grading.confirmed(node.name, "quarantine")
+    if node.our_taint is None:
+        return confirmed
+    record, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+    held = record.fingerprints if record is not None else frozenset()
+    again = tuple(
+        g
+        for g in grading.pending(node.name)
+        if g.action == "quarantine" and f"{g.hit.reason}/{g.hit.gpu}" in held
+    )
+    return confirmed + again
 
 
 def _signal_finding(g: Graded, policy: HealthPolicy) -> Finding:
@@ -127,7 +143,8 @@ def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
     observed = grading.confirmed(name, "observe")
     if observed:
         work.skip(name, p.SKIP_OBSERVED, "; ".join(g.hit.why for g in observed))
-    action = plan_degraded(node, grading.confirmed(name, "degrade"))
+    holding = tuple(g for g in pending if g.action == "degrade")
+    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding)
     if action is not None:
         work.actions.append(action)
 

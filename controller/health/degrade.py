@@ -1,7 +1,7 @@
 """The `degrade` action: node condition `GPUDegraded` + an Event + a metric, never a taint.
 
-Why: PCIe replays, HW slowdown, thermal and power-brake clock events and a shrinking thermal margin make a node
-slower, not broken; peers warn on them rather than cordon (EKS: Warning events; NVSentinel: store-only
+Why: PCIe replays, HW slowdown, thermal and power-brake clock events and a shrinking thermal margin make a
+node slower, not broken; peers warn on them rather than cordon (EKS: Warning events; NVSentinel: store-only
 watches). Schedulers, dashboards and humans can read `GPUDegraded=True` (message: which signal on which
 GPU) while work keeps landing there. The condition is ours alone (safety rule 2) and moves only on known
 data: an unknown node keeps whatever it had.
@@ -27,8 +27,14 @@ def degraded_message(confirmed: tuple[Graded, ...]) -> str:
     return "degraded by gpuwarden: " + ", ".join(parts)
 
 
-def plan_degraded(node: NodeState, confirmed: tuple[Graded, ...]) -> p.Action | None:
-    """The GPUDegraded change for a node whose telemetry is known this pass (None: nothing to change)."""
+def plan_degraded(
+    node: NodeState, confirmed: tuple[Graded, ...], pending: tuple[Graded, ...] = ()
+) -> p.Action | None:
+    """The GPUDegraded change for a node whose telemetry is known this pass (None: nothing to change).
+
+    `pending`: degrade signals that hold but are still debouncing. They never set the condition, and they keep
+    a set one from being cleared (after a controller restart every streak starts again at one).
+    """
     current = node.degraded
     if confirmed:
         message = degraded_message(confirmed)
@@ -43,7 +49,7 @@ def plan_degraded(node: NodeState, confirmed: tuple[Graded, ...]) -> p.Action | 
             condition=p.ConditionUpdate("True", REASON_DEGRADED, message, type=DEGRADED_CONDITION),
             event=p.EventSpec(EVENT_DEGRADED, "Warning", f"{message} ({why}); no taint", "Degrade"),
         )
-    if current is not None and current.status == "True":
+    if current is not None and current.status == "True" and not pending:
         return p.Action(
             "clear-degraded",
             node.name,

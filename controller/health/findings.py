@@ -244,7 +244,9 @@ def _missing_finding(
 
 def fresh_gpus(node: NodeState, policy: HealthPolicy, now: float) -> list[GpuTelemetry]:
     """The node's GPUs with a sample younger than the staleness limit."""
-    return [g for g in node.gpus or () if g.last_sample is not None and now - g.last_sample <= policy.staleness]
+    return [
+        g for g in node.gpus or () if g.last_sample is not None and now - g.last_sample <= policy.staleness
+    ]
 
 
 def assess_node(

@@ -146,7 +146,9 @@ def node_hits(node: NodeState, fresh: list[GpuTelemetry], cfg: SignalsConfig) ->
         out.extend(gpu_hits(gpu, cfg))
     if node.nvswitch_fatal and _on(cfg, "nvswitch_fatal"):
         sxids = ", ".join(str(s) for s in node.nvswitch_fatal)
-        out.append(SignalHit("nvswitch_fatal", "", float(max(node.nvswitch_fatal)), f"NVSwitch fatal SXid {sxids}"))
+        out.append(
+            SignalHit("nvswitch_fatal", "", float(max(node.nvswitch_fatal)), f"NVSwitch fatal SXid {sxids}")
+        )
     if node.nvswitch_non_fatal and _on(cfg, "nvswitch_non_fatal"):
         sxids = ", ".join(str(s) for s in node.nvswitch_non_fatal)
         value = float(max(node.nvswitch_non_fatal))
@@ -154,7 +156,9 @@ def node_hits(node: NodeState, fresh: list[GpuTelemetry], cfg: SignalsConfig) ->
     failures = node.admission_failures
     adm = cfg.admission_failures
     if failures is not None and _on(cfg, "admission_failures") and failures >= adm.min_failures:
-        why = f"{failures} pods rejected at admission within {adm.window_seconds:.0f}s (>= {adm.min_failures})"
+        why = (
+            f"{failures} pods rejected at admission within {adm.window_seconds:.0f}s (>= {adm.min_failures})"
+        )
         out.append(SignalHit("admission_failures", "", float(failures), why))
     return out
 
@@ -195,6 +199,8 @@ def grade_fleet(
     for key, (name, h) in sorted(held.items()):
         streak = out.streaks[key]
         pol = policy_of(cfg, h.signal)
-        per_node.setdefault(name, []).append(Graded(h, pol.action, streak.count, pol.consecutive, streak.since))
+        per_node.setdefault(name, []).append(
+            Graded(h, pol.action, streak.count, pol.consecutive, streak.since)
+        )
     out.graded = {n: tuple(g) for n, g in per_node.items()}
     return out

@@ -1,8 +1,8 @@
 """The fabric and degradation signals: their names, the dcgm-exporter series they are read from, bit decoding.
 
 Why a module of its own: one table names every signal once — the name used in config
-(`health.signals.<name>`), findings, the `GPUDegraded` condition, Events, metrics and docs/health.md — with the
-exact DCGM series it comes from, and the bit layouts of the two packed fields (clock-event reasons, fabric
+(`health.signals.<name>`), findings, the `GPUDegraded` condition, Events, metrics and docs/health.md — with
+the exact DCGM series it comes from, and the bit layouts of the two packed fields (clock-event reasons, fabric
 health mask) are decoded here and nowhere else. Field names and ids: ../shared/reference/gpu-health.md §1.2
 and peers.md §2 (DCGM `dcgm_fields.h`, `dcgm_structs.h`; NVML's fabric-health mask layout).
 

@@ -1,4 +1,4 @@
-"""The `health.signals:` section — fabric and degradation signals, each graded `quarantine`, `degrade` or `observe`.
+"""The `health.signals:` section — fabric and degradation signals, graded quarantine, degrade or observe.
 
 Why: what GPU fleets lose the most time to is not XIDs but fabric faults (Fabric Manager down, NVSwitch SXids,
 a fabric health mask asserting a fault), NVLink errors, and slow degradation (PCIe replays, HW slowdown,
@@ -65,8 +65,8 @@ class NvlinkErrors(SignalPolicy):
     errors_per_second: float = Field(
         default=100.0,
         gt=0,
-        description="Summed NVLink error rate per GPU that counts. 100/s: DCGM's health watch says CRC errors "
-        "'only matter at rates of 100+ per second' (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR).",
+        description="Summed NVLink error rate per GPU that counts. 100/s: DCGM's health watch says CRC "
+        "errors 'only matter at rates of 100+ per second' (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR).",
     )
 
 
@@ -74,8 +74,9 @@ class NvswitchFatal(SignalPolicy):
     """DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS != 0 on any NVSwitch of the node (the value is the SXid)."""
 
     action: SignalAction = Field(
-        default="quarantine", description="A fatal SXid needs the fabric reset (EKS: fatal; NVSentinel: "
-        "NVSWITCH_FATAL_ERROR → CONTACT_SUPPORT)."
+        default="quarantine",
+        description="A fatal SXid needs the fabric reset (EKS: fatal; NVSentinel: "
+        "NVSWITCH_FATAL_ERROR → CONTACT_SUPPORT).",
     )
     consecutive: PositiveCount = Field(
         default=2, description="Two evaluations: one stray sample of a fatal SXid is not acted on."
@@ -99,16 +100,17 @@ class FabricManager(SignalPolicy):
         "FabricManagerNotRunning, fatal). NVSentinel #889: FM down after maintenance went 20 days unseen.",
     )
     failing_statuses: list[FabricManagerStatus] = Field(
-        default_factory=lambda: ["failure"],
+        default_factory=lambda: list[FabricManagerStatus](["failure"]),
         min_length=1,
-        description="Statuses that count. Default [failure] like EKS: GB200/GB300 report not_started where no "
-        "host Fabric Manager runs, and in_progress during boot-time training. On HGX H100/B200 (host Fabric "
-        "Manager) add not_started: that is how a Fabric Manager that never came back looks (NVSentinel #889).",
+        description="Statuses that count. Default [failure] like EKS: GB200/GB300 report not_started where "
+        "no host Fabric Manager runs, and in_progress during boot-time training. On HGX H100/B200 (host "
+        "Fabric Manager) add not_started: that is how a Fabric Manager that never came back looks "
+        "(NVSentinel #889).",
     )
 
 
 class FabricHealth(SignalPolicy):
-    """DCGM_FI_DEV_FABRIC_HEALTH_MASK decoded sub-field by sub-field; only a field in its fault state counts."""
+    """DCGM_FI_DEV_FABRIC_HEALTH_MASK decoded sub-field by sub-field; only a fault state counts."""
 
     action: SignalAction = Field(
         default="quarantine", description="EKS: NvidiaFabricError, fatal (replace the node)."
@@ -158,7 +160,8 @@ class AdmissionFailures(SignalPolicy):
     consecutive: PositiveCount = Field(default=1, description="The window already smooths the count.")
     boot_grace: bool = Field(default=False, description="Admission failures are not a boot artefact.")
     min_failures: PositiveCount = Field(
-        default=5, description="Failed admissions within window_seconds that count (one is a retry, five a pattern)."
+        default=5,
+        description="Failed admissions within window_seconds that count (one is a retry, five a pattern).",
     )
     window_seconds: Seconds = Field(
         default=600.0, description="Window for min_failures, by the pod's creation time."
