@@ -28,10 +28,13 @@ from controller.health.metrics import HealthMetrics
 from controller.health.observe import Observer
 from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy, policy_from_config
+from controller.health.snapshot import Streak
 from controller.health.telemetry import Querier
 from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeError
 from gpuwarden.kube import (
     NODES,
+    PODS,
     EventRecorder,
     Informer,
     JsonObject,
@@ -92,6 +95,7 @@ class HealthLoop:
             breaker_configmap=config.health.breaker.configmap_name,
         )
         self.last_plan: Plan | None = None
+        self.streaks: dict[str, Streak] = {}  # debounce state between passes (see debounce.py)
 
     async def plan(self, nodes: list[JsonObject] | None = None) -> Plan:
         """Observe and decide at `clock()` — no writes (what `gpuwarden plan` prints).
@@ -102,7 +106,10 @@ class HealthLoop:
         now = self.clock()
         breaker = await self.actuator.read_breaker()
         objects = self.informer.objects() if nodes is None else nodes
-        snapshot = await self.observer.observe(self.prom, objects, breaker, now)
+        failed = await self._failed_pods()
+        snapshot = await self.observer.observe(
+            self.prom, objects, breaker, now, streaks=self.streaks, failed_pods=failed
+        )
         observed = time.perf_counter()
         plan = plan_quarantine(snapshot, self.policy, now)
         self.metrics.loop_duration.labels("observe").observe(observed - started)
@@ -110,9 +117,29 @@ class HealthLoop:
         self.metrics.observe_pass(snapshot, plan)
         return plan
 
+    async def _failed_pods(self) -> list[JsonObject] | None:
+        """Pods in phase Failed (for `admission_failures`); None when that signal is off or the list failed
+        (then no node gets a count: not read is not zero)."""
+        if self.config.health.signals.admission_failures.action == "off":
+            return None
+        try:
+            listed = await self.kube.list_objects(
+                PODS, field_selector="status.phase=Failed", limit=self.config.kubernetes.list_page_size
+            )
+        except KubeError as exc:
+            log.warning(
+                "failed pods not listed; admission failures unknown this pass", extra={"error": str(exc)}
+            )
+            return None
+        return listed.items
+
     async def run_once(self, leading: asyncio.Event | None = None) -> Plan:
-        """One full pass: observe, decide, act (act honours dry-run). Acts only if still `leading`."""
+        """One full pass: observe, decide, act (act honours dry-run). Acts only if still `leading`.
+
+        The debounce streaks advance on every pass, applied or not (they describe what was observed).
+        """
         plan = await self.plan()
+        self.streaks = dict(plan.streaks)
         if leading is not None and not leading.is_set():
             log.info("lost leadership during the pass; plan not applied")
             return plan
