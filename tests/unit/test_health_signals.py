@@ -147,3 +147,23 @@ def test_every_signal_field_is_documented() -> None:
         if isinstance(model, type) and issubclass(model, SignalPolicy):
             for name, info in model.model_fields.items():
                 assert info.description, f"{model.__name__}.{name}"
+
+
+def test_docs_table_names_every_signal_with_its_default_action() -> None:
+    from pathlib import Path
+    from typing import get_args
+
+    from controller.health.signals import SignalName
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "health.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        if line.startswith("| `") and "health.signals" not in line:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells
+    cfg = SignalsConfig()
+    for name in get_args(SignalName):
+        assert name in rows, f"docs/health.md lacks a row for {name}"
+        assert rows[name][3] == getattr(cfg, name).action, name
+        policy = getattr(cfg, name)
+        assert rows[name][4] == f"{policy.consecutive} / {'yes' if policy.boot_grace else 'no'}", name
