@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -28,10 +29,11 @@ from controller.health.metrics import HealthMetrics
 from controller.health.observe import Observer
 from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy, policy_from_config
+from controller.health.series import absent_series, presence_query
 from controller.health.snapshot import Streak
 from controller.health.telemetry import Querier
 from gpuwarden.config.root import Config
-from gpuwarden.errors import KubeError
+from gpuwarden.errors import KubeError, PrometheusError
 from gpuwarden.kube import (
     NODES,
     PODS,
@@ -41,6 +43,7 @@ from gpuwarden.kube import (
     KubeClient,
 )
 from gpuwarden.promclient import PrometheusClient
+from gpuwarden.promtypes import Vector
 
 log = logging.getLogger(__name__)
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -190,4 +193,12 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
     async with PrometheusClient(config.prometheus) as prom, _kube(config, kubeconfig, None) as kube:
         loop = HealthLoop(config, prom, kube, registry=registry)
         nodes = await kube.list_objects(NODES, limit=config.kubernetes.list_page_size)
-        return await loop.plan(nodes.items)
+        plan = await loop.plan(nodes.items)
+        try:
+            result = await prom.query(presence_query(config.health))
+        except PrometheusError:
+            return plan  # the plan already says Prometheus is unavailable
+        present = (
+            {s.labels.get("__name__", "") for s in result.samples} if isinstance(result, Vector) else set()
+        )
+        return replace(plan, absent_series=absent_series(config.health, present))

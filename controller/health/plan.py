@@ -171,6 +171,7 @@ class Plan:
     signals: tuple[SignalStatus, ...] = ()
     streaks: dict[str, Streak] = field(default_factory=dict)  # debounce state for the next pass
     stalled_gpus: int = 0
+    absent_series: tuple[str, ...] = ()  # `gpuwarden plan`: required series Prometheus lacks (series.py)
 
     def actions_of(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -179,7 +180,7 @@ class Plan:
         return [s for s in self.skips if s.reason == reason]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "now": iso(self.now),
             "dry_run": self.dry_run,
             "gpu_nodes": self.gpu_nodes,
@@ -188,6 +189,14 @@ class Plan:
             "actions": [a.to_dict() for a in self.actions],
             "skips": [s.to_dict() for s in self.skips],
         }
+        if self.signals:
+            out["signals"] = [
+                {"node": s.node, "signal": s.signal, "gpu": s.gpu, "action": s.action, "state": s.state}
+                for s in self.signals
+            ]
+        if self.absent_series:
+            out["absent_series"] = list(self.absent_series)
+        return out
 
     def render_table(self) -> str:
         """A fixed-width table for `gpuwarden plan -o table`: actions first, then skips."""
@@ -206,4 +215,7 @@ class Plan:
             f"{len(self.skips)} skips, {self.healthy} healthy GPU nodes"
             + (" (dry-run)" if self.dry_run else "")
         )
+        if self.absent_series:
+            lines.append("absent from Prometheus (those checks see nothing: unknown, not healthy):")
+            lines += [f"  {line}" for line in self.absent_series]
         return "\n".join(lines) + "\n"

@@ -235,3 +235,22 @@ async def test_signals_off_send_no_query(env: Env) -> None:
     assert snap.queries == 12
     plans = await three_passes(env, cfg)
     assert outcome(plans[-1]) == {}
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_absent_series_are_named(env: Env) -> None:
+    from controller.health.series import absent_series, presence_query
+
+    cfg = HealthConfig()
+    async with env.prom.client() as prom:
+        result = await prom.query(presence_query(cfg), time=env.t)
+    present = {s.labels["__name__"] for s in result.samples}  # type: ignore[union-attr]
+    missing = {line.split(":")[0] for line in absent_series(cfg, present)}
+    # This history has the signal series but none of the XID / ECC / recovery-action ones.
+    assert missing == {
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    }
