@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import BREAKER_DATA_KEY, BREAKER_RESET_ANNOTATION, encode_breaker
+from controller.health.observe import BREAKER_DATA_KEY, BREAKER_RESET_ANNOTATION, JOBS, encode_breaker
 from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
 from controller.health.snapshot import (
     EXCLUDE_LABEL,
@@ -31,7 +31,7 @@ from controller.health.snapshot import (
     TAINT_KEY,
     BreakerState,
 )
-from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
     CONFIG_MAPS,
     NODES,
@@ -127,9 +127,11 @@ class Actuator:
         concurrency: int = 8,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         breaker_configmap: str = BREAKER_CONFIGMAP,
+        job_namespace: str = "",
     ) -> None:
         self.client, self.events, self.metrics = client, events, metrics
         self.namespace = namespace
+        self.job_namespace = job_namespace or namespace
         self.breaker_configmap = breaker_configmap
         self._sem = asyncio.Semaphore(concurrency)
         self._wall = wall
@@ -155,6 +157,8 @@ class Actuator:
             )
             if not dry_run:
                 try:
+                    if action.create_job is not None:
+                        await self._create_job(action.create_job, result)
                     await self._write_node(action, result)
                 except KubeNotFound:
                     log.info("node gone before the write; nothing to do", extra=extra)
@@ -170,6 +174,14 @@ class Actuator:
                     )
             if action.event is not None:
                 await self._event(ObjectRef("v1", "Node", action.node), action.event, dry_run, result)
+
+    async def _create_job(self, job: JsonObject, result: ActResult) -> None:
+        """Create a validation Job (before the record names it); one that already exists is ours: fine."""
+        try:
+            await self.client.create(JOBS, job, namespace=self.job_namespace)
+            result.writes += 1
+        except KubeConflict:
+            log.info("validation Job exists already", extra={"job": job.get("metadata", {}).get("name")})
 
     async def _write_node(self, action: Action, result: ActResult) -> None:
         wrote = False

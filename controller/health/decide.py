@@ -32,6 +32,7 @@ from controller.health.snapshot import (
     NodeState,
     Taint,
 )
+from controller.health.validation import plan_validation
 
 EVENT_QUARANTINED = "GPUQuarantined"
 EVENT_RELEASED = "GPUQuarantineReleased"
@@ -231,7 +232,10 @@ def _plan_quarantined(
         new = [f for f in current if f.fingerprint not in record.fingerprints]
         if new or record.healthy_since is not None:
             updated = record.with_(
-                evidence=record.evidence + tuple(f.evidence() for f in new), healthy_since=None
+                evidence=record.evidence + tuple(f.evidence() for f in new),
+                healthy_since=None,
+                validation_job="",  # a validation begun before the evidence returned proves nothing
+                validation_started=None,
             )
             why = f"new evidence: {', '.join(f.fingerprint for f in new)}" if new else "evidence returned"
             work.actions.append(p.Action("update-record", node.name, "evidence-changed", why, record=updated))
@@ -261,7 +265,17 @@ def _plan_quarantined(
     if pending:
         work.skip(node.name, p.SKIP_RECOVERY_PENDING, "; ".join(pending))
         return
-    work.actions.append(_release(node, taint, record, "healthy-period", now, ()))
+    note = ""
+    if policy.validation.enabled:
+        step = plan_validation(node, record, policy.validation, now)
+        if not step.release:
+            if step.action is not None:
+                work.actions.append(step.action)
+            if step.skip is not None:
+                work.skip(node.name, *step.skip)
+            return
+        note = step.note
+    work.actions.append(_release(node, taint, record, "healthy-period", now, (), note))
 
 
 def _plan_free(
@@ -428,16 +442,31 @@ def _quarantine(
 
 
 def _release(
-    node: NodeState, taint: Taint, record: QuarantineRecord, by: str, now: float, dismissed: tuple[str, ...]
+    node: NodeState,
+    taint: Taint,
+    record: QuarantineRecord,
+    by: str,
+    now: float,
+    dismissed: tuple[str, ...],
+    note: str = "",
 ) -> p.Action:
     why = (
         "operator annotation gpuwarden.io/release=now"
         if by == "operator-annotation"
         else "evidence gone for the healthy period and recovery condition holds"
+        + (f"; {note}" if note else "")
     )
     keep = dismissed or record.suppressed
     released = record.with_(
-        state="released", released_at=now, released_by=by, healthy_since=None, suppressed=keep
+        state="released",
+        released_at=now,
+        released_by=by,
+        healthy_since=None,
+        suppressed=keep,
+        validation_job="",
+        validation_started=None,
+        validation_attempts=0,
+        validation_failures=(),
     )
     return p.Action(
         "release",

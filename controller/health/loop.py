@@ -26,12 +26,13 @@ from prometheus_client import CollectorRegistry
 from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import Observer
+from controller.health.observe import JOBS, Observer
 from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy, policy_from_config
 from controller.health.series import absent_series, presence_query
 from controller.health.snapshot import Streak
 from controller.health.telemetry import Querier
+from controller.health.validation import VALIDATION_NODE_LABEL
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, PrometheusError
 from gpuwarden.kube import (
@@ -96,6 +97,7 @@ class HealthLoop:
             self.metrics,
             namespace=self.namespace,
             breaker_configmap=config.health.breaker.configmap_name,
+            job_namespace=config.health.validation.namespace,
         )
         self.last_plan: Plan | None = None
         self.streaks: dict[str, Streak] = {}  # debounce state between passes (see debounce.py)
@@ -110,8 +112,9 @@ class HealthLoop:
         breaker = await self.actuator.read_breaker()
         objects = self.informer.objects() if nodes is None else nodes
         failed = await self._failed_pods()
+        jobs = await self._validation_jobs()
         snapshot = await self.observer.observe(
-            self.prom, objects, breaker, now, streaks=self.streaks, failed_pods=failed
+            self.prom, objects, breaker, now, streaks=self.streaks, failed_pods=failed, jobs=jobs
         )
         observed = time.perf_counter()
         plan = plan_quarantine(snapshot, self.policy, now)
@@ -134,6 +137,21 @@ class HealthLoop:
                 "failed pods not listed; admission failures unknown this pass", extra={"error": str(exc)}
             )
             return None
+        return listed.items
+
+    async def _validation_jobs(self) -> list[JsonObject]:
+        """Our validation Jobs (label gpuwarden.io/validation-node); [] when validation is off.
+
+        A failed list raises: deciding a release without knowing the Job's outcome is not allowed, and the
+        loop retries next interval."""
+        if not self.config.health.validation.enabled:
+            return []
+        listed = await self.kube.list_objects(
+            JOBS,
+            namespace=self.actuator.job_namespace,
+            label_selector=VALIDATION_NODE_LABEL,
+            limit=self.config.kubernetes.list_page_size,
+        )
         return listed.items
 
     async def run_once(self, leading: asyncio.Event | None = None) -> Plan:

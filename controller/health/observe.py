@@ -24,17 +24,21 @@ from controller.health.snapshot import (
     BreakerState,
     ConditionState,
     FleetSnapshot,
+    JobState,
     NodeState,
     Streak,
     Taint,
 )
 from controller.health.telemetry import Querier, Queries, Telemetry, build_queries, read_telemetry
+from controller.health.validation import VALIDATION_NODE_LABEL
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
+from gpuwarden.kube.resources import Resource
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 BREAKER_DATA_KEY = "state"
 BREAKER_RESET_ANNOTATION = "gpuwarden.io/reset"
 
@@ -86,6 +90,37 @@ def ready_since(conditions: list[JsonObject]) -> float | None:
         return parse_iso(ready.get("lastTransitionTime"))
     except ValueError:
         return None
+
+
+def job_state(obj: JsonObject) -> JobState:
+    """Outcome: succeeded (status.succeeded), failed (condition Failed=True), or running."""
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    status = obj.get("status") or {}
+    if int(status.get("succeeded") or 0) > 0:
+        return JobState(name, "succeeded")
+    failed = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "Failed" and c.get("status") == "True"
+        ),
+        None,
+    )
+    if failed is not None:
+        why = ": ".join(str(x) for x in (failed.get("reason"), failed.get("message")) if x)
+        return JobState(name, "failed", why)
+    return JobState(name, "running")
+
+
+def validation_jobs(jobs: Iterable[JsonObject]) -> dict[str, dict[str, JobState]]:
+    """Per node (our validation-node label): its validation Jobs by name."""
+    out: dict[str, dict[str, JobState]] = {}
+    for job in jobs:
+        node = ((job.get("metadata") or {}).get("labels") or {}).get(VALIDATION_NODE_LABEL)
+        if node:
+            state = job_state(job)
+            out.setdefault(node, {})[state.name] = state
+    return out
 
 
 def admission_failures(pods: Iterable[JsonObject], reasons: Iterable[str], *, since: float) -> dict[str, int]:
@@ -154,6 +189,7 @@ def join(
     error: str = "",
     streaks: Mapping[str, Streak] | None = None,
     admission: Mapping[str, int] | None = None,
+    jobs: Mapping[str, Mapping[str, JobState]] | None = None,
 ) -> FleetSnapshot:
     """Attach each node's GPUs; `telemetry=None` means Prometheus could not be read.
 
@@ -182,6 +218,7 @@ def join(
                 nvswitch_fatal=switches[0],
                 nvswitch_non_fatal=switches[1],
                 admission_failures=None if admission is None else admission.get(node.name, 0),
+                validation_jobs=dict((jobs or {}).get(node.name, {})),
             )
         )
     unmatched = tuple(sorted(telemetry.identities() - matched)) if telemetry is not None else ()
@@ -216,11 +253,14 @@ class Observer:
         *,
         streaks: Mapping[str, Streak] | None = None,
         failed_pods: Iterable[JsonObject] | None = None,
+        jobs: Iterable[JsonObject] = (),
     ) -> FleetSnapshot:
         """One snapshot at `now` (Prometheus evaluated at `now`, nodes as given, e.g. from an informer).
 
-        `streaks`: the previous plan's debounce state; `failed_pods`: pods in phase Failed (None: not read).
+        `streaks`: the previous plan's debounce state; `failed_pods`: pods in phase Failed (None: not read);
+        `jobs`: our validation Jobs.
         """
+        by_node = validation_jobs(jobs)
         nodes = [node_state(o, self.gpu_resource) for o in node_objects]
         breaker = breaker_state(breaker_obj)
         adm = self.cfg.signals.admission_failures
@@ -233,7 +273,11 @@ class Observer:
             telemetry = await read_telemetry(prom, self.queries, self.cfg, now)
         except PrometheusError as exc:
             log.warning("Prometheus unavailable; every node is unknown this pass", extra={"error": str(exc)})
-            return join(nodes, None, now=now, breaker=breaker, error=exc.message, streaks=streaks)
+            return join(
+                nodes, None, now=now, breaker=breaker, error=exc.message, streaks=streaks, jobs=by_node
+            )
         if telemetry.unattributed:
             log.debug("DCGM series without node or UUID label", extra={"series": telemetry.unattributed})
-        return join(nodes, telemetry, now=now, breaker=breaker, streaks=streaks, admission=admission)
+        return join(
+            nodes, telemetry, now=now, breaker=breaker, streaks=streaks, admission=admission, jobs=by_node
+        )

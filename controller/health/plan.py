@@ -14,7 +14,9 @@ from typing import Any, Literal
 from controller.health.record import QuarantineRecord, iso
 from controller.health.snapshot import CONDITION_TYPE, BreakerState, Streak, Taint
 
-ActionKind = Literal["quarantine", "release", "update-record", "set-condition", "degrade", "clear-degraded"]
+ActionKind = Literal[
+    "quarantine", "release", "update-record", "set-condition", "degrade", "clear-degraded", "start-validation"
+]
 EventType = Literal["Normal", "Warning"]
 SignalState = Literal["confirmed", "debouncing", "boot-grace"]
 
@@ -71,6 +73,7 @@ class Action:
     condition: ConditionUpdate | None = None
     event: EventSpec | None = None
     first_seen: float | None = None  # of the fault, for the detection-latency metric
+    create_job: dict[str, Any] | None = None  # a validation Job to create (namespace set by act.py)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -99,6 +102,8 @@ class Action:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
+        if self.create_job is not None:
+            out["create_job"] = self.create_job.get("metadata", {}).get("name", "")
         return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from controller.health.catalog import XID_CLASSES, XidCatalog, default_catalog, load_catalog
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.health_signals import SignalsConfig
+from gpuwarden.config.health_validation import ValidationConfig
 
 # Non-XID reasons and the class (taint-effect row) they fall under.
 REASON_CLASSES: dict[str, str] = {
@@ -75,6 +76,7 @@ class HealthPolicy:
     breaker_window: float = 3600.0
     breaker_hold: float = 900.0
     signals: SignalsConfig = field(default_factory=SignalsConfig)  # graded fabric/degradation signals
+    validation: ValidationConfig = field(default_factory=ValidationConfig)  # a Job before each release
     dry_run: bool = False
 
     def effect_for(self, reason_class: str) -> str:
@@ -114,6 +116,7 @@ def policy_from_config(cfg: HealthConfig, *, dry_run: bool | None = None) -> Hea
         breaker_window=brk.window_seconds,
         breaker_hold=brk.hold_seconds,
         signals=cfg.signals,
+        validation=cfg.validation,
         dry_run=cfg.dry_run if dry_run is None else dry_run,
     )
 

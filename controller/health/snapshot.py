@@ -91,6 +91,15 @@ class GpuTelemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class JobState:
+    """A validation Job as the API has it: `running`, `succeeded` or `failed` (with the Job's own why)."""
+
+    name: str
+    state: Literal["running", "succeeded", "failed"]
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeState:
     """One Kubernetes node as the API has it, joined with its GPUs' telemetry.
 
@@ -117,6 +126,7 @@ class NodeState:
     nvswitch_fatal: tuple[int, ...] = ()  # SXids of NVSwitches with DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS != 0
     nvswitch_non_fatal: tuple[int, ...] = ()  # ditto for non-fatal
     admission_failures: int | None = None  # pods rejected at admission within the window (None: not read)
+    validation_jobs: Mapping[str, JobState] = field(default_factory=dict)  # our validation Jobs, by name
 
     @property
     def our_taint(self) -> Taint | None:

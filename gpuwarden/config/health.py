@@ -28,6 +28,7 @@ from gpuwarden.config.fieldtypes import (
     Seconds,
 )
 from gpuwarden.config.health_signals import SignalsConfig
+from gpuwarden.config.health_validation import ValidationConfig
 
 ReasonClass = Literal["app", "hw_mem", "hw_pcie", "hw_link", "fw_drv", "info"]
 """Why a GPU is considered failed, after gpu-health.md Appendix B. Non-XID evidence maps onto the same
@@ -259,6 +260,10 @@ class HealthConfig(Section):
     signals: SignalsConfig = Field(
         default_factory=SignalsConfig,
         description="Fabric and degradation signals, each graded quarantine / degrade / observe.",
+    )
+    validation: ValidationConfig = Field(
+        default_factory=ValidationConfig,
+        description="A validation Job that must succeed before a release after the healthy period.",
     )
 
     @model_validator(mode="after")
