@@ -33,6 +33,7 @@ from controller.health.snapshot import FleetSnapshot, GpuTelemetry, NodeState, S
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.health_signals import SignalsConfig
 from gpuwarden.localprom import LocalPrometheus, scrape_target
+from gpuwarden.promtypes import Vector
 from gpuwarden.simulator import parse_scenario, start
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
@@ -134,12 +135,19 @@ async def bench_observe(workdir: Path) -> None:
             ("after (every signal on)", HealthConfig()),
         ):
             observer = Observer(cfg)
-            async with prom.client() as client:
+            # 60 s, not the default 10 s: on a loaded 2-core machine the default timed out (measure, not fail)
+            async with prom.client(timeout_seconds=60, retries=0) as client:
                 times, snap = [], None
                 for _ in range(3):
                     t0 = time.perf_counter()
                     snap = await observer.observe(client, nodes, None, time.time())
                     times.append(time.perf_counter() - t0)
+                each = []
+                for name, promql in observer.queries.all().items():  # one at a time: which query costs what
+                    t0 = time.perf_counter()
+                    result = await client.query(promql)
+                    size = len(result.samples) if isinstance(result, Vector) else 0
+                    each.append(f"{name} {(time.perf_counter() - t0) * 1000:.0f} ms/{size}")
             assert snap is not None
             t0 = time.perf_counter()
             plan = plan_quarantine(snap, policy_from_config(cfg), snap.taken_at)
@@ -149,6 +157,7 @@ async def bench_observe(workdir: Path) -> None:
             print(f"observe {label}: {NODES} nodes x {GPUS} GPUs: {snap.queries} queries per pass, median "
                   f"{med:.0f} ms (min {low:.0f}); ok={snap.prometheus_ok}; decide {decide_ms:.0f} ms; "
                   f"signals holding: {held or 'none'}")  # fmt: skip
+            print(f"  one query at a time (ms/series answered): {', '.join(each)}")
     finally:
         await prom.stop()
         await sim.stop()
