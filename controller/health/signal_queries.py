@@ -1,13 +1,15 @@
-"""PromQL for the fabric and degradation signals: four fleet-wide queries per pass, whatever the fleet size.
+"""PromQL for the fabric and degradation signals: five fleet-wide queries per pass (six when a packed field
+holds a fault), whatever the fleet size.
 
-Why grouped: a 5,000-node fleet must not cost a query per signal per node. Every level-type field (Fabric
-Manager status and error, fabric health mask, clock-event reasons, thermal margin) comes back from one query,
-both error-counter rates from another, the NVSwitch SXids from a third and the stall test from a fourth. Each
-term is filtered in Prometheus to the samples that can be a hit — a failing Fabric Manager status, a fabric
-sub-field in its fault state (bit arithmetic in PromQL, `signals.fabric_fault_promql`), a clock-event bit
-that is a signal, a margin below the minimum, a rate at its threshold — so a healthy fleet answers with
-(almost) nothing. `label_replace` tags each term with a `field` label, because `or` matches series ignoring
-their metric name and would otherwise drop one GPU's second field.
+Why grouped: a 5,000-node fleet must not cost a query per signal per node. The level fields (Fabric Manager
+status and error, thermal margin) come back from one query, both error-counter rates from another, the
+NVSwitch SXids from a third and the stall test from a fourth. Each term is filtered in Prometheus to the
+samples that can be a hit (a failing status, a margin below the minimum, a rate at its threshold), so a
+healthy fleet answers with (almost) nothing. The two packed fields (fabric health mask, clock-event reasons)
+are read in two steps: `count_values` gives the handful of distinct values in the fleet, `signals.py` decodes
+them, and only values that hold a signal are asked for by GPU — bit arithmetic on every GPU's mask in PromQL
+cost seconds at 40,000 GPUs (bench_health_signals). `label_replace` tags each term with a `field` label,
+because `or` matches series ignoring their metric name and would otherwise drop one GPU's second field.
 
 What it must not do: run queries or decide; thresholds are re-checked by `grading.py` on the values returned.
 """
@@ -29,7 +31,7 @@ from controller.health.signals import (
     NVSWITCH_NON_FATAL,
     PCIE_REPLAY,
     THERMAL_MARGIN,
-    fabric_fault_promql,
+    fabric_health_faults,
 )
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.promtypes import Sample
@@ -54,7 +56,7 @@ def _tag(expr: str, value: str) -> str:
 
 
 def signal_queries(cfg: HealthConfig, sel: Callable[..., str]) -> dict[str, str]:
-    """The four queries (name → PromQL, "" when off) for `Queries`; `sel(name)` builds a selector."""
+    """The five queries (name → PromQL, "" when off) for `Queries`; `sel(name)` builds a selector."""
     s = cfg.signals
     on = {
         name: getattr(s, name).action != "off"
@@ -74,14 +76,8 @@ def signal_queries(cfg: HealthConfig, sel: Callable[..., str]) -> dict[str, str]
         status = sel(FABRIC_MANAGER_STATUS)
         levels.append(_tag(" or ".join(f"{status} == {c}" for c in codes), "fm_status"))
         levels.append(_tag(f"{sel(FABRIC_MANAGER_ERROR)} != 0", "fm_error"))
-    if on["fabric_health"]:
-        mask = sel(FABRIC_HEALTH_MASK)
-        levels.append(_tag(f"{mask} and ({fabric_fault_promql(mask)})", "fabric_mask"))
-    bits = [bit for name, bit in CLOCK_EVENT_SIGNALS.items() if on[name]]
-    if bits:
-        reasons = sel(CLOCK_EVENT_REASONS)
-        tests = " or ".join(f"(floor({reasons} / {b}) % 2) == 1" for b in bits)
-        levels.append(_tag(f"{reasons} and ({tests})", "clock_reasons"))
+    packed = [n for n, sig in ((FABRIC_HEALTH_MASK, on["fabric_health"]), (CLOCK_EVENT_REASONS, any(
+        on[name] for name in CLOCK_EVENT_SIGNALS))) if sig]  # fmt: skip
     if on["thermal_margin"]:
         levels.append(_tag(f"{sel(THERMAL_MARGIN)} < {s.thermal_margin.min_celsius:g}", "thermal_margin"))
 
@@ -120,11 +116,51 @@ def signal_queries(cfg: HealthConfig, sel: Callable[..., str]) -> dict[str, str]
             f"and (timestamp({e}) > time() - {fresh}))"
         )
     return {
+        # The packed fields in two steps: which distinct values exist (a handful, whatever the fleet
+        # size), then — only when one decodes to a fault — which GPUs hold them (`fault_values_query`).
+        "signal_values": (
+            f'count_values by (__name__) ("value", {{__name__=~"{"|".join(packed)}"{sep}{m}}})'
+            if packed
+            else ""
+        ),
         "signal_levels": f"max by (field, {keys}) ({' or '.join(levels)})" if levels else "",
         "signal_rates": f"max by (field, {keys}) ({' or '.join(rates)})" if rates else "",
         "nvswitch": nvswitch,
         "stalled": stalled,
     }
+
+
+def fault_values(cfg: HealthConfig, samples: list[Sample]) -> dict[str, list[int]]:
+    """From `signal_values`' answer: per packed field, the distinct values that hold a signal."""
+    s = cfg.signals
+    out: dict[str, list[int]] = {}
+    for sample in samples:
+        name, raw = sample.labels.get("__name__", ""), sample.labels.get("value", "")
+        try:
+            value = int(float(raw))
+        except ValueError:
+            continue
+        if name == FABRIC_HEALTH_MASK and s.fabric_health.action != "off":
+            if [f for f in fabric_health_faults(value) if f not in s.fabric_health.ignore_faults]:
+                out.setdefault(name, []).append(value)
+        elif name == CLOCK_EVENT_REASONS:
+            bits = [bit for sig, bit in CLOCK_EVENT_SIGNALS.items() if getattr(s, sig).action != "off"]
+            if any(value & bit for bit in bits):
+                out.setdefault(name, []).append(value)
+    return {name: sorted(set(values)) for name, values in out.items()}
+
+
+def fault_values_query(cfg: HealthConfig, values: Mapping[str, list[int]]) -> str:
+    """The GPUs holding the fault values of the packed fields ("" when there are none: no query)."""
+    node_keys = ", ".join(cfg.node_labels)
+    keys = f"{node_keys}, {cfg.gpu_uuid_label}"
+    m = cfg.label_matchers.strip().rstrip(",")
+    terms = []
+    for name, field in ((FABRIC_HEALTH_MASK, "fabric_mask"), (CLOCK_EVENT_REASONS, "clock_reasons")):
+        if values.get(name):
+            selector = f"{name}{{{m}}}"
+            terms.append(_tag(" or ".join(f"{selector} == {v}" for v in values[name]), field))
+    return f"max by (field, {keys}) ({' or '.join(terms)})" if terms else ""
 
 
 def read_nvswitch(

@@ -124,17 +124,3 @@ FABRIC_HEALTH_FIELDS: tuple[MaskField, ...] = (
 def fabric_health_faults(mask: int) -> tuple[str, ...]:
     """The sub-fields of a fabric health mask that are in their fault state (never "non-zero = bad")."""
     return tuple(f.name for f in FABRIC_HEALTH_FIELDS if (mask >> f.shift) & f.width in f.fault_values)
-
-
-def fabric_fault_promql(selector: str) -> str:
-    """A PromQL condition true for samples of `selector` with any fabric sub-field in its fault state.
-
-    Bit arithmetic in PromQL: sub-field = floor(v / 2^shift) % (width + 1). Used to filter in Prometheus so a
-    healthy fleet (whose masks are non-zero) answers with nothing.
-    """
-    parts = []
-    for f in FABRIC_HEALTH_FIELDS:
-        sub = f"(floor({selector} / {1 << f.shift}) % {f.width + 1})"
-        lo, hi = min(f.fault_values), max(f.fault_values)
-        parts.append(f"{sub} == {lo}" if lo == hi else f"({sub} >= {lo})")
-    return " or ".join(parts)

@@ -21,7 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from controller.health.signal_queries import LEVEL_FIELDS, RATE_FIELDS, read_nvswitch, signal_queries
+from controller.health.signal_queries import (
+    LEVEL_FIELDS,
+    RATE_FIELDS,
+    fault_values,
+    fault_values_query,
+    read_nvswitch,
+    signal_queries,
+)
 from controller.health.snapshot import GpuTelemetry, XidObservation
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.promtypes import InstantResult, Sample, Vector
@@ -71,6 +78,7 @@ class Queries:
     use_gauge: bool = True
     use_count: bool = True
     # Fabric and degradation signals (signal_queries.py); "" when every signal it serves is off.
+    signal_values: str = ""
     signal_levels: str = ""
     signal_rates: str = ""
     nvswitch: str = ""
@@ -90,7 +98,8 @@ class Queries:
             names += ["xid_current", "xid_first_seen"]
         if self.use_count:
             names += ["count_recent", "count_first_seen", "count_repeat"]
-        names += [n for n in ("signal_levels", "signal_rates", "nvswitch", "stalled") if getattr(self, n)]
+        signal = ("signal_values", "signal_levels", "signal_rates", "nvswitch", "stalled")
+        names += [n for n in signal if getattr(self, n)]
         return {n: getattr(self, n) for n in names}
 
 
@@ -206,9 +215,12 @@ async def read_telemetry(prom: Querier, queries: Queries, cfg: HealthConfig, now
     names = queries.all()
     results = await asyncio.gather(*(prom.query(q, time=now) for q in names.values()))
     got = dict(zip(names, map(_samples, results), strict=True))
+    faulty = fault_values_query(cfg, fault_values(cfg, got.get("signal_values", [])))
+    if faulty:  # a packed field holds a fault somewhere: which GPUs (one more query, only then)
+        got["signal_levels"] = got.get("signal_levels", []) + _samples(await prom.query(faulty, time=now))
     b = _Builder(cfg.node_labels, cfg.gpu_uuid_label)
     window_start = now - cfg.xid.event_window_seconds
-    out = Telemetry(queries=len(names))
+    out = Telemetry(queries=len(names) + bool(faulty))
     for s in got["node_fresh"]:
         out.fresh[b.node(s.labels)] = int(s.value)
     for s in got["node_newest"]:

@@ -53,6 +53,15 @@ FAMILIES = [
 ]  # fmt: skip
 
 
+KEYS = "Hostname, hostname, UUID"
+_FLIT = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
+ALTERNATIVES = {
+    "one NVLink counter, rate over 5m": f"max by ({KEYS}) (rate({_FLIT}[300s])) >= 100",
+    "one NVLink counter, rate over 2m": f"max by ({KEYS}) (rate({_FLIT}[120s])) >= 100",
+    "one NVLink counter, offset difference": f"max by ({KEYS}) ({_FLIT} - {_FLIT} offset 300s) >= 30000",
+}
+
+
 def synthetic(n: int, now: float) -> FleetSnapshot:
     """Every GPU with healthy readings of every field; 1 % of nodes with a signal on GPU 0."""
     nodes = []
@@ -158,6 +167,11 @@ async def bench_observe(workdir: Path) -> None:
                   f"{med:.0f} ms (min {low:.0f}); ok={snap.prometheus_ok}; decide {decide_ms:.0f} ms; "
                   f"signals holding: {held or 'none'}")  # fmt: skip
             print(f"  one query at a time (ms/series answered): {', '.join(each)}")
+        async with prom.client(timeout_seconds=60, retries=0) as client:
+            for label, promql in ALTERNATIVES.items():  # cheaper forms of the rate query, measured
+                t0 = time.perf_counter()
+                await client.query(promql)
+                print(f"  alternative {label}: {(time.perf_counter() - t0) * 1000:.0f} ms")
     finally:
         await prom.stop()
         await sim.stop()

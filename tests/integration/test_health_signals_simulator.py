@@ -94,7 +94,7 @@ async def test_simulated_signals_are_graded(fleet: tuple[RunningSimulator, Local
     sim, prom = fleet
     passes = Passes(prom)
     assert outcome(await passes.plan()) == {}  # the simulator's healthy readings are read as healthy
-    assert passes.queries == 16
+    assert passes.queries == 17  # 12 XID/ECC + 5 signal queries; no packed field holds a fault yet
     faults = [
         {"kind": "fabric_manager", "node": "sim-node-0", "gpu": 2, "value": 4, "error_code": 7},
         {"kind": "clock_event", "node": "sim-node-1", "gpu": 0, "value": 0x41},

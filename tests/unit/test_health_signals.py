@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from controller.health.signals import (
     FABRIC_HEALTH_FIELDS,
     clock_event_reasons,
-    fabric_fault_promql,
     fabric_health_faults,
     fabric_manager_status,
 )
@@ -60,13 +59,6 @@ HEALTHY = dict(degraded_bw=2, route_recovery=2, route_unhealthy=2, access_timeou
 )  # fmt: skip
 def test_fabric_health_faults(mask: int, faults: tuple[str, ...]) -> None:
     assert fabric_health_faults(mask) == faults
-
-
-def test_fabric_fault_promql_names_each_sub_field() -> None:
-    q = fabric_fault_promql("m")
-    assert "(floor(m / 1) % 4) == 1" in q
-    assert "(floor(m / 64) % 4) == 1" in q
-    assert "((floor(m / 256) % 16) >= 2)" in q
 
 
 @pytest.mark.parametrize(
@@ -167,3 +159,28 @@ def test_docs_table_names_every_signal_with_its_default_action() -> None:
         assert rows[name][3] == getattr(cfg, name).action, name
         policy = getattr(cfg, name)
         assert rows[name][4] == f"{policy.consecutive} / {'yes' if policy.boot_grace else 'no'}", name
+
+
+def test_packed_values_are_decoded_before_any_gpu_is_asked_for() -> None:
+    from controller.health.signal_queries import fault_values, fault_values_query
+    from gpuwarden.promtypes import Sample
+
+    mask, clock = "DCGM_FI_DEV_FABRIC_HEALTH_MASK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+    answer = [
+        Sample({"__name__": mask, "value": "426"}, 0.0, 39990),  # 0x1AA: healthy, non-zero
+        Sample({"__name__": mask, "value": "0"}, 0.0, 8),  # not supported
+        Sample({"__name__": mask, "value": "422"}, 0.0, 2),  # 0x1A6: route recovery
+        Sample({"__name__": clock, "value": "1"}, 0.0, 39000),  # idle
+        Sample({"__name__": clock, "value": "53"}, 0.0, 5),  # 0x35: SW thermal (observe) + normal bits
+        Sample({"__name__": clock, "value": "65"}, 0.0, 3),  # 0x41: HW thermal
+    ]
+    cfg = HealthConfig()
+    values = fault_values(cfg, answer)
+    assert values == {mask: [422], clock: [53, 65]}
+    q = fault_values_query(cfg, values)
+    assert f"{mask}{{}} == 422" in q and f"{clock}{{}} == 53 or {clock}{{}} == 65" in q
+    quiet = [s for s in answer if s.labels["value"] in ("426", "0", "1")]
+    assert fault_values(cfg, quiet) == {} and fault_values_query(cfg, {}) == ""  # no second query
+    signals = {"sw_thermal": {"action": "off"}, "fabric_health": {"ignore_faults": ["route_recovery"]}}
+    off = HealthConfig.model_validate({"signals": signals})
+    assert fault_values(off, answer) == {clock: [65]}
