@@ -52,6 +52,7 @@ def per_node(agg: str, selector: str) -> str:
     return f'{agg} by (node) ({by_node(selector)}) and on (node) node:dcgm_gpus:count{{node=~"$node"}}'
 
 
+FM_STATUS = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
 RESOURCE_AGE = 'gpuwarden_adapter_served_value_age_seconds_bucket{api="resource"}'
 
 
@@ -563,6 +564,62 @@ def fleet_health() -> Dashboard:
                 unit="cps",
                 width=8,
                 description="Corrected errors; a rising trend lowers the extender's score for the node.",
+            ),
+            Row("Fabric and degradation"),
+            Panel(
+                "Signals holding, by signal and state",
+                [
+                    Target(
+                        "max by (signal, action, state) (gpuwarden_health_signals)",
+                        "{{signal}} {{action}} {{state}}",
+                    )
+                ],
+                stack=True,
+                description="GPUs (or nodes, for NVSwitch and admission signals) where a graded signal held "
+                "at the last pass: confirmed (acted on per its action), debouncing (not yet `consecutive` "
+                "passes), boot-grace (ignored after a reboot).",
+            ),
+            Panel(
+                "Degraded nodes (GPUDegraded) by signal",
+                [Target("max by (signal) (gpuwarden_health_degraded_nodes)", "{{signal}}")],
+                stack=True,
+                description="Nodes with condition GPUDegraded=True: slower, not broken; no taint.",
+            ),
+            Panel(
+                "Stalled GPUs (fresh samples, frozen values)",
+                [Target("max(gpuwarden_health_stalled_gpus)", "stalled")],
+                thresholds=[(None, "green"), (1, "orange")],
+                description="Their nodes are unknown: never quarantined or released on frozen data.",
+            ),
+            Panel(
+                "Fabric Manager not Success",
+                [Target(per_gpu(f"({FM_STATUS} != 3 and {FM_STATUS} != 0)"))],
+                kind="table",
+                description="dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 4 failure, 5 "
+                "unrecognized, 6 NVML too old (0 not supported and 3 success are left out).",
+            ),
+            Panel(
+                "NVLink errors per second, worst GPU per node",
+                [
+                    Target(
+                        per_node(
+                            "max", "rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL[$__rate_interval])"
+                        ),
+                        "{{node}}",
+                    )
+                ],
+                unit="cps",
+                description="CRC flit errors; gpuwarden sums the four NVLink error counters (100/s counts).",
+            ),
+            Panel(
+                "PCIe replays per minute, worst GPU per node",
+                [
+                    Target(
+                        per_node("max", "rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER[$__rate_interval]) * 60"),
+                        "{{node}}",
+                    )
+                ],
+                description="8 per minute degrades the node (health.signals.pcie_replay).",
             ),
             Row("Telemetry coverage"),
             Panel(

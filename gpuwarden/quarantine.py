@@ -103,6 +103,12 @@ class QuarantineRecord:
     released_at: float | None = None
     released_by: str = ""
     suppressed: tuple[str, ...] = field(default=())
+    # Validation before release (validation.py): the Job running now, when it started, how many ran, why each
+    # failed. Kept across passes on the Node so a restarted controller follows the same Job.
+    validation_job: str = ""
+    validation_started: float | None = None
+    validation_attempts: int = 0
+    validation_failures: tuple[str, ...] = ()
 
     @property
     def first_seen(self) -> float | None:
@@ -140,6 +146,13 @@ class QuarantineRecord:
             body["released_by"] = self.released_by
         if self.suppressed:
             body["suppressed"] = sorted(self.suppressed)
+        if self.validation_job or self.validation_attempts or self.validation_failures:
+            body["validation"] = {
+                "job": self.validation_job,
+                "started": iso(self.validation_started),
+                "attempts": self.validation_attempts,
+                "failures": list(self.validation_failures),
+            }
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -151,6 +164,9 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise ValueError("not a JSON object")
+        validation = raw.get("validation") or {}
+        if not isinstance(validation, dict):
+            raise ValueError("validation is not an object")
         state = raw.get("state")
         if state not in ("quarantined", "released"):
             raise ValueError(f"unknown state {state!r}")
@@ -167,6 +183,10 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
                 released_at=parse_iso(raw.get("released_at")),
                 released_by=str(raw.get("released_by", "")),
                 suppressed=tuple(str(s) for s in raw.get("suppressed", [])),
+                validation_job=str(validation.get("job", "")),
+                validation_started=parse_iso(validation.get("started")),
+                validation_attempts=int(validation.get("attempts", 0)),
+                validation_failures=tuple(str(f) for f in validation.get("failures", [])),
             ),
             "",
         )

@@ -33,6 +33,11 @@ GPU_HEALTHY_CONDITION = "GPUHealthy"
 GPU_DEGRADED_CONDITION = "GPUDegraded"
 """Node condition type for degradation signals graded `degrade` (no taint)."""
 
+EXPECTED_GPUS = "gpuwarden.io/expected-gpus"
+"""Node label (the default of `health.signals.expected_gpus_label`): the node's expected GPU count."""
+VALIDATION_NODE = "gpuwarden.io/validation-node"
+"""Label on a validation Job (and its pods): the node it validates before the quarantine is released."""
+
 # --- nodes: GPU topology ------------------------------------------------------------------------------------
 GPU_TOPOLOGY = "gpuwarden.io/gpu-topology"
 """Node annotation, JSON: GPU id -> {numa, pcie, nvlink, uuid} (written by the node agent)."""

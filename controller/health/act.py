@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import BREAKER_DATA_KEY, encode_breaker
+from controller.health.observe import BREAKER_DATA_KEY, JOBS, encode_breaker
 from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
 from controller.health.snapshot import BreakerState
-from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
     CONFIG_MAPS,
     NODES,
@@ -40,7 +40,6 @@ from gpuwarden.kube import (
 )
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
-from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
@@ -92,9 +91,10 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
 
 
 def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime) -> JsonObject | None:
-    """Strategic-merge status patch setting `GPUHealthy`; lastTransitionTime moves only on a status change."""
+    """Strategic-merge status patch setting our condition (`GPUHealthy`, or `update.type`: `GPUDegraded`);
+    lastTransitionTime moves only on a status change."""
     conditions = (current.get("status") or {}).get("conditions") or []
-    old = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+    old = next((c for c in conditions if c.get("type") == update.type), None)
     if old and (old.get("status"), old.get("reason"), old.get("message")) == (
         update.status,
         update.reason,
@@ -104,7 +104,7 @@ def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime
     stamp = wall.isoformat(timespec="seconds").replace("+00:00", "Z")
     changed = old is None or old.get("status") != update.status
     cond = {
-        "type": CONDITION_TYPE,
+        "type": update.type,
         "status": update.status,
         "reason": update.reason,
         "message": update.message[:1024],
@@ -127,9 +127,11 @@ class Actuator:
         concurrency: int = 8,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         breaker_configmap: str = BREAKER_CONFIGMAP,
+        job_namespace: str = "",
     ) -> None:
         self.client, self.events, self.metrics = client, events, metrics
         self.namespace = namespace
+        self.job_namespace = job_namespace or namespace
         self.breaker_configmap = breaker_configmap
         self._sem = asyncio.Semaphore(concurrency)
         self._wall = wall
@@ -155,6 +157,8 @@ class Actuator:
             )
             if not dry_run:
                 try:
+                    if action.create_job is not None:
+                        await self._create_job(action.create_job, result)
                     await self._write_node(action, result)
                 except KubeNotFound:
                     log.info("node gone before the write; nothing to do", extra=extra)
@@ -170,6 +174,14 @@ class Actuator:
                     )
             if action.event is not None:
                 await self._event(ObjectRef("v1", "Node", action.node), action.event, dry_run, result)
+
+    async def _create_job(self, job: JsonObject, result: ActResult) -> None:
+        """Create a validation Job (before the record names it); one that already exists is ours: fine."""
+        try:
+            await self.client.create(JOBS, job, namespace=self.job_namespace)
+            result.writes += 1
+        except KubeConflict:
+            log.info("validation Job exists already", extra={"job": job.get("metadata", {}).get("name")})
 
     async def _write_node(self, action: Action, result: ActResult) -> None:
         wrote = False

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 
 from controller.health import breaker
 from controller.health import plan as p
-from controller.health.findings import Assessment, Finding, assess_node, recovery_holds
-from controller.health.policy import HealthPolicy
+from controller.health.degrade import plan_degraded
+from controller.health.findings import Assessment, Finding, assess_node, fresh_gpus, recovery_holds
+from controller.health.grading import FleetGrading, Graded, grade_fleet
+from controller.health.policy import HealthPolicy, reason_class
 from controller.health.snapshot import EFFECT_STRENGTH, FleetSnapshot, NodeState, Taint
+from controller.health.validation import plan_validation
 from gpuwarden.quarantine import QuarantineRecord, decode, iso
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -48,8 +51,22 @@ class _Work:
 def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.Plan:
     """Decide every quarantine, release, bookkeeping update and skip for this loop."""
     work = _Work()
-    for node in sorted(snapshot.nodes, key=lambda n: n.name):
-        _plan_node(node, snapshot, policy, now, work)
+    nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+    assessments = {n.name: assess_node(n, policy, now) if snapshot.prometheus_ok else None for n in nodes}
+    known = {
+        n.name: (n, fresh_gpus(n, policy, now))
+        for n in nodes
+        if not n.excluded and (a := assessments[n.name]) is not None and a.status != "unknown"
+    }
+    grading = grade_fleet(known, policy.signals, snapshot.streaks, now)
+    for node in nodes:
+        assessment = assessments[node.name]
+        if node.name in known:
+            extra = tuple(_signal_finding(g, policy) for g in _quarantining(node, grading))
+            if extra:
+                assessment = assess_node(node, policy, now, extra)
+            _plan_signals(node, grading, work)
+        _plan_node(node, assessment, snapshot, policy, now, work)
     gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_capacity > 0 and not n.excluded)
     breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
     for node, findings, keep in admitted:
@@ -64,17 +81,96 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
         healthy=work.healthy,
         gpu_nodes=gpu_nodes,
         stats=dict(stats),
+        signals=_signal_statuses(grading),
+        streaks=grading.streaks,
+        stalled_gpus=sum(len(a.stalled) for a in assessments.values() if a is not None),
     )
 
 
-def _plan_node(node: NodeState, snap: FleetSnapshot, policy: HealthPolicy, now: float, work: _Work) -> None:
+def _quarantining(node: NodeState, grading: FleetGrading) -> tuple[Graded, ...]:
+    """Confirmed `quarantine` signals, plus those still debouncing that are already our node's evidence:
+    streaks restart with the controller, and a quarantine must not start its healthy period for that."""
+    confirmed = grading.confirmed(node.name, "quarantine")
+    if node.our_taint is None:
+        return confirmed
+    record, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+    held = record.fingerprints if record is not None else frozenset()
+    again = tuple(
+        g
+        for g in grading.pending(node.name)
+        if g.action == "quarantine" and f"{g.hit.reason}/{g.hit.gpu}" in held
+    )
+    return confirmed + again
+
+
+def _signal_finding(g: Graded, policy: HealthPolicy) -> Finding:
+    """A confirmed `quarantine` signal as a finding: the breaker, the record and the release treat it like
+    any other evidence (released after the healthy period once the signal no longer holds)."""
+    h = g.hit
+    return Finding(
+        h.reason,
+        reason_class(h.reason, policy.catalog),
+        True,
+        f"{h.why} ({g.count} consecutive passes)",
+        gpu=h.gpu,
+        value=h.value,
+        first_seen=g.since,
+        recovery="none",
+    )
+
+
+def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
+    """Skips that explain signals not (yet) acted on, and the GPUDegraded change."""
+    name = node.name
+    pending = grading.pending(name)
+    if pending:
+        work.skip(
+            name,
+            p.SKIP_DEBOUNCING,
+            "; ".join(f"{g.hit.why}: {g.count}/{g.needed} consecutive passes" for g in pending),
+        )
+    silenced = grading.in_grace.get(name, ())
+    if silenced:
+        work.skip(
+            name,
+            p.SKIP_BOOT_GRACE,
+            "inside the boot grace after the node's (re)boot: " + "; ".join(h.why for h in silenced),
+        )
+    observed = grading.confirmed(name, "observe")
+    if observed:
+        work.skip(name, p.SKIP_OBSERVED, "; ".join(g.hit.why for g in observed))
+    holding = tuple(g for g in pending if g.action == "degrade")
+    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding)
+    if action is not None:
+        work.actions.append(action)
+
+
+def _signal_statuses(grading: FleetGrading) -> tuple[p.SignalStatus, ...]:
+    out: list[p.SignalStatus] = []
+    for node, graded in sorted(grading.graded.items()):
+        for g in graded:
+            state: p.SignalState = "confirmed" if g.confirmed else "debouncing"
+            out.append(p.SignalStatus(node, g.hit.signal, g.hit.gpu, g.action, state))
+    for node, hits in sorted(grading.in_grace.items()):
+        for h in hits:
+            out.append(p.SignalStatus(node, h.signal, h.gpu, "", "boot-grace"))
+    return tuple(out)
+
+
+def _plan_node(
+    node: NodeState,
+    assessment: Assessment | None,
+    snap: FleetSnapshot,
+    policy: HealthPolicy,
+    now: float,
+    work: _Work,
+) -> None:
     if node.excluded:
         work.skip(node.name, p.SKIP_EXCLUDED, "label gpuwarden.io/exclude=true: never touched")
         return
     record, error = decode(node.annotations.get(RECORD_ANNOTATION))
     if error:
         work.skip(node.name, p.SKIP_BAD_RECORD, f"annotation {RECORD_ANNOTATION} {error}; treated as absent")
-    assessment = assess_node(node, policy, now) if snap.prometheus_ok else None
     taint = node.our_taint
     if taint is not None:
         if record is None or record.state != "quarantined":
@@ -94,7 +190,8 @@ def _unknown(node: NodeState, assessment: Assessment | None, snap: FleetSnapshot
         )
         return True
     if assessment.status == "unknown":
-        work.skip(node.name, p.SKIP_UNKNOWN, f"{assessment.why}: nothing added or removed")
+        reason = p.SKIP_STALLED if assessment.stalled else p.SKIP_UNKNOWN
+        work.skip(node.name, reason, f"{assessment.why}: nothing added or removed")
         return True
     return False
 
@@ -130,7 +227,10 @@ def _plan_quarantined(
         new = [f for f in current if f.fingerprint not in record.fingerprints]
         if new or record.healthy_since is not None:
             updated = record.with_(
-                evidence=record.evidence + tuple(f.evidence() for f in new), healthy_since=None
+                evidence=record.evidence + tuple(f.evidence() for f in new),
+                healthy_since=None,
+                validation_job="",  # a validation begun before the evidence returned proves nothing
+                validation_started=None,
             )
             why = f"new evidence: {', '.join(f.fingerprint for f in new)}" if new else "evidence returned"
             work.actions.append(p.Action("update-record", node.name, "evidence-changed", why, record=updated))
@@ -160,7 +260,17 @@ def _plan_quarantined(
     if pending:
         work.skip(node.name, p.SKIP_RECOVERY_PENDING, "; ".join(pending))
         return
-    work.actions.append(_release(node, taint, record, "healthy-period", now, ()))
+    note = ""
+    if policy.validation.enabled:
+        step = plan_validation(node, record, policy.validation, now)
+        if not step.release:
+            if step.action is not None:
+                work.actions.append(step.action)
+            if step.skip is not None:
+                work.skip(node.name, *step.skip)
+            return
+        note = step.note
+    work.actions.append(_release(node, taint, record, "healthy-period", now, (), note))
 
 
 def _plan_free(
@@ -327,16 +437,31 @@ def _quarantine(
 
 
 def _release(
-    node: NodeState, taint: Taint, record: QuarantineRecord, by: str, now: float, dismissed: tuple[str, ...]
+    node: NodeState,
+    taint: Taint,
+    record: QuarantineRecord,
+    by: str,
+    now: float,
+    dismissed: tuple[str, ...],
+    note: str = "",
 ) -> p.Action:
     why = (
         "operator annotation gpuwarden.io/release=now"
         if by == "operator-annotation"
         else "evidence gone for the healthy period and recovery condition holds"
+        + (f"; {note}" if note else "")
     )
     keep = dismissed or record.suppressed
     released = record.with_(
-        state="released", released_at=now, released_by=by, healthy_since=None, suppressed=keep
+        state="released",
+        released_at=now,
+        released_by=by,
+        healthy_since=None,
+        suppressed=keep,
+        validation_job="",
+        validation_started=None,
+        validation_attempts=0,
+        validation_failures=(),
     )
     return p.Action(
         "release",

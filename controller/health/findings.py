@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from controller.health.grading import stalled
 from controller.health.policy import HealthPolicy, reason_class
 from controller.health.snapshot import GpuTelemetry, NodeState
 from gpuwarden.quarantine import Evidence
@@ -50,6 +51,7 @@ class Assessment:
     status: Status
     findings: tuple[Finding, ...] = ()
     why: str = ""
+    stalled: tuple[str, ...] = ()  # UUIDs of stalled GPUs that made the node unknown
 
     @property
     def quarantining(self) -> tuple[Finding, ...]:
@@ -211,17 +213,26 @@ def _memory_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> lis
     return out
 
 
+def expected_gpus(node: NodeState, policy: HealthPolicy) -> tuple[int, str]:
+    """The node's GPU baseline and where it came from: the expected-GPUs label, else its capacity."""
+    raw = node.labels.get(policy.signals.expected_gpus_label, "")
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw), f"label {policy.signals.expected_gpus_label}"
+    return node.gpu_capacity, "node advertises"
+
+
 def _missing_finding(
     node: NodeState, fresh: list[GpuTelemetry], count: int, policy: HealthPolicy, now: float
 ) -> Finding:
-    """Fewer fresh GPUs than the node advertises while others report: a GPU fell off (XID 79 or worse)."""
-    missing = node.gpu_capacity - count
+    """Fewer fresh GPUs than the node's baseline while others report: a GPU fell off (XID 79 or worse)."""
+    expected, source = expected_gpus(node, policy)
+    missing = expected - count
     gone = [g.last_sample for g in node.gpus or () if g not in fresh and g.last_sample is not None]
     never_seen = len(gone) < missing  # some GPU has not reported at all within observe's lookback
     since = None if never_seen or not gone else min(gone)
     gone_for = float("inf") if since is None else now - since
     grace = policy.gpu_missing_grace
-    what = f"node advertises {node.gpu_capacity} GPUs, DCGM reports {count} ({missing} missing"
+    what = f"{source} {expected} GPUs, DCGM reports {count} ({missing} missing"
     if grace is None:
         why, quarantine = f"{what}; health.gpu_missing_grace_seconds is null)", False
     elif gone_for < grace:
@@ -231,26 +242,48 @@ def _missing_finding(
     return _finding(policy, "gpu-missing", quarantine, why, value=float(count), first_seen=since)
 
 
-def assess_node(node: NodeState, policy: HealthPolicy, now: float) -> Assessment:
-    """Healthy, faulty or unknown, with every finding (quarantining or not) and a reason for unknown."""
+def fresh_gpus(node: NodeState, policy: HealthPolicy, now: float) -> list[GpuTelemetry]:
+    """The node's GPUs with a sample younger than the staleness limit."""
+    return [
+        g for g in node.gpus or () if g.last_sample is not None and now - g.last_sample <= policy.staleness
+    ]
+
+
+def assess_node(
+    node: NodeState, policy: HealthPolicy, now: float, extra: tuple[Finding, ...] = ()
+) -> Assessment:
+    """Healthy, faulty or unknown, with every finding (quarantining or not) and a reason for unknown.
+
+    `extra`: findings from the graded signals (`grading.py`, already debounced), added to a known node's.
+    """
     if node.gpus is None or (not node.gpus and not node.fresh_gpus):
         return Assessment(
             "unknown",
             why="no DCGM telemetry for this node (exporter down, absent, or node-identity label mismatch)",
         )
-    fresh = [g for g in node.gpus if g.last_sample is not None and now - g.last_sample <= policy.staleness]
+    fresh = fresh_gpus(node, policy, now)
     count = node.fresh_gpus if node.fresh_gpus is not None else len(fresh)
     if not count:
         seen = [g.last_sample for g in node.gpus if g.last_sample is not None]
         newest = node.newest_sample if node.newest_sample is not None else max(seen, default=None)
         age = f"{now - newest:.0f}s old" if newest is not None else "no presence samples"
         return Assessment("unknown", why=f"DCGM telemetry is stale ({age} > {policy.staleness:.0f}s)")
+    frozen = stalled(node, policy.signals)
+    if frozen:
+        return Assessment(
+            "unknown",
+            why=f"DCGM telemetry stalled: {policy.signals.stall_metric} unchanged for "
+            f"{policy.signals.stall_seconds:.0f}s on {', '.join(frozen)}",
+            stalled=frozen,
+        )
     findings: list[Finding] = []
     for gpu in fresh:
         findings.extend(_xid_findings(gpu, policy))
         findings.extend(_memory_findings(gpu, policy, now))
-    if node.gpu_capacity and count < node.gpu_capacity:
+    expected, _ = expected_gpus(node, policy)
+    if expected and count < expected:
         findings.append(_missing_finding(node, fresh, count, policy, now))
+    findings.extend(extra)
     status: Status = "faulty" if any(f.quarantine for f in findings) else "healthy"
     return Assessment(status, tuple(findings))
 

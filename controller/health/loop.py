@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -25,19 +26,25 @@ from prometheus_client import CollectorRegistry
 from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import Observer
+from controller.health.observe import JOBS, Observer
 from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy, policy_from_config
+from controller.health.series import absent_series, presence_query
+from controller.health.snapshot import Streak
 from controller.health.telemetry import Querier
 from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeError, PrometheusError
 from gpuwarden.kube import (
     NODES,
+    PODS,
     EventRecorder,
     Informer,
     JsonObject,
     KubeClient,
 )
 from gpuwarden.promclient import PrometheusClient
+from gpuwarden.promtypes import Vector
+from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
 log = logging.getLogger(__name__)
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -90,8 +97,10 @@ class HealthLoop:
             self.metrics,
             namespace=self.namespace,
             breaker_configmap=config.health.breaker.configmap_name,
+            job_namespace=config.health.validation.namespace,
         )
         self.last_plan: Plan | None = None
+        self.streaks: dict[str, Streak] = {}  # debounce state between passes (see debounce.py)
 
     async def plan(self, nodes: list[JsonObject] | None = None) -> Plan:
         """Observe and decide at `clock()` — no writes (what `gpuwarden plan` prints).
@@ -102,7 +111,11 @@ class HealthLoop:
         now = self.clock()
         breaker = await self.actuator.read_breaker()
         objects = self.informer.objects() if nodes is None else nodes
-        snapshot = await self.observer.observe(self.prom, objects, breaker, now)
+        failed = await self._failed_pods()
+        jobs = await self._validation_jobs()
+        snapshot = await self.observer.observe(
+            self.prom, objects, breaker, now, streaks=self.streaks, failed_pods=failed, jobs=jobs
+        )
         observed = time.perf_counter()
         plan = plan_quarantine(snapshot, self.policy, now)
         self.metrics.loop_duration.labels("observe").observe(observed - started)
@@ -110,9 +123,44 @@ class HealthLoop:
         self.metrics.observe_pass(snapshot, plan)
         return plan
 
+    async def _failed_pods(self) -> list[JsonObject] | None:
+        """Pods in phase Failed (for `admission_failures`); None when that signal is off or the list failed
+        (then no node gets a count: not read is not zero)."""
+        if self.config.health.signals.admission_failures.action == "off":
+            return None
+        try:
+            listed = await self.kube.list_objects(
+                PODS, field_selector="status.phase=Failed", limit=self.config.kubernetes.list_page_size
+            )
+        except KubeError as exc:
+            log.warning(
+                "failed pods not listed; admission failures unknown this pass", extra={"error": str(exc)}
+            )
+            return None
+        return listed.items
+
+    async def _validation_jobs(self) -> list[JsonObject]:
+        """Our validation Jobs (label gpuwarden.io/validation-node); [] when validation is off.
+
+        A failed list raises: deciding a release without knowing the Job's outcome is not allowed, and the
+        loop retries next interval."""
+        if not self.config.health.validation.enabled:
+            return []
+        listed = await self.kube.list_objects(
+            JOBS,
+            namespace=self.actuator.job_namespace,
+            label_selector=VALIDATION_NODE_LABEL,
+            limit=self.config.kubernetes.list_page_size,
+        )
+        return listed.items
+
     async def run_once(self, leading: asyncio.Event | None = None) -> Plan:
-        """One full pass: observe, decide, act (act honours dry-run). Acts only if still `leading`."""
+        """One full pass: observe, decide, act (act honours dry-run). Acts only if still `leading`.
+
+        The debounce streaks advance on every pass, applied or not (they describe what was observed).
+        """
         plan = await self.plan()
+        self.streaks = dict(plan.streaks)
         if leading is not None and not leading.is_set():
             log.info("lost leadership during the pass; plan not applied")
             return plan
@@ -161,7 +209,15 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
     """`gpuwarden plan`: list nodes once, observe, decide; changes nothing (not even Events)."""
     async with PrometheusClient(config.prometheus) as prom, _kube(config, kubeconfig, None) as kube:
         nodes = await kube.list_objects(NODES, limit=config.kubernetes.list_page_size)
-        return await plan_from(config, prom, kube, nodes.items)
+        plan = await plan_from(config, prom, kube, nodes.items)
+        try:
+            result = await prom.query(presence_query(config.health))
+        except PrometheusError:
+            return plan  # the plan already says Prometheus is unavailable
+        present = (
+            {s.labels.get("__name__", "") for s in result.samples} if isinstance(result, Vector) else set()
+        )
+        return replace(plan, absent_series=absent_series(config.health, present))
 
 
 async def plan_from(

@@ -29,6 +29,26 @@ class HealthMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._quarantined: dict[tuple[str, ...], float] = {}
         self._skips: dict[tuple[str, ...], float] = {}
+        self._signals: dict[tuple[str, ...], float] = {}
+        self._degraded: dict[tuple[str, ...], float] = {}
+        registry.register(
+            SnapshotCollector(
+                "gpuwarden_health_signals",
+                "Fabric/degradation signals holding at the last pass, in GPUs (or nodes, for node-level "
+                "signals), by signal, action and state (confirmed, debouncing, boot-grace).",
+                ["signal", "action", "state"],
+                lambda: dict(self._signals),
+            )
+        )
+        registry.register(
+            SnapshotCollector(
+                "gpuwarden_health_degraded_nodes",
+                "Nodes with a confirmed degrade-class signal at the last pass (condition GPUDegraded=True), "
+                "by signal.",
+                ["signal"],
+                lambda: dict(self._degraded),
+            )
+        )
         registry.register(
             SnapshotCollector(
                 "gpuwarden_health_quarantined_nodes",
@@ -96,6 +116,12 @@ class HealthMetrics:
             "GPU nodes whose telemetry was missing or stale at the last pass.",
             registry=registry,
         )
+        self.stalled_gpus = Gauge(
+            "gpuwarden_health_stalled_gpus",
+            "GPUs whose DCGM samples are fresh but frozen (health.signals.stall_metric unchanged): their "
+            "nodes are unknown.",
+            registry=registry,
+        )
         self.last_pass = Gauge(
             "gpuwarden_health_last_pass_timestamp_seconds",
             "Unix time of the last completed pass.",
@@ -116,8 +142,18 @@ class HealthMetrics:
         samples += [g.last_sample for n in snapshot.nodes for g in n.gpus or () if g.last_sample is not None]
         self.data_age.set(snapshot.taken_at - max(samples) if samples else float("nan"))
         self.unknown_nodes.set(
-            len(plan.skips_of("telemetry-unknown")) + len(plan.skips_of("prometheus-unavailable"))
+            len(plan.skips_of("telemetry-unknown"))
+            + len(plan.skips_of("prometheus-unavailable"))
+            + len(plan.skips_of("telemetry-stalled"))
         )
+        self.stalled_gpus.set(plan.stalled_gpus)
+        self._signals = {
+            k: float(n) for k, n in Counter((s.signal, s.action, s.state) for s in plan.signals).items()
+        }
+        degraded = {
+            (s.node, s.signal) for s in plan.signals if s.action == "degrade" and s.state == "confirmed"
+        }
+        self._degraded = {(sig,): float(n) for sig, n in Counter(sig for _, sig in degraded).items()}
         for action in plan.actions:
             self.actions.labels(action.kind, action.reason, str(plan.dry_run).lower()).inc()
         self.last_pass.set(plan.now)

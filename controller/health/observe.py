@@ -13,21 +13,33 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from controller.health.snapshot import BreakerState, ConditionState, FleetSnapshot, NodeState, Taint
+from controller.health.snapshot import (
+    BreakerState,
+    ConditionState,
+    FleetSnapshot,
+    JobState,
+    NodeState,
+    Streak,
+    Taint,
+)
 from controller.health.telemetry import Querier, Queries, Telemetry, build_queries, read_telemetry
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
+from gpuwarden.kube.resources import Resource
 from gpuwarden.quarantine import iso, parse_iso
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
+from gpuwarden.wellknown import GPU_DEGRADED_CONDITION as DEGRADED_CONDITION
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
+from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 BREAKER_DATA_KEY = "state"
 
 
@@ -44,7 +56,10 @@ def node_state(obj: JsonObject, gpu_resource: str = "nvidia.com/gpu") -> NodeSta
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    cond = next((c for c in status.get("conditions") or [] if c.get("type") == CONDITION_TYPE), None)
+    conditions = status.get("conditions") or []
+    cond = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
+    degraded = next((c for c in conditions if c.get("type") == DEGRADED_CONDITION), None)
+    allocatable = (status.get("allocatable") or {}).get(gpu_resource)
     return NodeState(
         name=str(meta.get("name", "")),
         labels=dict(meta.get("labels") or {}),
@@ -58,7 +73,72 @@ def node_state(obj: JsonObject, gpu_resource: str = "nvidia.com/gpu") -> NodeSta
         unschedulable=bool(spec.get("unschedulable", False)),
         condition=ConditionState(str(cond.get("status", "")), str(cond.get("reason", "")),
                                  str(cond.get("message", ""))) if cond else None,
+        ready_since=ready_since(conditions),
+        gpu_allocatable=None if allocatable is None else _quantity(allocatable),
+        degraded=ConditionState(str(degraded.get("status", "")), str(degraded.get("reason", "")),
+                                str(degraded.get("message", ""))) if degraded else None,
     )  # fmt: skip
+
+
+def ready_since(conditions: list[JsonObject]) -> float | None:
+    """When the node last became Ready (its Ready condition's lastTransitionTime while True): the (re)boot
+    time the boot grace counts from. None when not Ready or unreadable: no grace, the signals are read."""
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if not ready or ready.get("status") != "True":
+        return None
+    try:
+        return parse_iso(ready.get("lastTransitionTime"))
+    except ValueError:
+        return None
+
+
+def job_state(obj: JsonObject) -> JobState:
+    """Outcome: succeeded (status.succeeded), failed (condition Failed=True), or running."""
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    status = obj.get("status") or {}
+    if int(status.get("succeeded") or 0) > 0:
+        return JobState(name, "succeeded")
+    failed = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "Failed" and c.get("status") == "True"
+        ),
+        None,
+    )
+    if failed is not None:
+        why = ": ".join(str(x) for x in (failed.get("reason"), failed.get("message")) if x)
+        return JobState(name, "failed", why)
+    return JobState(name, "running")
+
+
+def validation_jobs(jobs: Iterable[JsonObject]) -> dict[str, dict[str, JobState]]:
+    """Per node (our validation-node label): its validation Jobs by name."""
+    out: dict[str, dict[str, JobState]] = {}
+    for job in jobs:
+        node = ((job.get("metadata") or {}).get("labels") or {}).get(VALIDATION_NODE_LABEL)
+        if node:
+            state = job_state(job)
+            out.setdefault(node, {})[state.name] = state
+    return out
+
+
+def admission_failures(pods: Iterable[JsonObject], reasons: Iterable[str], *, since: float) -> dict[str, int]:
+    """Per node: pods rejected at admission (status.reason in `reasons`) created at or after `since`."""
+    wanted = set(reasons)
+    out: dict[str, int] = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or status.get("reason") not in wanted:
+            continue
+        try:
+            created = parse_iso((pod.get("metadata") or {}).get("creationTimestamp"))
+        except ValueError:
+            continue
+        if created is not None and created >= since:
+            out[node] = out.get(node, 0) + 1
+    return out
 
 
 def breaker_state(obj: JsonObject | None) -> BreakerState:
@@ -107,20 +187,40 @@ def join(
     now: float,
     breaker: BreakerState,
     error: str = "",
+    streaks: Mapping[str, Streak] | None = None,
+    admission: Mapping[str, int] | None = None,
+    jobs: Mapping[str, Mapping[str, JobState]] | None = None,
 ) -> FleetSnapshot:
-    """Attach each node's GPUs; `telemetry=None` means Prometheus could not be read."""
+    """Attach each node's GPUs; `telemetry=None` means Prometheus could not be read.
+
+    `streaks`: the debounce state of the previous pass; `admission`: pods rejected at admission per node
+    (None: not read, so no node gets a count).
+    """
     joined: list[NodeState] = []
     matched: set[str] = set()
     for node in nodes:
         gpus, fresh, newest = None, None, None
+        switches: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         if telemetry is not None:
             for ident in node_identity(node):
                 gpus = telemetry.for_node(ident)
                 if gpus is not None:
                     matched.add(ident)
                     fresh, newest = telemetry.fresh.get(ident, 0), telemetry.newest.get(ident)
+                    switches = telemetry.nvswitch.get(ident, switches)
                     break
-        joined.append(replace(node, gpus=gpus, fresh_gpus=fresh, newest_sample=newest))
+        joined.append(
+            replace(
+                node,
+                gpus=gpus,
+                fresh_gpus=fresh,
+                newest_sample=newest,
+                nvswitch_fatal=switches[0],
+                nvswitch_non_fatal=switches[1],
+                admission_failures=None if admission is None else admission.get(node.name, 0),
+                validation_jobs=dict((jobs or {}).get(node.name, {})),
+            )
+        )
     unmatched = tuple(sorted(telemetry.identities() - matched)) if telemetry is not None else ()
     return FleetSnapshot(
         taken_at=now,
@@ -130,6 +230,7 @@ def join(
         breaker=breaker,
         unmatched_telemetry=unmatched,
         queries=telemetry.queries if telemetry is not None else 0,
+        streaks=dict(streaks or {}),
     )
 
 
@@ -144,16 +245,39 @@ class Observer:
         self.queries: Queries = build_queries(cfg, step=step)
 
     async def observe(
-        self, prom: Querier, node_objects: Iterable[JsonObject], breaker_obj: JsonObject | None, now: float
+        self,
+        prom: Querier,
+        node_objects: Iterable[JsonObject],
+        breaker_obj: JsonObject | None,
+        now: float,
+        *,
+        streaks: Mapping[str, Streak] | None = None,
+        failed_pods: Iterable[JsonObject] | None = None,
+        jobs: Iterable[JsonObject] = (),
     ) -> FleetSnapshot:
-        """One snapshot at `now` (Prometheus evaluated at `now`, nodes as given, e.g. from an informer)."""
+        """One snapshot at `now` (Prometheus evaluated at `now`, nodes as given, e.g. from an informer).
+
+        `streaks`: the previous plan's debounce state; `failed_pods`: pods in phase Failed (None: not read);
+        `jobs`: our validation Jobs.
+        """
+        by_node = validation_jobs(jobs)
         nodes = [node_state(o, self.gpu_resource) for o in node_objects]
         breaker = breaker_state(breaker_obj)
+        adm = self.cfg.signals.admission_failures
+        admission = (
+            None
+            if failed_pods is None
+            else admission_failures(failed_pods, adm.reasons, since=now - adm.window_seconds)
+        )
         try:
             telemetry = await read_telemetry(prom, self.queries, self.cfg, now)
         except PrometheusError as exc:
             log.warning("Prometheus unavailable; every node is unknown this pass", extra={"error": str(exc)})
-            return join(nodes, None, now=now, breaker=breaker, error=exc.message)
+            return join(
+                nodes, None, now=now, breaker=breaker, error=exc.message, streaks=streaks, jobs=by_node
+            )
         if telemetry.unattributed:
             log.debug("DCGM series without node or UUID label", extra={"series": telemetry.unattributed})
-        return join(nodes, telemetry, now=now, breaker=breaker)
+        return join(
+            nodes, telemetry, now=now, breaker=breaker, streaks=streaks, admission=admission, jobs=by_node
+        )

@@ -11,11 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from controller.health.snapshot import BreakerState, Taint
+from controller.health.snapshot import BreakerState, Streak, Taint
 from gpuwarden.quarantine import QuarantineRecord, iso
+from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 
-ActionKind = Literal["quarantine", "release", "update-record", "set-condition"]
+ActionKind = Literal[
+    "quarantine", "release", "update-record", "set-condition", "degrade", "clear-degraded", "start-validation"
+]
 EventType = Literal["Normal", "Warning"]
+SignalState = Literal["confirmed", "debouncing", "boot-grace"]
 
 # Skip reasons (stable strings: tests, metrics and the table use them).
 SKIP_EXCLUDED = "excluded"
@@ -28,15 +32,20 @@ SKIP_STILL_FAULTY = "still-faulty"
 SKIP_HEALTHY_PERIOD = "healthy-period-not-elapsed"
 SKIP_RECOVERY_PENDING = "recovery-pending"
 SKIP_BAD_RECORD = "unreadable-record"
+SKIP_STALLED = "telemetry-stalled"  # fresh samples, frozen values: unknown
+SKIP_DEBOUNCING = "signal-debouncing"  # a signal holds, but not yet for `consecutive` passes
+SKIP_BOOT_GRACE = "boot-grace"  # a signal holds inside the node's boot grace
+SKIP_OBSERVED = "signal-observed"  # a confirmed signal whose action is `observe` (metric only)
 
 
 @dataclass(frozen=True, slots=True)
 class ConditionUpdate:
-    """Desired `GPUHealthy` condition."""
+    """Desired node condition: `GPUHealthy` unless `type` says otherwise (`GPUDegraded`)."""
 
     status: Literal["True", "False"]
     reason: str
     message: str
+    type: str = CONDITION_TYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,7 @@ class Action:
     condition: ConditionUpdate | None = None
     event: EventSpec | None = None
     first_seen: float | None = None  # of the fault, for the detection-latency metric
+    create_job: dict[str, Any] | None = None  # a validation Job to create (namespace set by act.py)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -87,10 +97,14 @@ class Action:
             out["remove_release_request"] = True
         if self.condition is not None:
             out["condition"] = {"status": self.condition.status, "reason": self.condition.reason}
+            if self.condition.type != CONDITION_TYPE:
+                out["condition"]["type"] = self.condition.type
         if self.event is not None:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
+        if self.create_job is not None:
+            out["create_job"] = self.create_job.get("metadata", {}).get("name", "")
         return out
 
 
@@ -138,6 +152,17 @@ class BreakerDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalStatus:
+    """One fabric/degradation signal holding on one GPU (or node) this pass, for metrics and the table."""
+
+    node: str
+    signal: str
+    gpu: str
+    action: str  # quarantine | degrade | observe
+    state: SignalState
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Everything one loop decided. `healthy` counts nodes that needed nothing."""
 
@@ -149,6 +174,10 @@ class Plan:
     healthy: int = 0
     gpu_nodes: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+    signals: tuple[SignalStatus, ...] = ()
+    streaks: dict[str, Streak] = field(default_factory=dict)  # debounce state for the next pass
+    stalled_gpus: int = 0
+    absent_series: tuple[str, ...] = ()  # `gpuwarden plan`: required series Prometheus lacks (series.py)
 
     def actions_of(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -157,7 +186,7 @@ class Plan:
         return [s for s in self.skips if s.reason == reason]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "now": iso(self.now),
             "dry_run": self.dry_run,
             "gpu_nodes": self.gpu_nodes,
@@ -166,6 +195,14 @@ class Plan:
             "actions": [a.to_dict() for a in self.actions],
             "skips": [s.to_dict() for s in self.skips],
         }
+        if self.signals:
+            out["signals"] = [
+                {"node": s.node, "signal": s.signal, "gpu": s.gpu, "action": s.action, "state": s.state}
+                for s in self.signals
+            ]
+        if self.absent_series:
+            out["absent_series"] = list(self.absent_series)
+        return out
 
     def render_table(self) -> str:
         """A fixed-width table for `gpuwarden plan -o table`: actions first, then skips."""
@@ -184,4 +221,7 @@ class Plan:
             f"{len(self.skips)} skips, {self.healthy} healthy GPU nodes"
             + (" (dry-run)" if self.dry_run else "")
         )
+        if self.absent_series:
+            lines.append("absent from Prometheus (those checks see nothing: unknown, not healthy):")
+            lines += [f"  {line}" for line in self.absent_series]
         return "\n".join(lines) + "\n"

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from controller.health.catalog import XID_CLASSES, XidCatalog, default_catalog, load_catalog
 from gpuwarden.config.health import HealthConfig
+from gpuwarden.config.health_signals import SignalsConfig
+from gpuwarden.config.health_validation import ValidationConfig
 
 # Non-XID reasons and the class (taint-effect row) they fall under.
 REASON_CLASSES: dict[str, str] = {
@@ -28,6 +30,19 @@ REASON_CLASSES: dict[str, str] = {
     "row-remap-failure": "hw_mem",
     "gpu-missing": "hw_pcie",
     "recovery-action": "fw_drv",
+    # Fabric and degradation signals (signals.py)
+    "nvlink-errors": "hw_link",
+    "nvswitch-fatal": "hw_link",
+    "nvswitch-non-fatal": "hw_link",
+    "fabric-manager": "hw_link",
+    "fabric-health": "hw_link",
+    "pcie-replay": "hw_pcie",
+    "hw-slowdown": "info",
+    "hw-thermal": "info",
+    "sw-thermal": "info",
+    "power-brake": "info",
+    "thermal-margin": "info",
+    "admission-failures": "fw_drv",
 }
 
 
@@ -60,6 +75,8 @@ class HealthPolicy:
     breaker_max_new_per_window: int = 5
     breaker_window: float = 3600.0
     breaker_hold: float = 900.0
+    signals: SignalsConfig = field(default_factory=SignalsConfig)  # graded fabric/degradation signals
+    validation: ValidationConfig = field(default_factory=ValidationConfig)  # a Job before each release
     dry_run: bool = False
 
     def effect_for(self, reason_class: str) -> str:
@@ -98,6 +115,8 @@ def policy_from_config(cfg: HealthConfig, *, dry_run: bool | None = None) -> Hea
         breaker_max_new_per_window=brk.max_new_per_window,
         breaker_window=brk.window_seconds,
         breaker_hold=brk.hold_seconds,
+        signals=cfg.signals,
+        validation=cfg.validation,
         dry_run=cfg.dry_run if dry_run is None else dry_run,
     )
 

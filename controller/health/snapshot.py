@@ -79,6 +79,24 @@ class GpuTelemetry:
     uncorrectable_remapped_rows: float | None = None
     row_remap_failure: float | None = None
     recovery_action: int | None = None  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3, 4
+    # Fabric and degradation signals (signals.py names the series). None = not exported / nothing to say.
+    nvlink_error_rate: float | None = None  # NVLink CRC flit+data, replay, recovery errors per second
+    pcie_replay_rate: float | None = None  # PCIe replays per second
+    clock_event_reasons: int | None = None  # DCGM_FI_DEV_CLOCKS_EVENT_REASONS bit mask
+    thermal_margin: float | None = None  # DCGM_FI_DEV_GPU_TEMP_LIMIT, degrees C before slowdown
+    fabric_manager_status: int | None = None  # dcgmFabricManagerStatus_t
+    fabric_manager_error: int | None = None  # DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE
+    fabric_health_mask: int | None = None  # DCGM_FI_DEV_FABRIC_HEALTH_MASK (packed sub-fields)
+    stalled: bool = False  # fresh samples, but the stall metric has not changed for signals.stall_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A validation Job as the API has it: `running`, `succeeded` or `failed` (with the Job's own why)."""
+
+    name: str
+    state: Literal["running", "succeeded", "failed"]
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +120,13 @@ class NodeState:
     gpus: tuple[GpuTelemetry, ...] | None = None
     fresh_gpus: int | None = None  # GPUs with a fresh sample (observe counts them in Prometheus)
     newest_sample: float | None = None  # newest DCGM sample of the node (None: derive from `gpus`)
+    ready_since: float | None = None  # Ready condition's lastTransitionTime while True: the (re)boot time
+    gpu_allocatable: int | None = None  # status.allocatable of the GPU resource (None: not advertised)
+    degraded: ConditionState | None = None  # our GPUDegraded condition as currently set
+    nvswitch_fatal: tuple[int, ...] = ()  # SXids of NVSwitches with DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS != 0
+    nvswitch_non_fatal: tuple[int, ...] = ()  # ditto for non-fatal
+    admission_failures: int | None = None  # pods rejected at admission within the window (None: not read)
+    validation_jobs: Mapping[str, JobState] = field(default_factory=dict)  # our validation Jobs, by name
 
     @property
     def our_taint(self) -> Taint | None:
@@ -131,6 +156,18 @@ class BreakerState:
 
 
 @dataclass(frozen=True, slots=True)
+class Streak:
+    """How many evaluations in a row one signal has held on one GPU (or node), and since when.
+
+    The debounce state (`debounce.py`). It lives in the controller's memory between passes: a restart or a
+    new leader starts every streak at zero, which only delays an action by `consecutive` passes (safe side).
+    """
+
+    count: int
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class FleetSnapshot:
     """The whole input of one decision. `prometheus_ok=False` makes every telemetry-driven change a skip."""
 
@@ -141,3 +178,4 @@ class FleetSnapshot:
     breaker: BreakerState = BreakerState()
     unmatched_telemetry: tuple[str, ...] = ()  # node identities in Prometheus with no Node object
     queries: int = 0  # Prometheus queries it took (for the bench and self-metrics)
+    streaks: Mapping[str, Streak] = field(default_factory=dict)  # debounce state carried between passes

@@ -21,6 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from controller.health.signal_queries import (
+    LEVEL_FIELDS,
+    RATE_FIELDS,
+    fault_values,
+    fault_values_query,
+    read_nvswitch,
+    signal_queries,
+)
 from controller.health.snapshot import GpuTelemetry, XidObservation
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.promtypes import InstantResult, Sample, Vector
@@ -69,6 +77,12 @@ class Queries:
     retired_dbe_week: str
     use_gauge: bool = True
     use_count: bool = True
+    # Fabric and degradation signals (signal_queries.py); "" when every signal it serves is off.
+    signal_values: str = ""
+    signal_levels: str = ""
+    signal_rates: str = ""
+    nvswitch: str = ""
+    stalled: str = ""
 
     def all(self) -> dict[str, str]:
         names = [
@@ -84,6 +98,8 @@ class Queries:
             names += ["xid_current", "xid_first_seen"]
         if self.use_count:
             names += ["count_recent", "count_first_seen", "count_repeat"]
+        signal = ("signal_values", "signal_levels", "signal_rates", "nvswitch", "stalled")
+        names += [n for n in signal if getattr(self, n)]
         return {n: getattr(self, n) for n in names}
 
 
@@ -110,7 +126,9 @@ def build_queries(cfg: HealthConfig, *, step: float | None = None) -> Queries:
     levels = "|".join(LEVELS)
     count_sel = sel(XID_COUNT, 'xid!=""')
     xid_sel = sel(XID_GAUGE, 'err_code!="0"')  # older exporters emit err_code="0" for "no XID"
+    signal = signal_queries(cfg, sel)
     return Queries(
+        **signal,
         node_fresh=f"count by ({node_keys}) (timestamp({sel(PRESENCE_METRIC)}) > time() - {stale[:-1]})",
         node_newest=f"max by ({node_keys}) (timestamp({sel(PRESENCE_METRIC)}))",
         gpu_stale=f"max by ({keys}, gpu) (max_over_time(timestamp({sel(PRESENCE_METRIC)})[{lookback}:{s}])) "
@@ -141,6 +159,9 @@ class Telemetry:
     gpus: dict[str, dict[str, GpuTelemetry]] = field(default_factory=dict)
     fresh: dict[str, int] = field(default_factory=dict)
     newest: dict[str, float] = field(default_factory=dict)
+    nvswitch: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict
+    )  # fatal, non-fatal
     queries: int = 0
     unattributed: int = 0
 
@@ -194,9 +215,12 @@ async def read_telemetry(prom: Querier, queries: Queries, cfg: HealthConfig, now
     names = queries.all()
     results = await asyncio.gather(*(prom.query(q, time=now) for q in names.values()))
     got = dict(zip(names, map(_samples, results), strict=True))
+    faulty = fault_values_query(cfg, fault_values(cfg, got.get("signal_values", [])))
+    if faulty:  # a packed field holds a fault somewhere: which GPUs (one more query, only then)
+        got["signal_levels"] = got.get("signal_levels", []) + _samples(await prom.query(faulty, time=now))
     b = _Builder(cfg.node_labels, cfg.gpu_uuid_label)
     window_start = now - cfg.xid.event_window_seconds
-    out = Telemetry(queries=len(names))
+    out = Telemetry(queries=len(names) + bool(faulty))
     for s in got["node_fresh"]:
         out.fresh[b.node(s.labels)] = int(s.value)
     for s in got["node_newest"]:
@@ -214,6 +238,21 @@ async def read_telemetry(prom: Querier, queries: Queries, cfg: HealthConfig, now
     b.put(got["dbe_increase"], "dbe_volatile_increase")
     b.put(got["sbe_rate"], "sbe_volatile_rate")
     b.put(got["retired_dbe_week"], "retired_dbe_increase_week")
+    for s in got.get("signal_levels", []):
+        attr = LEVEL_FIELDS.get(s.labels.get("field", ""))
+        k = b.key(s.labels)
+        if attr and k is not None and not math.isnan(s.value):
+            b.fields.setdefault(k, {})[attr] = s.value if attr == "thermal_margin" else int(s.value)
+    for s in got.get("signal_rates", []):
+        attr = RATE_FIELDS.get(s.labels.get("field", ""))
+        k = b.key(s.labels)
+        if attr and k is not None and not math.isnan(s.value):
+            b.fields.setdefault(k, {})[attr] = s.value
+    for s in got.get("stalled", []):
+        k = b.key(s.labels)
+        if k is not None:
+            b.fields.setdefault(k, {})["stalled"] = True
+    out.nvswitch = read_nvswitch(got.get("nvswitch", []), b.node)
     if queries.use_gauge:
         b.put(got["xid_current"], "xid_last", int)
         for s in got["xid_first_seen"]:

@@ -27,6 +27,8 @@ from gpuwarden.config.fieldtypes import (
     PositiveCount,
     Seconds,
 )
+from gpuwarden.config.health_signals import SignalsConfig
+from gpuwarden.config.health_validation import ValidationConfig
 
 ReasonClass = Literal["app", "hw_mem", "hw_pcie", "hw_link", "fw_drv", "info"]
 """Why a GPU is considered failed, after gpu-health.md Appendix B. Non-XID evidence maps onto the same
@@ -255,6 +257,14 @@ class HealthConfig(Section):
     ecc: EccPolicy = Field(default_factory=EccPolicy, description="ECC / retired pages / row remap.")
     taint_effects: TaintEffects = Field(default_factory=TaintEffects, description="Effect per reason class.")
     breaker: Breaker = Field(default_factory=Breaker, description="Circuit breaker.")
+    signals: SignalsConfig = Field(
+        default_factory=SignalsConfig,
+        description="Fabric and degradation signals, each graded quarantine / degrade / observe.",
+    )
+    validation: ValidationConfig = Field(
+        default_factory=ValidationConfig,
+        description="A validation Job that must succeed before a release after the healthy period.",
+    )
 
     @model_validator(mode="after")
     def _labels_unique(self) -> HealthConfig:

@@ -209,7 +209,56 @@ PER_GPU: tuple[tuple[Family, Values], ...] = (
         _gr_active,
     ),
 )
-ALL_FAMILIES = (*(f.name for f, _ in PER_GPU), XID.name, XID_COUNT.name)
+
+
+def _margin(gpus: list[Gpu]) -> Iterable[str]:
+    return [f"{g.margin_c if g.margin_override is None else g.margin_override:g}" for g in gpus]
+
+
+def _flit(gpus: list[Gpu]) -> Iterable[str]:
+    return [str(int(g.nvlink_crc_flit)) for g in gpus]
+
+
+def _zeros(gpus: list[Gpu]) -> Iterable[str]:
+    return ["0"] * len(gpus)
+
+
+# Fabric and degradation signals (health.signals); the fields are DCGM's, the help texts dcgm-exporter's or
+# dcgm_fields.h's. NVLink counters only on an NVLink board (a PCIe-only card has no such series).
+SIGNAL_FAMILIES: tuple[tuple[Family, Values], ...] = (
+    (Family("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+     lambda gpus: [str(int(g.pcie_replays)) for g in gpus]),
+    (Family("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
+     _ints("clock_reasons")),
+    (Family("DCGM_FI_DEV_GPU_TEMP_LIMIT", "gauge", "Thermal margin temperature (distance to nearest "
+            "slowdown threshold)."), _margin),
+    (Family("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "The status of the fabric manager."),
+     _ints("fm_status")),
+    (Family("DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE", "gauge", "The failure that happened while starting the "
+            "Fabric Manager, if any."), _ints("fm_error")),
+    (Family("DCGM_FI_DEV_FABRIC_HEALTH_MASK", "gauge", "GPU Fabric health Status Mask."),
+     _ints("fabric_mask")),
+)  # fmt: skip
+NVLINK_FAMILIES: tuple[tuple[Family, Values], ...] = (
+    (Family("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+            "Total number of NVLink flow-control CRC errors."), _flit),
+    (Family("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter",
+            "Total number of NVLink data CRC errors."), _zeros),
+    (Family("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+     _zeros),
+    (Family("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter",
+            "Total number of NVLink recovery errors."), _zeros),
+)  # fmt: skip
+NVSWITCH_FATAL = Family("DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS", "gauge", "NVSwitch fatal errors (last SXid).")
+NVSWITCH_NON_FATAL = Family(
+    "DCGM_FI_DEV_NVSWITCH_NON_FATAL_ERRORS", "gauge", "NVSwitch non-fatal errors (last SXid)."
+)
+NVSWITCHES_PER_NODE = 4  # HGX H100 8-GPU board
+ALL_FAMILIES = (
+    *(f.name for f, _ in (*PER_GPU, *SIGNAL_FAMILIES, *NVLINK_FAMILIES)),
+    XID.name,
+    XID_COUNT.name,
+)
 
 
 @dataclass(frozen=True)
@@ -247,8 +296,12 @@ class Renderer:
         ex = fleet.scenario.exporter
         self._hostname = ex.hostname_label
         self._k8s = ex.kubernetes
-        enabled = set(ex.metrics) if ex.metrics is not None else set(ALL_FAMILIES)
-        self._families = [(f, v) for f, v in PER_GPU if f.name in enabled]
+        switch_names = {NVSWITCH_FATAL.name, NVSWITCH_NON_FATAL.name}
+        enabled = set(ex.metrics) if ex.metrics is not None else {*ALL_FAMILIES, *switch_names}
+        nvlink = fleet.model.nvlink
+        known = (*PER_GPU, *SIGNAL_FAMILIES, *(NVLINK_FAMILIES if nvlink else ()))
+        self._families = [(f, v) for f, v in known if f.name in enabled]
+        self._switches = [f for f in (NVSWITCH_FATAL, NVSWITCH_NON_FATAL) if nvlink and f.name in enabled]
         self._xid = XID.name in enabled
         self._xid_count = XID_COUNT.name in enabled
         self._window = f',window_size_in_ms="{round(ex.xid_count_window * 1000)}"'
@@ -256,7 +309,10 @@ class Renderer:
         self._driver = escape(fleet.model.driver_version)
         self._labels: dict[Gpu, _Labels] = {}
         self._chunks: dict[tuple[str, int], Chunk] = {}
-        self._headers = {f.name: Chunk(f.header.encode()) for f in (*(f for f, _ in PER_GPU), XID, XID_COUNT)}
+        self._headers = {
+            f.name: Chunk(f.header.encode())
+            for f in (*(f for f, _ in (*PER_GPU, *SIGNAL_FAMILIES, *NVLINK_FAMILIES)), XID, XID_COUNT)
+        }
 
     def _label(self, g: Gpu) -> _Labels:
         cached = self._labels.get(g)
@@ -312,6 +368,25 @@ class Renderer:
             out += self._family(
                 XID_COUNT.name, [lab.open for lab in labels], self._xid_count_suffixes(gpus, labels), cache
             )
+        out += self._switch_chunks(gpus)
+        return out
+
+    def _switch_chunks(self, gpus: list[Gpu]) -> list[Chunk]:
+        """NVSwitch series (dcgm-exporter's switch template: `nvswitch`, hostname, no UUID), per node."""
+        if not self._switches:
+            return []
+        nodes = list(dict.fromkeys(g.node for g in gpus))
+        out = []
+        for fam in self._switches:
+            fatal = fam is NVSWITCH_FATAL
+            lines = []
+            for name in nodes:
+                sxids = self.fleet.nodes[name].nvswitch_sxid
+                for sw in range(NVSWITCHES_PER_NODE):
+                    sxid, is_fatal = sxids.get(sw, (0, fatal))
+                    value = sxid if is_fatal == fatal else 0
+                    lines.append(f'{fam.name}{{nvswitch="{sw}",{self._hostname}="{escape(name)}"}} {value}')
+            out.append(Chunk((fam.header + "\n".join(lines) + "\n").encode()))
         return out
 
     def _xid_lines(self, gpus: list[Gpu], labels: list[_Labels]) -> list[str]:

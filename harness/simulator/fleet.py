@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 from gpuwarden.errors import ConfigError
 from harness.simulator.hardware import Gpu, Node, build_nodes, set_readings
-from harness.simulator.scenario import ExporterDownFault, Fault, GpuModel, Scenario, scenario_problems
+from harness.simulator.scenario import (
+    SIGNAL_KINDS,
+    ExporterDownFault,
+    Fault,
+    GpuModel,
+    NvswitchFault,
+    Scenario,
+    SignalFault,
+    scenario_problems,
+)
 from harness.simulator.workload import LoadCurve, Pod, WorkloadState, place_replicas
 
 
@@ -41,6 +50,27 @@ class MappingError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.conflict = conflict
+
+
+def set_signal(g: Gpu, kind: str, value: float | None, error_code: int, *, nvlink: bool = True) -> None:
+    """Start (`value`) or end (None) a SignalFault on one GPU; the end restores a healthy reading
+    (`nvlink`: an HGX board's, else a PCIe-only card's: Fabric Manager and fabric mask not supported)."""
+    on = value is not None
+    v = value or 0.0
+    if kind == "nvlink_errors":
+        g.nvlink_error_rate = v
+    elif kind == "pcie_replay":
+        g.pcie_replay_rate = v
+    elif kind == "clock_event":
+        g.clock_reasons = int(v)
+    elif kind == "thermal_margin":
+        g.margin_override = v if on else None
+    elif kind == "fabric_manager":
+        g.fm_status, g.fm_error = (int(v), error_code) if on else (3 if nvlink else 0, 0)
+    elif kind == "fabric_health":
+        g.fabric_mask = int(v) if on else (0x1AA if nvlink else 0)
+    elif kind == "exporter_stall":
+        g.stalled = on
 
 
 class Fleet:
@@ -114,7 +144,10 @@ class Fleet:
         k = dt * 1000.0  # W * s -> mJ
         for node in self.nodes.values():
             for g in node.gpus:
-                g.energy_mj += g.power_w * k
+                if not g.stalled:
+                    g.energy_mj += g.power_w * k
+                g.nvlink_crc_flit += g.nvlink_error_rate * dt
+                g.pcie_replays += g.pcie_replay_rate * dt
 
     def _run_due(self, t: float) -> None:
         """Apply due scheduled faults and expire timed conditions, in time order."""
@@ -171,6 +204,16 @@ class Fleet:
                 at + fault.duration if fault.duration else None
             )
             return
+        if isinstance(fault, NvswitchFault):
+            self.nodes[fault.node].nvswitch_sxid[fault.switch] = (fault.sxid, fault.fatal)
+            key = (f"nvswitch-{fault.switch}", fault.node, None)
+            self._expiry[key] = at + fault.duration if fault.duration else None
+            return
+        if isinstance(fault, SignalFault):
+            for g in self._targets(fault.node, fault.gpu):
+                set_signal(g, fault.kind, fault.value, fault.error_code, nvlink=self.model.nvlink)
+                self._expiry[(fault.kind, g.node, g.index)] = at + fault.duration if fault.duration else None
+            return
         for g in self._targets(fault.node, fault.gpu):
             if fault.kind == "xid":
                 g.last_xid = fault.code
@@ -203,6 +246,10 @@ class Fleet:
         self.version += 1
         if kind == "exporter_down":
             self.nodes[node].exporter_up = True
+        elif kind.startswith("nvswitch-"):
+            self.nodes[node].nvswitch_sxid.pop(int(kind.removeprefix("nvswitch-")), None)
+        elif gpu is not None and kind in SIGNAL_KINDS:
+            set_signal(self.nodes[node].gpus[gpu], kind, None, 0, nvlink=self.model.nvlink)
         elif gpu is not None and kind == "row_remap_failure":
             self.nodes[node].gpus[gpu].row_remap_failure = 0
         elif gpu is not None:

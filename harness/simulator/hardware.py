@@ -53,6 +53,18 @@ class Gpu:
     remapped_correctable: int = 0
     remapped_uncorrectable: int = 0
     row_remap_failure: int = 0
+    # Fabric and degradation signals (SignalFault); defaults are a healthy HGX GPU.
+    nvlink_error_rate: float = 0.0  # CRC flit errors per second while a fault holds
+    nvlink_crc_flit: float = 0.0
+    pcie_replay_rate: float = 0.0
+    pcie_replays: float = 0.0
+    clock_reasons: int = 0
+    margin_c: float = 0.0  # DCGM_FI_DEV_GPU_TEMP_LIMIT: degrees before thermal slowdown
+    margin_override: float | None = None
+    fm_status: int = 3  # success (0 not supported on a PCIe-only card)
+    fm_error: int = 0
+    fabric_mask: int = 0x1AA  # every boolean sub-field FALSE (healthy), configuration NONE
+    stalled: bool = False
 
 
 @dataclass(eq=False)
@@ -60,6 +72,7 @@ class Node:
     name: str
     gpus: list[Gpu]
     exporter_up: bool = True
+    nvswitch_sxid: dict[int, tuple[int, bool]] = field(default_factory=dict)  # switch -> (SXid, fatal)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -83,6 +96,7 @@ def set_readings(g: Gpu, model: GpuModel, util: float, fb_used: int) -> None:
     g.power_w = model.power_idle_watts + (model.power_max_watts - model.power_idle_watts) * util / 100.0
     g.temp_c = round(model.temp_idle_c + (model.temp_max_c - model.temp_idle_c) * util / 100.0) + g.index % 3
     g.mem_temp_c = g.temp_c + 4
+    g.margin_c = float(model.slowdown_temp_c - g.temp_c)
 
 
 def build_nodes(spec: FleetSpec) -> dict[str, Node]:
@@ -96,5 +110,7 @@ def build_nodes(spec: FleetSpec) -> dict[str, Node]:
         ]
         for g in gpus:
             set_readings(g, spec.gpu, 0.0, 0)
+            if not spec.gpu.nvlink:
+                g.fm_status, g.fabric_mask = 0, 0  # not supported
         nodes[name] = Node(name, gpus)
     return nodes

@@ -61,6 +61,14 @@ class GpuModel(Section):
     temp_idle_c: int = Field(32, description="DCGM_FI_DEV_GPU_TEMP at 0 % utilization (C)")
     temp_max_c: int = Field(78, description="DCGM_FI_DEV_GPU_TEMP at 100 % utilization (C)")
     driver_version: str = Field("570.148.08", description="`DCGM_FI_DRIVER_VERSION` label value")
+    nvlink: bool = Field(
+        True,
+        description="NVLink + NVSwitch board (HGX): NVLink error counters, 4 NVSwitches, Fabric Manager "
+        "status success. false: a PCIe-only card: no NVLink or NVSwitch series, Fabric Manager not supported",
+    )
+    slowdown_temp_c: int = Field(
+        87, description="temperature of thermal slowdown; DCGM_FI_DEV_GPU_TEMP_LIMIT = this - GPU_TEMP (C)"
+    )
 
 
 class FleetSpec(Section):
@@ -118,6 +126,18 @@ MetricName = Literal[
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_GPU_TEMP_LIMIT",
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
+    "DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE",
+    "DCGM_FI_DEV_FABRIC_HEALTH_MASK",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS",
+    "DCGM_FI_DEV_NVSWITCH_NON_FATAL_ERRORS",
 ]
 
 
@@ -242,6 +262,42 @@ class ExporterDownFault(_Fault):
     duration: Duration | None = Field(None, gt=0, description="seconds until it comes back")
 
 
+SignalKind = Literal[
+    "nvlink_errors", "pcie_replay", "clock_event", "thermal_margin", "fabric_manager", "fabric_health",
+    "exporter_stall",
+]  # fmt: skip
+SIGNAL_KINDS: tuple[str, ...] = (
+    "nvlink_errors", "pcie_replay", "clock_event", "thermal_margin", "fabric_manager", "fabric_health",
+    "exporter_stall",
+)  # fmt: skip
+
+
+class SignalFault(_GpuFault):
+    """A fabric or degradation signal on the GPU(s), until cleared or for `duration`.
+
+    `value` per kind: nvlink_errors — NVLink CRC flit errors per second; pcie_replay — PCIe replays per
+    second; clock_event — the DCGM_FI_DEV_CLOCKS_EVENT_REASONS mask (0x40 HW thermal, 0x80 power brake);
+    thermal_margin — DCGM_FI_DEV_GPU_TEMP_LIMIT in C; fabric_manager — the status (4 failure, 1 not started);
+    fabric_health — DCGM_FI_DEV_FABRIC_HEALTH_MASK; exporter_stall — ignored (the GPU's energy counter
+    freezes while its samples stay fresh, as a stalled exporter serves its last reading).
+    """
+
+    kind: SignalKind
+    value: float = Field(0.0, description="see the class docstring")
+    error_code: int = Field(0, ge=0, description="fabric_manager: DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE")
+    duration: Duration | None = Field(None, gt=0, description="seconds until it clears by itself")
+
+
+class NvswitchFault(_Fault):
+    """An NVSwitch of the node reports SXid `sxid` (fatal or not), until cleared or for `duration`."""
+
+    kind: Literal["nvswitch"]
+    sxid: int = Field(ge=1, le=65535)
+    fatal: bool = True
+    switch: int = Field(0, ge=0, le=3, description="NVSwitch index (an HGX board has 4)")
+    duration: Duration | None = Field(None, gt=0, description="seconds until it clears by itself")
+
+
 Fault = Annotated[
     XidFault
     | EccFault
@@ -249,7 +305,9 @@ Fault = Annotated[
     | RemappedRowsFault
     | RowRemapFailureFault
     | GpuMissingFault
-    | ExporterDownFault,
+    | ExporterDownFault
+    | SignalFault
+    | NvswitchFault,
     Field(discriminator="kind"),
 ]
 FAULT_KINDS = (
@@ -260,6 +318,8 @@ FAULT_KINDS = (
     "row_remap_failure",
     "gpu_missing",
     "exporter_down",
+    *SIGNAL_KINDS,
+    "nvswitch",
 )
 fault_adapter: TypeAdapter[Fault] = TypeAdapter(Fault)
 

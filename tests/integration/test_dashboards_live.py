@@ -2,7 +2,8 @@
 
 One module-scoped stack, all of it gpuwarden's real code except the two things a laptop cannot have:
 - the fleet simulator (dcgm-exporter's exact series) with faults injected over its control API: XID 79,
-  XID 13, a double-bit ECC error, uncorrectable remapped rows, a row-remap failure, single-bit errors;
+  XID 13, a double-bit ECC error, uncorrectable remapped rows, a row-remap failure, single-bit errors, a
+  HW-thermal clock event (a GPUDegraded node), a Fabric Manager "not started";
 - the adapter (`adapter.app.Adapter`), answering custom and external metric requests (and one unknown metric);
 - the controller's pieces, wired as `gpuwarden controller` will wire them: leader election, the quarantine
   loop, the nomination loop, the preemption throttle and the scheduler extender (filter, prioritize, bind,
@@ -706,6 +707,10 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
                 {"kind": "xid", "node": "gpu-node-002", "gpu": 1, "code": 13},
                 {"kind": "row_remap_failure", "node": "gpu-node-002", "gpu": 0},
                 {"kind": "ecc", "node": "gpu-node-000", "gpu": 3, "error": "sbe", "count": 5},
+                # graded signals: HW thermal degrades node 000; Fabric Manager "not started" is shown,
+                # not acted on (not a failing status by default)
+                {"kind": "clock_event", "node": "gpu-node-000", "gpu": 6, "value": 64},
+                {"kind": "fabric_manager", "node": "gpu-node-003", "gpu": 7, "value": 1},
             ]
             (await http.post("/control/faults", json=faults)).raise_for_status()
             sim_pods = (await http.get("/control/state")).json()["pods"]

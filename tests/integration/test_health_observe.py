@@ -138,7 +138,7 @@ def gpu(node: NodeState, index: int) -> GpuTelemetry:
 async def test_snapshot_reads_each_signal_exactly(env: Env) -> None:
     snap = await observe(env)
     nodes = by_name(snap)
-    assert snap.prometheus_ok and snap.queries == 12 and snap.unmatched_telemetry == ()
+    assert snap.prometheus_ok and snap.queries == 17 and snap.unmatched_telemetry == ()
     ok = nodes["node-ok"]
     assert ok.gpus == () and ok.fresh_gpus == GPUS and ok.newest_sample == env.t  # quiet: zeros filtered
     x79 = gpu(nodes["node-x79"], 3)
@@ -209,5 +209,5 @@ async def test_prometheus_down_makes_every_node_unknown() -> None:
 async def test_gauge_only_source_ignores_the_count_metric(env: Env) -> None:
     cfg = CFG.model_copy(update={"xid": CFG.xid.model_copy(update={"source": "gauge"})})
     snap = await observe(env, cfg)
-    assert snap.queries == 9
+    assert snap.queries == 14  # 9 XID/ECC + 5 for the fabric and degradation signals
     assert by_name(snap)["node-count32"].gpus == ()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry
 
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import FleetSnapshot
+from gpuwarden.config.health_signals import SignalsConfig
 from tests.unit.test_health_fixtures import NOW, node, quarantined
 
 
@@ -39,3 +42,26 @@ def test_breaker_trip_is_counted_once() -> None:
     m.observe_pass(FleetSnapshot(NOW, nodes), plan)
     assert reg.get_sample_value("gpuwarden_health_breaker_open") == 1.0
     assert reg.get_sample_value("gpuwarden_health_breaker_trips_total") == 1.0
+
+
+def test_signal_metrics_follow_the_last_pass() -> None:
+    reg = CollectorRegistry()
+    m = HealthMetrics(reg)
+    policy = HealthPolicy(signals=SignalsConfig.model_validate({"hw_thermal": {"consecutive": 1}}))
+    hot = node("hot", per_gpu={0: {"clock_event_reasons": 0x40}, 1: {"clock_event_reasons": 0x40}})
+    booting = replace(node("boot", per_gpu={0: {"nvlink_error_rate": 900.0}}), ready_since=NOW - 30)
+    stalled = node("st", per_gpu={2: {"stalled": True}})
+    snap = FleetSnapshot(NOW, (hot, booting, stalled))
+    m.observe_pass(snap, plan_quarantine(snap, policy, NOW))
+    confirmed = {"signal": "hw_thermal", "action": "degrade", "state": "confirmed"}
+    assert reg.get_sample_value("gpuwarden_health_signals", confirmed) == 2.0  # two GPUs
+    grace = {"signal": "nvlink_errors", "action": "", "state": "boot-grace"}
+    assert reg.get_sample_value("gpuwarden_health_signals", grace) == 1.0
+    assert reg.get_sample_value("gpuwarden_health_degraded_nodes", {"signal": "hw_thermal"}) == 1.0
+    assert reg.get_sample_value("gpuwarden_health_stalled_gpus") == 1.0
+    assert reg.get_sample_value("gpuwarden_health_unknown_nodes") == 1.0
+    quiet = FleetSnapshot(NOW, (node("hot"),))
+    m.observe_pass(quiet, plan_quarantine(quiet, policy, NOW))
+    assert reg.get_sample_value("gpuwarden_health_signals", confirmed) is None
+    assert reg.get_sample_value("gpuwarden_health_degraded_nodes", {"signal": "hw_thermal"}) is None
+    assert reg.get_sample_value("gpuwarden_health_stalled_gpus") == 0.0

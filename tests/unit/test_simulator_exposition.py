@@ -241,3 +241,34 @@ def test_gzip_of_chunks_is_the_plain_body() -> None:
 )
 def test_xid_messages(code: int, text: str) -> None:
     assert xid_message(code) == text
+
+
+def test_signal_series_follow_dcgm_exporter_shapes() -> None:
+    from harness.simulator.fleet import Fleet
+    from harness.simulator.scenario import fault_adapter, parse_scenario
+
+    fleet = Fleet(parse_scenario({"fleet": {"nodes": 1, "gpus_per_node": 2}}), start=0.0)
+    fleet.apply_fault(fault_adapter.validate_python(
+        {"kind": "nvswitch", "node": "gpu-node-000", "sxid": 12, "switch": 1}), 0.0)  # fmt: skip
+    text = Renderer(fleet).render()
+    for name in ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                 "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_GPU_TEMP_LIMIT"):  # fmt: skip
+        assert len(lines(text, name)) == 2, name
+    assert 'DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS{nvswitch="1",Hostname="gpu-node-000"} 12' in text
+    assert 'DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS{nvswitch="0",Hostname="gpu-node-000"} 0' in text
+    assert len(lines(text, "DCGM_FI_DEV_NVSWITCH_NON_FATAL_ERRORS")) == 4  # one per NVSwitch of the board
+    assert "DCGM_FI_DEV_FABRIC_HEALTH_MASK{" in text and "} 426\n" in text  # 0x1AA: healthy
+
+
+def test_pcie_only_card_has_no_nvlink_or_nvswitch_series() -> None:
+    from harness.simulator.fleet import Fleet
+    from harness.simulator.scenario import parse_scenario
+
+    doc = {"fleet": {"nodes": 1, "gpus_per_node": 2, "gpu": {"model_name": "NVIDIA A100-PCIE-40GB",
+                                                             "nvlink": False}}}  # fmt: skip
+    text = Renderer(Fleet(parse_scenario(doc), start=0.0)).render()
+    assert "NVLINK" not in text and "NVSWITCH" not in text
+    assert all(
+        line.endswith(" 0") for line in lines(text, "DCGM_FI_DEV_FABRIC_MANAGER_STATUS")
+    )  # not supported
+    assert all(line.endswith(" 0") for line in lines(text, "DCGM_FI_DEV_FABRIC_HEALTH_MASK"))

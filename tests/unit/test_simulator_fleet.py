@@ -303,3 +303,47 @@ def test_set_load_changes_utilization_at_once() -> None:
     fleet.set_load("default", "w", LoadCurve.constant(80, fleet.now))
     assert gpu(fleet).util == 80.0
     assert fleet.version > version
+
+
+# --- fabric and degradation signals (health.signals) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "attr", "during", "after"),
+    [
+        pytest.param("clock_event", 0x40, "clock_reasons", 0x40, 0, id="clock-event"),
+        pytest.param("thermal_margin", -3, "margin_override", -3, None, id="thermal-margin"),
+        pytest.param("fabric_manager", 4, "fm_status", 4, 3, id="fabric-manager"),
+        pytest.param("fabric_health", 0x1A6, "fabric_mask", 0x1A6, 0x1AA, id="fabric-mask"),
+        pytest.param("exporter_stall", 0, "stalled", True, False, id="stall"),
+    ],
+)
+def test_signal_faults_hold_then_clear(kind: str, value: float, attr: str, during: Any, after: Any) -> None:
+    fleet = make()
+    fleet.apply_fault(fault(kind=kind, value=value, duration=10), T0)
+    assert getattr(gpu(fleet), attr) == during
+    assert getattr(gpu(fleet, index=1), attr) == after  # only the target GPU
+    fleet.advance(T0 + 11)
+    assert getattr(gpu(fleet), attr) == after
+
+
+def test_signal_counters_integrate_and_a_stall_freezes_energy() -> None:
+    fleet = make()
+    fleet.apply_fault(fault(kind="nvlink_errors", value=100), T0)
+    fleet.apply_fault(fault(kind="pcie_replay", value=2, gpu=1), T0)
+    fleet.apply_fault(fault(kind="exporter_stall", gpu=2), T0)
+    before = gpu(fleet, index=2).energy_mj
+    fleet.advance(T0 + 10)
+    assert gpu(fleet).nvlink_crc_flit == pytest.approx(1000)
+    assert gpu(fleet, index=1).pcie_replays == pytest.approx(20)
+    assert gpu(fleet, index=2).energy_mj == before  # frozen
+    assert gpu(fleet, index=3).energy_mj > before  # the others keep counting
+
+
+def test_nvswitch_fault_is_node_level_and_clears() -> None:
+    fleet = make()
+    body = {"kind": "nvswitch", "node": "gpu-node-000", "sxid": 12, "switch": 2, "duration": 5}
+    fleet.apply_fault(fault_adapter.validate_python(body), T0)
+    assert fleet.nodes["gpu-node-000"].nvswitch_sxid == {2: (12, True)}
+    fleet.advance(T0 + 6)
+    assert fleet.nodes["gpu-node-000"].nvswitch_sxid == {}
