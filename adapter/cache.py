@@ -66,6 +66,7 @@ class ValueCache(Generic[T]):
         self._batch_limit = batch_limit
         self._entries: dict[Hashable, _Entry[T]] = {}
         self._limit = asyncio.Semaphore(concurrency)
+        self._refreshed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -177,7 +178,15 @@ class ValueCache(Generic[T]):
             for start in range(0, len(members), self._batch_limit):
                 tasks.append(self._refresh_batch(members[start : start + self._batch_limit], batch[1]))
         await asyncio.gather(*tasks, return_exceptions=True)
+        if keys:
+            done, self._refreshed = self._refreshed, asyncio.Event()
+            done.set()
         return len(keys)
+
+    async def refreshed(self) -> None:
+        """Return after the next `refresh_due` round that refreshed anything (failed refreshes included);
+        KEDA's external-push streams re-evaluate then, instead of polling."""
+        await self._refreshed.wait()
 
     async def run(self, tick: float | None = None) -> None:
         """Refresh due entries forever; `tick` (default a quarter interval) bounds the added lag."""
