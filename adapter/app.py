@@ -176,7 +176,7 @@ class Adapter:
                 max_age=acfg.cache.max_age_seconds,
                 push_interval=acfg.keda.push_interval_seconds,
                 max_streams=acfg.keda.max_streams,
-                refreshed=self.cache.refreshed if self.cache is not None else None,
+                refreshes=self.cache,
                 clock=now,
             )
         self._keda_server: grpc.aio.Server | None = None

@@ -236,11 +236,13 @@ def _route(
         route = routing.route(path, {"labelSelector": label_selector})
         assert isinstance(route, ExternalRoute)
         return route
-    scope = "" if resources.parse(resource) in ROOT_SCOPED else f"namespaces/{seg(namespace)}/"
+    gr = resources.parse(resource)
+    if gr == NAMESPACES:
+        raise BadRequest(f"resource: {resource!r} cannot be aggregated over (use pods, nodes or a workload)")
+    scope = "" if gr in ROOT_SCOPED else f"namespaces/{seg(namespace)}/"
     path = f"/apis/{CUSTOM_GROUP}/v1beta2/{scope}{seg(resource)}/*/{seg(metric)}"
     route = routing.route(path, {"labelSelector": label_selector, "metricLabelSelector": metric_selector})
-    if not isinstance(route, CustomRoute) or route.resource == NAMESPACES:
-        raise BadRequest(f"resource: {resource!r} cannot be aggregated over (use pods, nodes or a workload)")
+    assert isinstance(route, CustomRoute)
     return route
 
 

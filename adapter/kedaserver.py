@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -36,9 +37,10 @@ from adapter.errors import ApiError, BadRequest, Internal, NotFound, Unavailable
 from adapter.kedaapi import externalscaler_pb2 as pb
 from adapter.kedaapi import externalscaler_pb2_grpc as pb_grpc
 from adapter.kedascaler import Preset, Trigger, TriggerError
-from adapter.provider import Provider
-from adapter.routing import ExternalRoute
+from adapter.registry import CustomMetric, ExternalMetric
+from adapter.routing import CustomRoute, ExternalRoute
 from adapter.selfmetrics import AdapterMetrics
+from adapter.wire import ObjectReference
 from gpuwarden.config.adapter import KedaScaler
 from gpuwarden.errors import ConfigError
 
@@ -51,6 +53,28 @@ _API_ERROR_CODES: tuple[tuple[type[ApiError], grpc.StatusCode], ...] = (
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
 )
+
+
+class Values(Protocol):
+    """Where values come from: `adapter.provider.Provider` (its cache, or Prometheus per request)."""
+
+    async def external_items(
+        self, route: ExternalRoute
+    ) -> tuple[ExternalMetric, list[tuple[dict[str, str], float, float]]]: ...
+
+    async def custom_items(
+        self, route: CustomRoute
+    ) -> tuple[CustomMetric, list[tuple[ObjectReference, float, float]]]: ...
+
+    def account(self, api: str, timestamps: list[float]) -> None: ...
+
+
+class Refreshes(Protocol):
+    """The cache's refresh rounds (`adapter.cache.ValueCache`), which external-push streams follow."""
+
+    rounds: int
+
+    async def refreshed(self, after: int) -> None: ...
 
 
 def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -69,25 +93,25 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
 
     def __init__(
         self,
-        provider: Provider,
+        provider: Values,
         presets: Mapping[str, Preset],
         *,
         metrics: AdapterMetrics,
         max_age: float,
         push_interval: float,
         max_streams: int,
-        refreshed: Callable[[], Awaitable[None]] | None = None,
+        refreshes: Refreshes | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`refreshed` returns after the next cache refresh round (None: no cache, poll only); `max_age`
-        is the oldest value served, in seconds (the cache's max_age)."""
+        """`refreshes`: the cache's refresh rounds (None: no cache, streams poll every `push_interval`);
+        `max_age` is the oldest value served, in seconds (the cache's max_age)."""
         self._provider = provider
         self._presets = dict(presets)
         self._metrics = metrics
         self._max_age = max_age
         self._push_interval = push_interval
         self._max_streams = max_streams
-        self._refreshed = refreshed
+        self._refreshes = refreshes
         self._clock = clock
         self.open_streams = 0
 
@@ -186,12 +210,13 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             try:
                 last: bool | None = None
                 while True:
+                    seen = self._refreshes.rounds if self._refreshes is not None else 0
                     active = await self._activity(request)
                     if active is not None and active != last:
                         self._metrics.keda_pushes.labels(str(active).lower()).inc()
                         last = active
                         yield pb.IsActiveResponse(result=active)
-                    await self._next_round()
+                    await self._next_round(seen)
             finally:
                 self.open_streams -= 1
         except asyncio.CancelledError:
@@ -214,13 +239,13 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             return None
         return kedascaler.is_active(value, trigger.activation_threshold)
 
-    async def _next_round(self) -> None:
-        """Until the next cache refresh round, or `push_interval` at most."""
-        if self._refreshed is None:
+    async def _next_round(self, seen: int) -> None:
+        """Until a cache refresh round after round `seen`, or `push_interval` at most."""
+        if self._refreshes is None:
             await asyncio.sleep(self._push_interval)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._refreshed(), timeout=self._push_interval)
+            await asyncio.wait_for(self._refreshes.refreshed(seen), timeout=self._push_interval)
 
     async def StreamMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -247,10 +272,22 @@ def server_credentials(
         else:
             cert, key = fallback_pair()
         ca = _read(tcfg.client_ca_file)
-        if ca is not None and not tls.load_certificates(ca):
-            raise ValueError(f"{tcfg.client_ca_file}: no PEM certificate in it")
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise ConfigError([("adapter.keda.tls", str(exc))]) from None
+    try:
+        tls.context_for(cert, key)  # OpenSSL's judgement of the pair, before gRPC meets it mid-handshake
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        where = f"{tcfg.cert_file} / {tcfg.key_file}" if tcfg.cert_file else "the adapter's serving pair"
+        raise ConfigError(
+            [("adapter.keda.tls", f"{where}: not a usable certificate and key ({exc})")]
+        ) from None
+    if ca is not None:
+        try:
+            usable = bool(tls.load_certificates(ca))
+        except ValueError:
+            usable = False
+        if not usable:
+            raise ConfigError([("adapter.keda.tls", f"{tcfg.client_ca_file}: no PEM certificate in it")])
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
