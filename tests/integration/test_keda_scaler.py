@@ -407,13 +407,14 @@ async def test_keda_client_reads_targets_values_and_activity(stack: Stack) -> No
     assert queue["values"] == [{"name": "s0-gpuwarden-queue_depth", "value": "12"}]
     assert (queue["active"], queue.get("error")) == (True, None)
     gpu = results["gpu-index-2-value"]
+    # KEDA writes floats as resource.MustParse("%.3f"): 62.5 -> "62.500"
     assert gpu["specs"] == [
-        {"name": "s2-gpuwarden-gpu_utilization", "targetType": "Value", "value": "62500m"}
+        {"name": "s2-gpuwarden-gpu_utilization", "targetType": "Value", "value": "62.500"}
     ]
-    assert gpu["values"] == [{"name": "s2-gpuwarden-gpu_utilization", "value": "123500m"}]
+    assert gpu["values"] == [{"name": "s2-gpuwarden-gpu_utilization", "value": "123.500"}]
     assert gpu["active"] is True
     assert results["gpu-inactive"]["active"] is False
-    assert results["gpu-inactive"]["values"] == [{"name": "s0-gpuwarden-gpu_utilization", "value": "123500m"}]
+    assert results["gpu-inactive"]["values"] == [{"name": "s0-gpuwarden-gpu_utilization", "value": "123.500"}]
     no_data = results["no-data"]
     assert no_data["values"] == [] and "NotFound" in no_data["error"] and "no value" in no_data["error"]
     bad = results["bad-metadata"]
@@ -425,7 +426,9 @@ async def test_keda_client_external_push_activates_from_zero(stack: Stack) -> No
     stack.clock.now = switch_at - 2 * STEP
     assert stack.adapter.keda is not None
     try:
-        run = asyncio.ensure_future(kedaclient([case(stack, "push", PENDING, op="push", pushSeconds=8)]))
+        # a selector of its own: a cache entry the earlier tests did not fill at a later clock
+        pending = {**PENDING, "labelSelector": "model=m1"}
+        run = asyncio.ensure_future(kedaclient([case(stack, "push", pending, op="push", pushSeconds=8)]))
         deadline = time.monotonic() + 6
         while stack.adapter.keda.open_streams == 0:  # KEDA's Run has opened StreamIsActive
             assert time.monotonic() < deadline, "KEDA never opened StreamIsActive"
@@ -441,6 +444,7 @@ async def test_keda_client_external_push_activates_from_zero(stack: Stack) -> No
 
 
 async def test_keda_client_many_scaled_objects_share_the_cache(stack: Stack) -> None:
+    assert await get_metric(stack, QUEUE) == 12.0  # a fresh entry at this clock (earlier tests moved it)
     before = stack.value_queries()
     results = await kedaclient([case(stack, f"so-{i}", QUEUE, repeat=20) for i in range(50)])
     assert stack.value_queries() == before  # 50 ScaledObjects x 20 polls x 2 RPCs: no Prometheus query

@@ -26,7 +26,7 @@ if [[ -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   echo "==> kedaclient: up to date ($BIN)"
   exit 0
 fi
-echo "==> building kedaclient (KEDA $(awk '$1 == "require" && $2 == "github.com/kedacore/keda/v2" { print $3 }' "$HERE/go.mod")'s external-scaler client) with $(go env GOVERSION)"
+echo "==> building kedaclient (KEDA $(awk '$1 == "github.com/kedacore/keda/v2" && $2 ~ /^v/ { print $2; exit }' "$HERE/go.mod")'s external-scaler client) with $(go env GOVERSION)"
 t0=$(date +%s)
 (cd "$HERE" && go build -p "$(nproc)" -trimpath -ldflags "-s -w" -o "$BIN.tmp" . && mv "$BIN.tmp" "$BIN")
 echo "$want" > "$STAMP"

@@ -11,6 +11,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
+	"sync"
+	"syscall"
 	"time"
 
 	v2 "k8s.io/api/autoscaling/v2"
@@ -32,6 +35,23 @@ type testCase struct {
 	PushSeconds float64 `json:"pushSeconds"`
 	// Repeat: GetMetricsAndActivity calls in a row (load); only the last result is reported.
 	Repeat int `json:"repeat"`
+	// Op "load": TriggerType (external or prometheus), Objects scalers, Rounds calls each, Workers at once.
+	TriggerType string `json:"triggerType"`
+	Objects     int    `json:"objects"`
+	Rounds      int    `json:"rounds"`
+	Workers     int    `json:"workers"`
+}
+
+type loadResult struct {
+	ID          string         `json:"id"`
+	Calls       int            `json:"calls"`
+	Errors      int            `json:"errors"`
+	FirstError  string         `json:"firstError,omitempty"`
+	Values      map[string]int `json:"values"`
+	P50Millis   float64        `json:"p50Millis"`
+	P99Millis   float64        `json:"p99Millis"`
+	WallSeconds float64        `json:"wallSeconds"`
+	CPUSeconds  float64        `json:"cpuSeconds"`
 }
 
 type spec struct {
@@ -58,12 +78,17 @@ type result struct {
 }
 
 func config(c testCase) *scalersconfig.ScalerConfig {
+	triggerType := c.TriggerType
+	if triggerType == "" {
+		triggerType = "external"
+	}
 	return &scalersconfig.ScalerConfig{
+		GlobalHTTPTimeout:       3 * time.Second, // KEDA_HTTP_DEFAULT_TIMEOUT's default
 		ScalableObjectName:      c.Name,
 		ScalableObjectNamespace: c.Namespace,
 		ScalableObjectType:      "ScaledObject",
 		TriggerIndex:            c.TriggerIndex,
-		TriggerType:             "external",
+		TriggerType:             triggerType,
 		MetricType:              v2.MetricTargetType(c.MetricType),
 		TriggerMetadata:         c.Metadata,
 		AuthParams:              c.AuthParams,
@@ -139,6 +164,89 @@ func push(ctx context.Context, c testCase) result {
 	return r
 }
 
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+func load(ctx context.Context, c testCase) loadResult {
+	r := loadResult{ID: c.ID, Values: map[string]int{}}
+	scalerList := make([]scalers.Scaler, 0, c.Objects)
+	names := make([]string, 0, c.Objects)
+	for i := 0; i < c.Objects; i++ {
+		oc := c
+		oc.Name = fmt.Sprintf("%s-%d", c.Name, i)
+		var s scalers.Scaler
+		var err error
+		if c.TriggerType == "prometheus" {
+			s, err = scalers.NewPrometheusScaler(config(oc))
+		} else {
+			s, err = scalers.NewExternalScaler(config(oc))
+		}
+		if err != nil {
+			r.Errors++
+			r.FirstError = err.Error()
+			return r
+		}
+		defer s.Close(ctx)
+		specs := s.GetMetricSpecForScaling(ctx)
+		if len(specs) == 0 || specs[0].External == nil {
+			r.Errors++
+			r.FirstError = "no metric spec"
+			return r
+		}
+		scalerList = append(scalerList, s)
+		names = append(names, specs[0].External.Metric.Name)
+	}
+	type job struct{ i int }
+	jobs := make(chan job)
+	var mu sync.Mutex
+	latencies := make([]float64, 0, c.Objects*c.Rounds)
+	cpu0, began := cpuSeconds(), time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < max(c.Workers, 1); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				t0 := time.Now()
+				values, _, err := scalerList[j.i].GetMetricsAndActivity(ctx, names[j.i])
+				ms := float64(time.Since(t0).Microseconds()) / 1000
+				mu.Lock()
+				r.Calls++
+				latencies = append(latencies, ms)
+				if err != nil {
+					r.Errors++
+					if r.FirstError == "" {
+						r.FirstError = err.Error()
+					}
+				} else if len(values) > 0 {
+					r.Values[values[0].Value.String()]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for round := 0; round < c.Rounds; round++ {
+		for i := range scalerList {
+			jobs <- job{i}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	r.WallSeconds = time.Since(began).Seconds()
+	r.CPUSeconds = cpuSeconds() - cpu0
+	sort.Float64s(latencies)
+	if n := len(latencies); n > 0 {
+		r.P50Millis = latencies[n/2]
+		r.P99Millis = latencies[min(n-1, n*99/100)]
+	}
+	return r
+}
+
 func main() {
 	var script struct {
 		Cases []testCase `json:"cases"`
@@ -150,10 +258,12 @@ func main() {
 	ctx := context.Background()
 	enc := json.NewEncoder(os.Stdout)
 	for _, c := range script.Cases {
-		var r result
+		var r any
 		switch c.Op {
 		case "push":
 			r = push(ctx, c)
+		case "load":
+			r = load(ctx, c)
 		default:
 			r = poll(ctx, c)
 		}
