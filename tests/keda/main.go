@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,6 +41,9 @@ type testCase struct {
 	Objects     int    `json:"objects"`
 	Rounds      int    `json:"rounds"`
 	Workers     int    `json:"workers"`
+	// Namespaces: in metadata values, "{i}" becomes the object's index (%04d) and "{ns}" its namespace
+	// index, i % Namespaces (%03d), so each ScaledObject reads its own workload.
+	Namespaces int `json:"namespaces"`
 }
 
 type loadResult struct {
@@ -52,6 +56,17 @@ type loadResult struct {
 	P99Millis   float64        `json:"p99Millis"`
 	WallSeconds float64        `json:"wallSeconds"`
 	CPUSeconds  float64        `json:"cpuSeconds"`
+	// PerObject: each object's last value, by object index.
+	PerObject map[string]string `json:"perObject"`
+}
+
+func expand(metadata map[string]string, i, namespaces int) map[string]string {
+	out := make(map[string]string, len(metadata))
+	for k, v := range metadata {
+		v = strings.ReplaceAll(v, "{i}", fmt.Sprintf("%04d", i))
+		out[k] = strings.ReplaceAll(v, "{ns}", fmt.Sprintf("%03d", i%max(namespaces, 1)))
+	}
+	return out
 }
 
 type spec struct {
@@ -173,12 +188,13 @@ func cpuSeconds() float64 {
 }
 
 func load(ctx context.Context, c testCase) loadResult {
-	r := loadResult{ID: c.ID, Values: map[string]int{}}
+	r := loadResult{ID: c.ID, Values: map[string]int{}, PerObject: map[string]string{}}
 	scalerList := make([]scalers.Scaler, 0, c.Objects)
 	names := make([]string, 0, c.Objects)
 	for i := 0; i < c.Objects; i++ {
 		oc := c
 		oc.Name = fmt.Sprintf("%s-%d", c.Name, i)
+		oc.Metadata = expand(c.Metadata, i, c.Namespaces)
 		var s scalers.Scaler
 		var err error
 		if c.TriggerType == "prometheus" {
@@ -225,6 +241,7 @@ func load(ctx context.Context, c testCase) loadResult {
 					}
 				} else if len(values) > 0 {
 					r.Values[values[0].Value.String()]++
+					r.PerObject[fmt.Sprint(j.i)] = values[0].Value.String()
 				}
 				mu.Unlock()
 			}
