@@ -252,6 +252,4 @@ async def main() -> None:
         )
         their_cpu = SCALED_OBJECTS * calls * theirs["cpuSeconds"] / max(theirs["calls"], 1)
         our_cpu = SCALED_OBJECTS * calls * ours["cpuSeconds"] / max(ours["calls"], 1)
-        print(
-            f"    KEDA-side CPU of those calls: prometheus {their_cpu:.1f}, external {our_cpu:.1f} s/min"
-        )
+        print(f"    KEDA-side CPU of those calls: prometheus {their_cpu:.1f}, external {our_cpu:.1f} s/min")
