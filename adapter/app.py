@@ -348,7 +348,7 @@ class Adapter:
         kcfg = self.config.adapter.keda
         if kcfg.tls.plaintext:
             log.warning("KEDA external scaler in plaintext (adapter.keda.tls.plaintext)")
-        credentials = kedaserver.server_credentials(kcfg, self._serving_pair)
+        credentials = kedaserver.server_credentials(kcfg, self._serving_pair, self.metrics)
         self._keda_server = await kedaserver.start_server(self.keda, kcfg, credentials)
 
     def _serving_pair(self) -> tuple[bytes, bytes]:

@@ -24,19 +24,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from adapter import kedascaler, tls
+from adapter import kedascaler
 from adapter.errors import ApiError, BadRequest, Internal, NotFound, Unavailable
 from adapter.kedaapi import externalscaler_pb2 as pb
 from adapter.kedaapi import externalscaler_pb2_grpc as pb_grpc
 from adapter.kedascaler import Preset, Trigger, TriggerError
+from adapter.kedatls import server_credentials
 from adapter.registry import CustomMetric, ExternalMetric
 from adapter.routing import CustomRoute, ExternalRoute
 from adapter.selfmetrics import AdapterMetrics
@@ -45,6 +44,8 @@ from gpuwarden.config.adapter import KedaScaler
 from gpuwarden.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ExternalScaler", "server_credentials", "start_server", "status_of"]
 
 T = TypeVar("T")
 
@@ -256,45 +257,6 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             "StreamMetricSpec: targets come from the trigger metadata; use GetMetricSpec",
         )
         yield pb.GetMetricSpecResponse()  # pragma: no cover - abort raises; makes this a generator
-
-
-def server_credentials(
-    cfg: KedaScaler, fallback_pair: Callable[[], tuple[bytes, bytes]]
-) -> grpc.ServerCredentials | None:
-    """TLS credentials of the gRPC port (None: plaintext). `fallback_pair` gives (cert, key) PEM when
-    `keda.tls` names no files: the adapter's own serving pair, or a self-signed one."""
-    tcfg = cfg.tls
-    if tcfg.plaintext:
-        return None
-    try:
-        if tcfg.cert_file is not None and tcfg.key_file is not None:
-            cert, key = tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes()
-        else:
-            cert, key = fallback_pair()
-        ca = _read(tcfg.client_ca_file)
-    except OSError as exc:
-        raise ConfigError([("adapter.keda.tls", str(exc))]) from None
-    try:
-        tls.context_for(cert, key)  # OpenSSL's judgement of the pair, before gRPC meets it mid-handshake
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        where = f"{tcfg.cert_file} / {tcfg.key_file}" if tcfg.cert_file else "the adapter's serving pair"
-        raise ConfigError(
-            [("adapter.keda.tls", f"{where}: not a usable certificate and key ({exc})")]
-        ) from None
-    if ca is not None:
-        try:
-            usable = bool(tls.load_certificates(ca))
-        except ValueError:
-            usable = False
-        if not usable:
-            raise ConfigError([("adapter.keda.tls", f"{tcfg.client_ca_file}: no PEM certificate in it")])
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-    )
-
-
-def _read(path: Path | None) -> bytes | None:
-    return path.read_bytes() if path is not None else None
 
 
 async def start_server(

@@ -495,3 +495,48 @@ async def test_a_taken_port_is_a_config_error() -> None:
             await start_server(scaler, cfg, None)
     finally:
         await first.stop(None)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+async def test_a_rotated_pair_serves_new_handshakes_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    old_ca, new_ca = CA.new("old"), CA.new("new")
+    files = _files(tmp_path, cert_file=b"", key_file=b"")
+    cert, key = Path(files["cert_file"]), Path(files["key_file"])
+    pair = old_ca.issue("localhost", server=True)
+    _write(cert, pair[0])
+    _write(key, pair[1])
+    registry = CollectorRegistry()
+    metrics = new_metrics(registry)
+    values = FakeValues()
+    values.answers[("queue_depth", "ml", "queue in (a,b)")] = [(1.0, NOW)]
+    scaler = ExternalScaler(
+        values, {}, metrics=metrics, max_age=60, push_interval=30, max_streams=1, clock=lambda: NOW
+    )
+    cfg = KedaScaler.model_validate({"bind_address": "127.0.0.1", "port": free_port(), "tls": files})
+    server = await start_server(scaler, cfg, server_credentials(cfg, lambda: (b"", b""), metrics))
+
+    def trusting(ca: CA) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=ca.pem)
+
+    def reloads(outcome: str) -> float:
+        return (
+            registry.get_sample_value("gpuwarden_adapter_certificate_reloads_total", {"outcome": outcome})
+            or 0.0
+        )
+
+    try:
+        assert await _is_active(cfg.port, trusting(old_ca)) == grpc.StatusCode.OK
+        new_cert, new_key = new_ca.issue("localhost", server=True)
+        _write(key, new_key)
+        _write(cert, new_cert + b"\n")  # a size change, whatever the clock's resolution
+        assert await _is_active(cfg.port, trusting(new_ca)) == grpc.StatusCode.OK
+        assert await _is_active(cfg.port, trusting(old_ca)) == grpc.StatusCode.UNAVAILABLE
+        assert reloads("success") == 1
+        _write(cert, b"not a certificate\n")
+        assert await _is_active(cfg.port, trusting(new_ca)) == grpc.StatusCode.OK  # the last good pair
+        assert reloads("invalid") == 1
+    finally:
+        await server.stop(None)
