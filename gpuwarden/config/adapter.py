@@ -220,7 +220,9 @@ class KedaTLS(Section):
         default=None,
         description="PEM serving certificate of the gRPC port. null: the adapter's own serving pair "
         '(adapter.tls), which is self-signed when that is null too (KEDA then needs `unsafeSsl: "true"`, '
-        "or give it a certificate its caCert can verify).",
+        "or give it a certificate its caCert can verify). The files (and client_ca_file) are re-read "
+        "before a new connection's handshake when their size or mtime changed (rotation without a "
+        "restart); an unusable set is logged and counted, and the previous one keeps serving.",
     )
     key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
     client_ca_file: Path | None = Field(
