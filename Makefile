@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos prometheus node-runtime testbed helm upstream-adapter promql-check lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ node-runtime: ## install containerd, runc, CNI plugins, gcc (Debian packages) fo
 protos: deps ## regenerate the kubelet gRPC stubs (nodeagent/kubeletapi) from the k8s.io/kubelet module
 	bash tests/testbed/kubelet-protos.sh
 
+keda-protos: deps ## regenerate KEDA's external-scaler gRPC stubs (adapter/kedaapi) from the KEDA module tests/keda pins
+	bash tests/keda/protos.sh
+
 testbed: ## build kube-apiserver, KCM, scheduler, kubectl, kubelet, etcd, kwok(ctl) into .cache/testbed
 	bash tests/testbed/build.sh
 
@@ -63,6 +66,9 @@ upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .c
 
 promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/promqlcheck (PromQL property tests)
 	bash tests/promql/build.sh
+
+keda-client: ## build KEDA's external-scaler client (tests/keda, KEDA's pkg/scalers) into .cache/kedaclient
+	bash tests/keda/build.sh
 
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
@@ -76,7 +82,7 @@ unit: deps ## pure cores, wire formats, respx error paths
 # test_dashboards_live runs in a pytest process of its own: after the other modules of the tier, its
 # module-scoped event loop's teardown was seen to hang on this machine kind (the fake API server's watch
 # handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
-integration: deps prometheus promql-check ## against a real Prometheus server (and its PromQL parser)
+integration: deps prometheus promql-check keda-client ## against a real Prometheus server (its PromQL parser, KEDA's client)
 	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
 	$(PYTEST) -q tests/integration/test_dashboards_live.py
 
@@ -89,7 +95,7 @@ e2e: deps prometheus node-runtime testbed helm ## against the real control plane
 test: lint unit integration rules-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
 
-bench: deps prometheus testbed helm upstream-adapter ## benchmarks, printed numbers
+bench: deps prometheus testbed helm upstream-adapter keda-client ## benchmarks, printed numbers
 	$(PY) -m tests.bench
 
 demo: deps prometheus testbed ## the main job on a local kwok GPU fleet, with a report

@@ -21,11 +21,12 @@ from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 from aiohttp import web
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
-from adapter import auth, naming, presets, tls
+from adapter import auth, kedascaler, kedaserver, naming, presets, tls
 from adapter.cache import ValueCache
 from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
@@ -34,7 +35,7 @@ from adapter.registry import Discovery
 from adapter.resource_provider import ResourceProvider
 from adapter.resource_rules import compile_resource_rules, resource_rule_problems
 from adapter.resources import GroupResource
-from adapter.selfmetrics import new_metrics, register_snapshots
+from adapter.selfmetrics import new_metrics, register_keda_snapshots, register_snapshots
 from adapter.server import AdapterState, Security, build_app
 from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
@@ -166,6 +167,19 @@ class Adapter:
                 clock=now,
                 eval_time=clock,
             )
+        self.keda: kedaserver.ExternalScaler | None = None
+        if acfg.keda.enabled:
+            self.keda = kedaserver.ExternalScaler(
+                self.provider,
+                kedascaler.keda_presets(acfg.presets),
+                metrics=self.metrics,
+                max_age=acfg.cache.max_age_seconds,
+                push_interval=acfg.keda.push_interval_seconds,
+                max_streams=acfg.keda.max_streams,
+                refreshes=self.cache,
+                clock=now,
+            )
+        self._keda_server: grpc.aio.Server | None = None
         self._register_snapshots()
         self.security: Security | None = None
         self.app: web.Application | None = None
@@ -192,6 +206,9 @@ class Adapter:
             discovered=discovered,
             ready=lambda: {(): 1.0 if self.not_ready() is None else 0.0},
         )
+        keda = self.keda
+        if keda is not None:
+            register_keda_snapshots(self.collector_registry, streams=lambda: {(): float(keda.open_streams)})
 
     def not_ready(self) -> str | None:
         """None once every request can be answered, else why not (/readyz and gpuwarden_adapter_ready)."""
@@ -322,12 +339,33 @@ class Adapter:
             log.warning(
                 "plain-HTTP listener on 127.0.0.1 (local use only)", extra={"port": acfg.insecure_port}
             )
+        await self.serve_keda()
+
+    async def serve_keda(self) -> None:
+        """Start KEDA's external scaler (gRPC) when `adapter.keda.enabled`; `listen()` calls it."""
+        if self.keda is None or self._keda_server is not None:
+            return
+        kcfg = self.config.adapter.keda
+        if kcfg.tls.plaintext:
+            log.warning("KEDA external scaler in plaintext (adapter.keda.tls.plaintext)")
+        credentials = kedaserver.server_credentials(kcfg, self._serving_pair, self.metrics)
+        self._keda_server = await kedaserver.start_server(self.keda, kcfg, credentials)
+
+    def _serving_pair(self) -> tuple[bytes, bytes]:
+        """(certificate, key) PEM of the adapter's serving certificate, or a new self-signed pair."""
+        tcfg = self.config.adapter.tls
+        if tcfg.cert_file is not None and tcfg.key_file is not None:
+            return tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes()
+        return tls.self_signed(["localhost", socket.gethostname()])
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"adapter {name}"))
 
     async def stop(self) -> None:
         """Stop listening, cancel the loops and close the clients this adapter created."""
+        if self._keda_server is not None:
+            await self._keda_server.stop(grace=1.0)
+            self._keda_server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

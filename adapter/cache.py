@@ -66,6 +66,9 @@ class ValueCache(Generic[T]):
         self._batch_limit = batch_limit
         self._entries: dict[Hashable, _Entry[T]] = {}
         self._limit = asyncio.Semaphore(concurrency)
+        self._refreshed = asyncio.Event()
+        self.rounds = 0
+        """`refresh_due` rounds that refreshed at least one entry."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -177,7 +180,19 @@ class ValueCache(Generic[T]):
             for start in range(0, len(members), self._batch_limit):
                 tasks.append(self._refresh_batch(members[start : start + self._batch_limit], batch[1]))
         await asyncio.gather(*tasks, return_exceptions=True)
+        if keys:
+            self.rounds += 1
+            done, self._refreshed = self._refreshed, asyncio.Event()
+            done.set()
         return len(keys)
+
+    async def refreshed(self, after: int) -> None:
+        """Return once more than `after` refresh rounds refreshed anything (failed refreshes included).
+
+        KEDA's external-push streams read `rounds`, evaluate, then wait here: a round that ends while they
+        evaluate is not missed."""
+        while self.rounds <= after:
+            await self._refreshed.wait()
 
     async def run(self, tick: float | None = None) -> None:
         """Refresh due entries forever; `tick` (default a quarter interval) bounds the added lag."""

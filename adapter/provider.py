@@ -199,6 +199,21 @@ class Provider:
         return ("custom", route.resource, route.metric, str(route.metric_selector)), fetch_many
 
     async def custom(self, route: CustomRoute) -> wire.MetricValueList:
+        entry, items = await self.custom_items(route)
+        self.account("custom", [ts for _, _, ts in items])
+        return wire.metric_value_list(
+            route.version,
+            route.metric,
+            selectors.to_label_selector(route.metric_selector),
+            items,
+            entry.rule.window_seconds,
+        )
+
+    async def custom_items(
+        self, route: CustomRoute
+    ) -> tuple[CustomMetric, list[tuple[wire.ObjectReference, float, float]]]:
+        """(the metric's registry entry, (describedObject, value, timestamp) per object) for `route`, from
+        the cache when on; the raw values behind `custom()`, also read by the KEDA external scaler."""
         entry = self._registry().custom.get((route.resource, route.metric))
         if entry is None or entry.namespaced != bool(route.namespace):
             raise NotFound(f"the server could not find the metric {route.metric} for {route.resource}")
@@ -223,16 +238,18 @@ class Provider:
             raise NotFound(
                 f"the server could not find the metric {route.metric} for {route.resource} {route.name}"
             )
-        self._account("custom", [ts for _, _, ts in items])
-        return wire.metric_value_list(
-            route.version,
-            route.metric,
-            selectors.to_label_selector(route.metric_selector),
-            items,
-            entry.rule.window_seconds,
-        )
+        return entry, items
 
     async def external(self, route: ExternalRoute) -> wire.ExternalMetricValueList:
+        entry, items = await self.external_items(route)
+        self.account("external", [ts for _, _, ts in items])
+        return wire.external_metric_value_list(route.metric, items, entry.rule.window_seconds)
+
+    async def external_items(
+        self, route: ExternalRoute
+    ) -> tuple[ExternalMetric, list[tuple[dict[str, str], float, float]]]:
+        """(the metric's registry entry, (series labels, value, timestamp) per finite sample) for `route`,
+        from the cache when on; the raw values behind `external()`, also read by the KEDA external scaler."""
         entry: ExternalMetric | None = self._registry().external.get(route.metric)
         if entry is None:
             raise NotFound(f"the server could not find the external metric {route.metric}")
@@ -256,10 +273,10 @@ class Provider:
         else:
             samples = await self._query(promql, scalar_ok=True)
         items = [(s.labels, s.value, s.timestamp) for s in samples if math.isfinite(s.value)]
-        self._account("external", [ts for _, _, ts in items])
-        return wire.external_metric_value_list(route.metric, items, entry.rule.window_seconds)
+        return entry, items
 
-    def _account(self, api: str, timestamps: list[float]) -> None:
+    def account(self, api: str, timestamps: list[float]) -> None:
+        """Count the values served under `api` (custom, external, keda) and observe their ages."""
         now = self._clock()
         self._metrics.items.labels(api).inc(len(timestamps))
         for ts in timestamps:

@@ -34,6 +34,9 @@ class AdapterMetrics:
     discovery_runs: Counter
     certificate_reloads: Counter
     certificate_expiry: Gauge
+    keda_requests: Counter
+    keda_request_duration: Histogram
+    keda_pushes: Counter
 
     def observe_query(self, purpose: str, outcome: str, seconds: float) -> None:
         self.queries.labels(purpose, outcome).inc()
@@ -101,6 +104,40 @@ def new_metrics(registry: CollectorRegistry | None) -> AdapterMetrics:
             "When the serving certificate in use expires (unix seconds).",
             registry=registry,
         ),
+        keda_requests=Counter(
+            "gpuwarden_adapter_keda_requests_total",
+            "KEDA external-scaler gRPC calls by method (IsActive, StreamIsActive, GetMetricSpec, "
+            "GetMetrics, StreamMetricSpec) and gRPC status code (OK, INVALID_ARGUMENT, NOT_FOUND, "
+            "UNAVAILABLE, ...); a stream counts once, when it ends.",
+            ["rpc", "code"],
+            registry=registry,
+        ),
+        keda_request_duration=Histogram(
+            "gpuwarden_adapter_keda_request_duration_seconds",
+            "KEDA external-scaler unary call latency by method (streams are not timed).",
+            ["rpc"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        keda_pushes=Counter(
+            "gpuwarden_adapter_keda_pushes_total",
+            "external-push: activity changes sent on StreamIsActive streams, by value (true, false), and "
+            "re-evaluations that could not be decided (error: no data, stale, Prometheus down).",
+            ["result"],
+            registry=registry,
+        ),
+    )
+
+
+def register_keda_snapshots(registry: CollectorRegistry, *, streams: Snapshot) -> None:
+    """Collect-on-scrape gauge of the KEDA external scaler's open streams."""
+    registry.register(
+        SnapshotCollector(
+            "gpuwarden_adapter_keda_open_streams",
+            "StreamIsActive streams open now (one per external-push trigger KEDA runs).",
+            [],
+            streams,
+        )
     )
 
 

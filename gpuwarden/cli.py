@@ -24,7 +24,8 @@ EXIT_USAGE = 2
 DESCRIPTION = """\
 gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prometheus.
 
-  adapter       serve custom.metrics.k8s.io and external.metrics.k8s.io from Prometheus (for HPAs)
+  adapter       serve custom.metrics.k8s.io and external.metrics.k8s.io from Prometheus (for HPAs), and
+                KEDA's external scaler (gRPC) from the same cache (--keda)
   controller    GPU-health quarantine, nomination cleanup, preemption throttle, scheduler extender
   node-agent    per GPU node: publish GPU topology, record the GPUs containers actually got (kubelet
                 PodResources), optionally serve the device-plugin API so the recorded GPUs are handed out
@@ -32,6 +33,7 @@ gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prom
   check-config  validate a config file and report every error at once, each naming its field
   simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
   demo          the main job on a local kwok GPU fleet, end to end, with an HTML report
+  keda convert  rewrite ScaledObjects' prometheus triggers as gpuwarden external triggers (where equal)
 
 Config: one YAML file (--config); env overrides GPUWARDEN_<SECTION>__<KEY>; flags override both.
 """
@@ -107,7 +109,13 @@ def _run_until_signal(coro_factory: Callable[[], Any]) -> int:
 
 
 def _cmd_adapter(args: argparse.Namespace) -> int:
-    config = _load(args, {"prometheus.url": args.prometheus_url, "adapter.secure_port": args.secure_port})
+    overrides: dict[str, object] = {
+        "prometheus.url": args.prometheus_url,
+        "adapter.secure_port": args.secure_port,
+        "adapter.keda.enabled": True if args.keda else None,
+        "adapter.keda.port": args.keda_port,
+    }
+    config = _load(args, overrides)
     if config is None:
         return EXIT_FAILED
     from adapter.app import run_adapter
@@ -194,6 +202,41 @@ def _harness_missing(command: str, exc: ModuleNotFoundError) -> bool:
     return True
 
 
+def _cmd_keda_convert(args: argparse.Namespace) -> int:
+    import yaml
+
+    from adapter.kedaconvert import Options, convert_documents
+    from gpuwarden.config import load_config
+    from gpuwarden.config.report import format_problems
+    from gpuwarden.errors import ConfigError
+
+    try:
+        config = load_config(args.config, os.environ)
+    except ConfigError as exc:
+        print(format_problems(exc.problems, str(args.config or "(defaults)")), file=sys.stderr, end="")
+        return EXIT_FAILED
+    try:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text()
+        documents = list(yaml.safe_load_all(text))
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"gpuwarden keda convert: cannot read {args.file}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    options = Options(
+        scaler_address=args.scaler_address,
+        auth_ref=args.auth_ref,
+        push=args.push,
+        transport=args.transport,
+    )
+    converted, reports = convert_documents(documents, config.adapter.presets, options)
+    sys.stdout.write(yaml.safe_dump_all(converted, sort_keys=False, width=10_000))
+    for report in reports:
+        print(report.line(), file=sys.stderr)
+    if not reports:
+        print("gpuwarden keda convert: no prometheus trigger found", file=sys.stderr)
+    kept = sum(not r.converted for r in reports)
+    return EXIT_FAILED if args.strict and kept else EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         from harness.demo import run_demo
@@ -243,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--secure-port", type=int, help="overrides adapter.secure_port")
+    p.add_argument(
+        "--keda",
+        action="store_true",
+        help="serve KEDA's external scaler (gRPC) too; overrides adapter.keda.enabled (docs/keda.md)",
+    )
+    p.add_argument("--keda-port", type=int, help="overrides adapter.keda.port (gRPC, default 6000)")
     p.set_defaults(func=_cmd_adapter)
 
     p = sub.add_parser("controller", help="GPU-health quarantine, nominations, preemption, extender")
@@ -291,6 +340,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["json", "text", "auto"])
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("keda", help="KEDA tools (convert)", description="Tools for clusters running KEDA.")
+    keda = p.add_subparsers(dest="keda_command", metavar="COMMAND", required=True)
+    p = keda.add_parser(
+        "convert",
+        help="rewrite ScaledObjects' prometheus triggers as gpuwarden external triggers",
+        description="Read Kubernetes YAML (ScaledObjects and anything else), rewrite each `prometheus` "
+        "trigger whose query a gpuwarden preset answers with the same number into an `external` trigger "
+        "served by the adapter's KEDA external scaler, and print the result on stdout; every other document "
+        "and trigger is printed unchanged. stderr gets one line per prometheus trigger: converted (with "
+        "notes) or kept, and why (docs/keda.md).",
+    )
+    p.add_argument("file", type=Path, help="YAML file with ScaledObjects, or - for stdin")
+    p.add_argument("--config", type=Path, help="gpuwarden config whose adapter.presets the adapter runs with")
+    p.add_argument(
+        "--scaler-address",
+        default="gpuwarden-keda.gpuwarden.svc:6000",
+        help="scalerAddress of the converted triggers (default %(default)s)",
+    )
+    p.add_argument(
+        "--auth-ref",
+        help="TriggerAuthentication for mutual TLS (caCert, tlsClientCert, tlsClientKey) set on the "
+        "converted triggers (replaces their Prometheus authenticationRef)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=["tls", "tls-unverified", "plaintext"],
+        default="tls",
+        help="tls: enableTLS (verify with caCert from --auth-ref, or the system CAs); tls-unverified: also "
+        "unsafeSsl, for the adapter's self-signed default certificate; plaintext: adapter.keda.tls.plaintext "
+        "(default %(default)s)",
+    )
+    p.add_argument("--push", action="store_true", help="external-push triggers (activate from zero at once)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any prometheus trigger was kept")
+    p.set_defaults(func=_cmd_keda_convert)
 
     p = sub.add_parser("demo", help="run the main job on a local kwok GPU fleet and write a report")
     p.add_argument("--scenario", type=Path, help="scripted demo scenario (default: the one in the repo)")

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gpuwarden.config.base import Section
-from gpuwarden.config.fieldtypes import FieldError, LabelName, MetricName, Port, Seconds
+from gpuwarden.config.fieldtypes import FieldError, LabelName, MetricName, Port, PositiveCount, Seconds
 from gpuwarden.config.metric_rules import PrometheusAdapterRules
 
 
@@ -203,6 +203,82 @@ class MetricCache(Section):
         return self
 
 
+class KedaTLS(Section):
+    """Transport security of the KEDA external scaler's gRPC port, as KEDA's `external` trigger speaks it.
+
+    KEDA connects with TLS when the trigger sets `enableTLS: "true"` or its TriggerAuthentication gives
+    `caCert` / `tlsClientCert` + `tlsClientKey` (PEM), and in plaintext otherwise.
+    """
+
+    plaintext: bool = Field(
+        default=False,
+        description="Serve the gRPC port without TLS (KEDA triggers then set no enableTLS/caCert). Off by "
+        "default: metric values and selectors would cross the network in the clear; only for a trusted "
+        "network or a local test.",
+    )
+    cert_file: Path | None = Field(
+        default=None,
+        description="PEM serving certificate of the gRPC port. null: the adapter's own serving pair "
+        '(adapter.tls), which is self-signed when that is null too (KEDA then needs `unsafeSsl: "true"`, '
+        "or give it a certificate its caCert can verify). The files (and client_ca_file) are re-read "
+        "before a new connection's handshake when their size or mtime changed (rotation without a "
+        "restart); an unusable set is logged and counted, and the previous one keeps serving.",
+    )
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
+    client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle for mutual TLS: every client must present a certificate it signed "
+        "(KEDA's TriggerAuthentication tlsClientCert/tlsClientKey). null: no client certificate asked for.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KedaTLS:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise FieldError(missing, "cert_file and key_file must be set together (or both left null)")
+        if self.plaintext and (self.cert_file is not None or self.client_ca_file is not None):
+            field = "client_ca_file" if self.client_ca_file is not None else "cert_file"
+            raise FieldError(field, "has no effect with plaintext: true; drop one of them")
+        return self
+
+
+class KedaScaler(Section):
+    """KEDA's external scaler (gRPC `externalscaler.ExternalScaler`), answered from the same grouped cache.
+
+    For clusters where KEDA owns external.metrics.k8s.io: ScaledObjects use an `external` (or
+    `external-push`) trigger pointing here instead of one Prometheus query per trigger (docs/keda.md).
+    """
+
+    enabled: bool = Field(
+        default=False,
+        description="Serve the external scaler. Off by default: only clusters running KEDA need the port.",
+    )
+    bind_address: str = Field(
+        default="0.0.0.0",
+        description="Address the gRPC listener binds; 0.0.0.0 because the KEDA operator calls the pod IP "
+        "through a Service.",
+    )
+    port: Port = Field(
+        default=6000,
+        description="gRPC port. 6000 is the port of KEDA's external-scaler samples and docs.",
+    )
+    tls: KedaTLS = Field(default_factory=KedaTLS, description="TLS / mutual TLS of the gRPC port.")
+    push_interval_seconds: Seconds = Field(
+        default=15.0,
+        ge=1,
+        le=600,
+        description="external-push: StreamIsActive re-evaluates each stream after every cache refresh, and "
+        "at least this often (the only trigger with adapter.cache.mode per_request). 15 s is the cache's "
+        "default refresh interval.",
+    )
+    max_streams: PositiveCount = Field(
+        default=10000,
+        description="Open StreamIsActive streams allowed at once (one per external-push ScaledObject); "
+        "more are refused with RESOURCE_EXHAUSTED and KEDA retries with backoff. Bounds the memory a "
+        "misbehaving client can pin.",
+    )
+
+
 class AdapterConfig(PrometheusAdapterRules):
     """The metrics API server: listener, TLS, authentication, metric discovery and caching."""
 
@@ -245,11 +321,18 @@ class AdapterConfig(PrometheusAdapterRules):
         "is four 30 s scrape intervals.",
     )
     cache: MetricCache = Field(default_factory=MetricCache, description="Demand-driven cache.")
+    keda: KedaScaler = Field(
+        default_factory=KedaScaler, description="KEDA external scaler (gRPC), from the same cache."
+    )
 
     @model_validator(mode="after")
     def _listeners_and_ages(self) -> AdapterConfig:
         if self.insecure_port is not None and self.insecure_port == self.secure_port:
             raise FieldError("insecure_port", f"must differ from secure_port ({self.secure_port})")
+        if self.keda.enabled and self.keda.port in (self.secure_port, self.insecure_port):
+            raise FieldError(
+                "keda.port", f"must differ from secure_port and insecure_port ({self.keda.port})"
+            )
         if (
             self.metrics_max_age_seconds is not None
             and self.metrics_max_age_seconds < self.relist_interval_seconds

@@ -74,6 +74,7 @@ EQUIVALENT = {
     "overlays/scheduler": ["scheduler.enabled=true"],
     "overlays/node-agent": ["nodeAgent.enabled=true"],
     "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
+    "overlays/keda": ["keda.enabled=true"],
 }
 GPUWARDEN_CONFIGS = {"gpuwarden-config", "gpuwarden-node-agent"}
 # Labels only one side sets: kustomize's managed-by, Helm's release bookkeeping.
@@ -214,6 +215,10 @@ def test_prometheus_adapter_values_are_mapped() -> None:
         ),
         (["config.adapter.secure_port=7443"], "config.adapter.secure_port: set listenPort instead"),
         (["podDisruptionBudget.maxUnavailable=1"], "podDisruptionBudget: set minAvailable or maxUnavailable"),
+        (["keda.tls.plaintext=true", "keda.tls.existingSecret=s"], "keda.tls.plaintext: cannot be combined"),
+        (["keda.tls.mutualTLS=true"], "keda.tls.mutualTLS: needs keda.tls.existingSecret"),
+        (["keda.enabled=true", "keda.port=6443"], "keda.port: 6443 is listenPort too"),
+        (["keda.tls.mtls=true"], "at '/keda/tls'"),
     ],
 )
 def test_a_wrong_value_is_rejected_with_its_key(sets: list[str], message: str) -> None:

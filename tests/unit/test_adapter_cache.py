@@ -166,3 +166,20 @@ async def test_batches_are_split_at_the_limit(clock: Clock) -> None:
     clock.now += 15
     await cache.refresh_due()
     assert sorted(sizes) == [1, 2, 2]
+
+
+async def test_refresh_rounds_wake_waiters_only_when_something_was_refreshed(
+    cache: ValueCache[dict[str, int]], clock: Clock
+) -> None:
+    source = Source()
+    await cache.get("k", source)
+    waiter = asyncio.ensure_future(cache.refreshed(cache.rounds))
+    assert await cache.refresh_due() == 0  # nothing due: no round, the waiter keeps waiting
+    await asyncio.sleep(0)
+    assert cache.rounds == 0 and not waiter.done()
+    clock.now += 15
+    source.fail = True
+    assert await cache.refresh_due() == 1  # a failed refresh is a round too: streams re-evaluate
+    await asyncio.wait_for(waiter, timeout=1)
+    assert cache.rounds == 1
+    await asyncio.wait_for(cache.refreshed(0), timeout=1)  # a round already past returns at once

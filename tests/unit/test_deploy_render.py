@@ -1,7 +1,8 @@
 """A small kustomize renderer for deploy/, so the manifests are checked structurally without kubectl.
 
 deploy/ uses only a subset of kustomize on purpose: `resources` (files and directories), `labels` (pairs,
-metadata only), `images` (newTag / newName) and inline JSON 6902 `patches` with a target. `render()`
+metadata only), `images` (newTag / newName) and inline JSON 6902 `patches` with a target (plus the one
+strategic-merge patch an overlay needs to drop a base object: `$patch: delete`). `render()`
 implements exactly that and rejects anything else, so a new feature cannot be silently mis-rendered; when the
 testbed's kubectl is built, the result is compared with real `kubectl kustomize` output (the e2e tier
 compares again, where the binary is guaranteed).
@@ -27,6 +28,7 @@ OVERLAYS = (
     "examples",
     "overlays/node-agent",
     "overlays/resource-metrics",
+    "overlays/keda",
 )
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
 Obj = dict[str, Any]
@@ -101,8 +103,14 @@ def render(directory: Path) -> list[Obj]:
         assert set(patch) == {"target", "patch"}, f"{kfile}: only inline JSON 6902 patches with a target"
         hits = [o for o in objects if _matches(o, patch["target"])]
         assert hits, f"{kfile}: patch target {patch['target']} matches nothing"
+        body = yaml.safe_load(patch["patch"])
+        if isinstance(body, dict):
+            assert body.get("$patch") == "delete", f"{kfile}: a strategic-merge patch may only delete"
+            assert _matches(body, patch["target"]), f"{kfile}: the delete patch names another object"
+            objects = [o for o in objects if not any(o is hit for hit in hits)]
+            continue
         for obj in hits:
-            _json6902(obj, yaml.safe_load(patch["patch"]))
+            _json6902(obj, body)
     for group in spec.get("labels", []):
         assert not group.get("includeSelectors") and not group.get("includeTemplates")
         for obj in objects:

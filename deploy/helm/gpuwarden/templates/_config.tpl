@@ -19,6 +19,19 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
 {{- if $v.tls.enable -}}
 {{- $_ := set $adapter "tls" (dict "cert_file" "/etc/gpuwarden-tls/tls.crt" "key_file" "/etc/gpuwarden-tls/tls.key") -}}
 {{- end -}}
+{{- /* keda.enabled itself is the adapter's env (GPUWARDEN_ADAPTER__KEDA__ENABLED), as in deploy/overlays/keda;
+     only settings that differ from the defaults go into the shared config. */ -}}
+{{- if $v.keda.enabled -}}
+{{- $keda := dict -}}
+{{- if ne (int $v.keda.port) 6000 }}{{ $_ := set $keda "port" (int $v.keda.port) }}{{ end -}}
+{{- if $v.keda.tls.plaintext }}{{ $_ := set $keda "tls" (dict "plaintext" true) }}{{ end -}}
+{{- if $v.keda.tls.existingSecret -}}
+{{- $kedaTLS := dict "cert_file" "/etc/gpuwarden-keda-tls/tls.crt" "key_file" "/etc/gpuwarden-keda-tls/tls.key" -}}
+{{- if $v.keda.tls.mutualTLS }}{{ $_ := set $kedaTLS "client_ca_file" "/etc/gpuwarden-keda-tls/ca.crt" }}{{ end -}}
+{{- $_ := set $keda "tls" $kedaTLS -}}
+{{- end -}}
+{{- with $keda }}{{ $_ := set $adapter "keda" . }}{{ end -}}
+{{- end -}}
 {{- $port := ternary (printf ":%v" $v.prometheus.port) "" (not (empty (toString ($v.prometheus.port | default "")))) -}}
 {{- $url := printf "%s%s%s" (tpl $v.prometheus.url .) $port ($v.prometheus.path | default "") -}}
 {{- $level := ternary "debug" "info" (ge (int $v.logLevel) 5) -}}
@@ -111,6 +124,15 @@ and what to do instead. Called by every template run (templates/validate.yaml).
 {{- end -}}
 {{- if and (not $v.serviceAccount.create) (not $v.serviceAccount.name) -}}
 {{- fail "serviceAccount.name: required when serviceAccount.create is false (the adapter's pods and RBAC bindings name it)." -}}
+{{- end -}}
+{{- if and $v.keda.tls.plaintext $v.keda.tls.existingSecret -}}
+{{- fail "keda.tls.plaintext: cannot be combined with keda.tls.existingSecret; drop one of them." -}}
+{{- end -}}
+{{- if and $v.keda.tls.mutualTLS (not $v.keda.tls.existingSecret) -}}
+{{- fail "keda.tls.mutualTLS: needs keda.tls.existingSecret, a Secret whose ca.crt signs the client certificate KEDA presents." -}}
+{{- end -}}
+{{- if and $v.keda.enabled (eq (int $v.keda.port) (int $v.listenPort)) -}}
+{{- fail (printf "keda.port: %v is listenPort too; choose another port." $v.keda.port) -}}
 {{- end -}}
 {{- if $v.tls.enable -}}
 {{- range $key := list "ca" "certificate" "key" -}}
