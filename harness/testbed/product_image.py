@@ -53,6 +53,9 @@ class ProductImage:
     archive: Path
     ref: str
     digest: str
+    """The manifest's digest (what a registry would call the image's digest)."""
+    config_digest: str
+    """The config blob's digest: containerd's image ID, the kubelet's ``imageID``."""
     config: dict[str, Any]
     layers: tuple[str, ...]
     """Layer blob names (``blobs/sha256/<hex>``) from the bottom up."""
@@ -77,7 +80,14 @@ class ProductImage:
             config = blob(manifest["config"]["digest"])
         ref = (desc.get("annotations") or {}).get("org.opencontainers.image.ref.name", "")
         layers = tuple("blobs/sha256/" + layer["digest"].split(":", 1)[1] for layer in manifest["layers"])
-        return cls(archive=path, ref=ref, digest=desc["digest"], config=config, layers=layers)
+        return cls(
+            archive=path,
+            ref=ref,
+            digest=desc["digest"],
+            config_digest=manifest["config"]["digest"],
+            config=config,
+            layers=layers,
+        )
 
     @property
     def user(self) -> str:
