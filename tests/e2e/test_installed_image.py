@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from harness.localprom import LocalPrometheus
 from harness.testbed import (
@@ -349,3 +350,67 @@ def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed) -> N
     assert done.returncode == 0, done.stderr
     assert _release_objects(cluster) == []
     poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
+
+
+def _kustomize_overlay(inst: Installed, directory: Path) -> Path:
+    """deploy/base as a user would adapt it: their Prometheus URL, and the test bed's real node."""
+    base = CHART.parent.parent / "base"
+    configmap = yaml.safe_load((base / "configmap.yaml").read_text())
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    config["prometheus"]["url"] = inst.prometheus_url
+    configmap["data"]["config.yaml"] = yaml.safe_dump(config, sort_keys=False)
+    placement = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeSelector": {REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                }
+            }
+        }
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "configmap.yaml").write_text(yaml.safe_dump(configmap))
+    patches = [{"path": "configmap.yaml"}]
+    for name in ("gpuwarden-adapter", "gpuwarden-controller"):
+        doc = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "gpuwarden"},
+        }
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump({**doc, **placement}))
+        patches.append({"path": f"{name}.yaml"})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [str(base)],
+        "patches": patches,
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+def test_kustomize_base_installs_the_same_image(installed: Installed, tmp_path: Path) -> None:
+    """After the Helm release is gone: `kubectl apply -k` of deploy/base (the user's Prometheus, our node)."""
+    cluster = installed.cluster
+    assert _release_objects(cluster) == [], "run after the helm uninstall test (same APIService names)"
+    overlay = _kustomize_overlay(installed, tmp_path / "overlay")
+    t0 = time.monotonic()
+    out = cluster.kubectl("apply", "-k", str(overlay), timeout=120)
+    assert "apiservice.apiregistration.k8s.io/v1beta1.custom.metrics.k8s.io" in out, out
+
+    def ready() -> list[Obj] | None:
+        pods = cluster.get_json("pods", "-n", "gpuwarden")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live if len(live) == 4 and all(_ready(p) for p in live) else None
+
+    pods = poll(ready, timeout=240, interval=1.0, what="the kustomize base's 4 pods Ready")
+    installed.numbers["kustomize_apply_to_ready_s"] = round(time.monotonic() - t0, 1)
+    assert {p["status"]["containerStatuses"][0]["image"] for p in pods} == {installed.image.ref}
+    for name in APISERVICES:
+        assert cluster.get_json("apiservice", name)["spec"]["service"]["namespace"] == "gpuwarden"
+        wait_apiservice_available(cluster, name, timeout=120)
+    raw = cluster.kubectl("get", "--raw", "/apis/custom.metrics.k8s.io/v1beta1")
+    assert json.loads(raw)["kind"] == "APIResourceList"
+    cluster.delete_apiservices()
+    cluster.kubectl("delete", "-k", str(overlay), "--wait=false", check=False, timeout=120)
