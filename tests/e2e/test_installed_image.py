@@ -11,6 +11,8 @@ that node, and everything else is what a cluster does with them:
   through the node IP (a relay to the loopback-only test Prometheus);
 - the chart's APIServices become Available through the aggregator dialling the adapter Service, i.e. the
   adapter *pods* (kube-proxy again), and serve discovery and a metric read;
+- kube-scheduler, configured from the chart's scheduler config, calls the extender in the controller pods
+  through its Service and binds a GPU pod (the extender's bind records the GPU set);
 - deleting the controller's leader pod hands the Lease to the other replica (time printed) while the
   extender, called through its Service, keeps answering;
 - ``helm upgrade`` with a changed value rolls the pods; ``helm uninstall`` leaves no cluster-wide object.
@@ -44,6 +46,8 @@ from harness.testbed import (
     Binaries,
     Cluster,
     ClusterConfig,
+    GpuNodeSpec,
+    add_gpu_nodes,
     ensure_namespace,
     poll,
     wait_apiservice_available,
@@ -51,6 +55,7 @@ from harness.testbed import (
 from harness.testbed.product_image import ProductImage, ProductImageError, archive_path
 from harness.testbed.realnode import REAL_NODE_LABEL, RealNodeSpec
 from harness.testbed.relay import Relay
+from tests.e2e.conftest import pod_manifest
 from tests.e2e.test_helm_chart import CHART, helm
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +77,7 @@ class Installed:
     image: ProductImage
     prometheus_url: str
     install_output: str
+    values: Path
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def kubectl_json(self, *args: str) -> Obj:
@@ -183,7 +189,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         t0 = time.monotonic()
         done = helm("install", RELEASE, str(CHART), "-n", NS, "-f", str(values), cluster=cluster, timeout=120)
         assert done.returncode == 0, done.stderr
-        inst = Installed(cluster, image, relay.url, done.stdout + done.stderr)
+        inst = Installed(cluster, image, relay.url, done.stdout + done.stderr, values)
         _wait_release_ready(inst)
         inst.numbers["install_to_all_ready_s"] = round(time.monotonic() - t0, 1)
         yield inst
@@ -264,6 +270,60 @@ def test_apiservices_available_through_the_adapter_pods(installed: Installed) ->
         "get", "--raw", f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/http_requests_per_second"
     )
     assert json.loads(raw)["kind"] == "ExternalMetricValueList"
+
+
+def _chart_scheduler_config(inst: Installed) -> Obj:
+    """The chart's KubeSchedulerConfiguration (scheduler.enabled) for the test bed's kube-scheduler.
+
+    Two changes, both because that kube-scheduler is a host process and not the chart's pod: the extender's
+    Service is dialled at its ClusterIP (kube-proxy routes it to a controller pod; the host has no cluster
+    DNS), and the default profile is kept beside gpuwarden-scheduler (it schedules everything else here).
+    """
+    done = helm(
+        "template", RELEASE, str(CHART), "-n", NS, "-f", str(inst.values), "--set", "scheduler.enabled=true"
+    )
+    assert done.returncode == 0, done.stderr
+    configmap = next(
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuwarden-scheduler-config"
+    )
+    config: Obj = yaml.safe_load(configmap["data"]["config.yaml"])
+    ip = inst.cluster.get_json("service", "gpuwarden-controller", "-n", NS)["spec"]["clusterIP"]
+    for ext in config["extenders"]:
+        ext["urlPrefix"] = ext["urlPrefix"].replace(f"gpuwarden-controller.{NS}.svc", ip)
+    config["leaderElection"] = {"leaderElect": False}
+    config["profiles"] = [{"schedulerName": "default-scheduler"}, *config["profiles"]]
+    return config
+
+
+def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Installed) -> None:
+    cluster = installed.cluster
+    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8)])
+    config = _chart_scheduler_config(installed)
+    assert config["extenders"][0]["bindVerb"] == "bind"
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    cluster.restart_scheduler(config)
+    ns = "gw-installed-jobs"
+    ensure_namespace(cluster, ns)
+    try:
+        pod = pod_manifest("gpu-job", gpus=2, schedulerName="gpuwarden-scheduler")
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+        t0 = time.monotonic()
+
+        def bound() -> Obj | None:
+            doc = cluster.get_json("pod", "gpu-job", "-n", ns)
+            return doc if doc["spec"].get("nodeName") else None
+
+        placed = poll(bound, timeout=60, what="the GPU pod bound")
+        installed.numbers["gpu_pod_create_to_bound_s"] = round(time.monotonic() - t0, 1)
+        assert placed["spec"]["nodeName"] == "gpu-kwok-0"
+        # Only the extender's bind writes the GPU set before binding (the default binder never does).
+        ids = placed["metadata"].get("annotations", {}).get("gpuwarden.io/gpu-ids", "")
+        assert len(ids.split(",")) == 2, placed["metadata"].get("annotations")
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.restart_scheduler(original)
 
 
 def _lease_holder(cluster: Cluster) -> str:
