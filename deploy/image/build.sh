@@ -148,7 +148,7 @@ if [[ -f "$BASE_TAR" ]]; then
 else
   echo "==> [2/5] base: mmdebstrap $SUITE (python3, ca-certificates; ~1 min cold)"
   t0=$(now)
-  mmdebstrap --quiet "${BASE_ARGS[@]}" "$SUITE" "$BASE_TAR.tmp" "${MIRRORS[@]}"
+  mmdebstrap --quiet --format=tar "${BASE_ARGS[@]}" "$SUITE" "$BASE_TAR.tmp" "${MIRRORS[@]}"
   mv "$BASE_TAR.tmp" "$BASE_TAR"
   echo "    base root file system in $(elapsed "$t0"): $(mib "$(stat -c %s "$BASE_TAR")")"
 fi
