@@ -452,7 +452,7 @@ class Cluster:
         self.timings[f"{spec.name}_ready_s"] = node.timings.get("node_ready_s", 0.0)
         if self.config.pod_network:
             try:
-                node.start_kube_proxy(self.binaries.path("kube-proxy"), self.kubeconfig)
+                node.start_kube_proxy(self.binaries.path("kube-proxy"), self.kubeconfig, SERVICE_CIDR)
             except RealNodeError as exc:
                 raise ClusterError(f"real node {spec.name}: {exc}") from exc
 

@@ -501,16 +501,30 @@ class RealNode:
         return list(archives)
 
     # ---------------------------------------------------------------- kube-proxy
-    def start_kube_proxy(self, binary: Path, kubeconfig: Path, *, timeout: float = 60.0) -> None:
+    def start_kube_proxy(
+        self, binary: Path, kubeconfig: Path, service_cidr: str, *, timeout: float = 60.0
+    ) -> None:
         """kube-proxy (iptables mode) for this node: pods reach Services, the API server's included.
 
         It runs as a plain process like the kubelet, with the cluster's admin credentials (a test bed
         shortcut for the ``system:node-proxier`` role), touching no sysctl it can avoid: conntrack limits
         left as they are, no localhost NodePorts (so no ``route_localnet``). :meth:`stop` ends it and runs
         ``kube-proxy --cleanup`` so no KUBE-* chain outlives the node.
+
+        The Service range is routed into the node's bridge: a ClusterIP kube-proxy has no rule for (yet)
+        then goes nowhere instead of out of the machine by the default route. The route goes with the bridge.
         """
         t0 = time.monotonic()
         self._kube_proxy_binary = binary
+        bridge = self.spec.bridge
+        for cmd in (
+            ["ip", "link", "add", "name", bridge, "type", "bridge"],  # the CNI plugin adopts an existing one
+            ["ip", "link", "set", bridge, "up"],
+            ["ip", "route", "replace", service_cidr, "dev", bridge],
+        ):
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0 and "File exists" not in res.stderr:
+                raise RealNodeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
         healthz = ports.free_port("127.0.0.1")
         metrics = ports.free_port("127.0.0.1")
         config = {
