@@ -33,9 +33,10 @@ MIRRORS=(
   "deb http://deb.debian.org/debian $SUITE-updates main"
   "deb http://deb.debian.org/debian-security $SUITE-security main"
 )
-# essential = dpkg's Essential:yes set (no apt); documentation, man pages and translations are left out.
+# essential = dpkg's Essential:yes set (no apt); libstdc++6 for grpcio's C++ core (the node agent's kubelet
+# APIs); documentation, man pages and translations are left out.
 BASE_ARGS=(
-  --variant=essential --include=python3,ca-certificates
+  --variant=essential --include=python3,ca-certificates,libstdc++6
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
   --dpkgopt='path-exclude=/usr/share/locale/*'
@@ -146,7 +147,7 @@ mkdir -p "$CACHE/base"
 if [[ -f "$BASE_TAR" ]]; then
   echo "==> [2/5] base $BASE_REF: cached ($BASE_TAR)"
 else
-  echo "==> [2/5] base: mmdebstrap $SUITE (python3, ca-certificates; ~1 min cold)"
+  echo "==> [2/5] base: mmdebstrap $SUITE (python3, ca-certificates, libstdc++6; ~1 min cold)"
   t0=$(now)
   mmdebstrap --quiet --format=tar "${BASE_ARGS[@]}" "$SUITE" "$BASE_TAR.tmp" "${MIRRORS[@]}"
   mv "$BASE_TAR.tmp" "$BASE_TAR"
@@ -171,7 +172,7 @@ mkdir -p "$OUT"
 "${BUILDAH[@]}" bud --isolation chroot --pull-never --build-arg "PYTHON_IMAGE=$BASE_REF" \
   --timestamp 0 -f deploy/Dockerfile -t "$IMAGE_REF" . 2>&1 | while IFS= read -r line; do
     case "$line" in
-      STEP*|COMMIT*|"Storing signatures"|"-->"*) printf '    [%5.0fs] %s\n' "$(awk -v a="$t0" -v b="$(now)" 'BEGIN{print b-a}')" "$line" ;;
+      *STEP*|*COMMIT*|"Storing signatures"|"-->"*) printf '    [%5.0fs] %s\n' "$(awk -v a="$t0" -v b="$(now)" 'BEGIN{print b-a}')" "$line" ;;
       *) printf '           %s\n' "$line" ;;
     esac
   done
