@@ -167,6 +167,25 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     relay: Relay | None = None
     try:
         asyncio.run(prom.start())
+        # A QPS series for the chart's default external rule (http_requests_total with namespace and pod):
+        # Prometheus' own request counter, scraped again under those labels.
+        prom.scrape_configs.append(
+            {
+                "job_name": "qps",
+                "static_configs": [
+                    {"targets": [prom.url.split("//", 1)[1]], "labels": {"namespace": NS, "pod": "web-0"}}
+                ],
+                "metric_relabel_configs": [
+                    {
+                        "source_labels": ["__name__"],
+                        "regex": "prometheus_http_requests_total",
+                        "target_label": "__name__",
+                        "replacement": "http_requests_total",
+                    }
+                ],
+            }
+        )
+        asyncio.run(prom.reload())
         node_ip = cluster.real_node().node_ip
         relay = Relay(node_ip, int(prom.url.rsplit(":", 1)[1])).start()
         ensure_namespace(
@@ -208,7 +227,8 @@ def test_pods_run_our_image_and_become_ready_through_their_probes(installed: Ins
     for pod in pods:
         status = pod["status"]["containerStatuses"][0]
         assert status["image"] == installed.image.ref, status
-        assert status["imageID"].endswith(config_digest), (status["imageID"], config_digest)
+        # containerd names an imported image by its config digest (no registry, so no repo digest).
+        assert status["imageID"].split("@")[-1] in (config_digest, installed.image.digest), status
         assert pod["spec"]["nodeName"] == NODE
         container = pod["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -264,12 +284,18 @@ def test_apiservices_available_through_the_adapter_pods(installed: Installed) ->
     for group in ("custom.metrics.k8s.io/v1beta2", "external.metrics.k8s.io/v1beta1"):
         doc = json.loads(cluster.kubectl("get", "--raw", f"/apis/{group}"))
         assert doc["kind"] == "APIResourceList" and doc["groupVersion"] == group
-    # A metric read through the aggregator -> adapter pod -> Prometheus (through the relay): the external
-    # rule's metric for a namespace; Prometheus has no such series, so the list is empty but well-formed.
-    raw = cluster.kubectl(
-        "get", "--raw", f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/http_requests_per_second"
-    )
-    assert json.loads(raw)["kind"] == "ExternalMetricValueList"
+    # A metric read through the aggregator -> adapter pod -> Prometheus (through the relay): the chart's
+    # default external rule over the test's QPS series for this namespace.
+    path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/http_requests_per_second"
+
+    def served() -> Obj | None:
+        out = cluster.kubectl("get", "--raw", path, check=False)
+        doc: Obj | None = json.loads(out) if out else None
+        return doc if doc and doc.get("items") else None
+
+    values = poll(served, timeout=90, interval=2, what="http_requests_per_second served for the namespace")
+    assert values["kind"] == "ExternalMetricValueList"
+    assert values["items"][0]["metricName"] == "http_requests_per_second"
 
 
 def _chart_scheduler_config(inst: Installed) -> Obj:
