@@ -86,7 +86,8 @@ class Installed:
 
     def pods(self, component: str | None = None) -> list[Obj]:
         selector = ["-l", f"app.kubernetes.io/component={component}"] if component else []
-        return list(self.kubectl_json("get", "pods", "-n", NS, *selector)["items"])
+        items = self.kubectl_json("get", "pods", "-n", NS, *selector)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
 def _ready(pod: Obj) -> bool:
@@ -128,7 +129,7 @@ def _pod_rss_mib(uid: str) -> float:
 
 def _wait_release_ready(inst: Installed, timeout: float = 240) -> list[Obj]:
     def all_ready() -> list[Obj] | None:
-        pods = [p for p in inst.pods() if not p["metadata"].get("deletionTimestamp")]
+        pods = inst.pods()
         deployments = inst.kubectl_json("get", "deployments", "-n", NS)["items"]
         want = sum(int(d["spec"]["replicas"]) for d in deployments)
         updated = all(
