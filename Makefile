@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client lint unit integration rules-test e2e test bench demo clean image-tools image-lock wheelhouse image image-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,6 +70,30 @@ promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/prom
 keda-client: ## build KEDA's external-scaler client (tests/keda, KEDA's pkg/scalers) into .cache/kedaclient
 	bash tests/keda/build.sh
 
+# The image (deploy/Dockerfile, the one recipe) is built without a registry or a daemon: buildah 1.28 (vfs
+# storage, chroot isolation: works as root here, no user namespaces or fuse needed) on a bookworm base made
+# from Debian packages by mmdebstrap; umoci is not needed (the image tests read the OCI archive themselves).
+IMAGE_PKGS := buildah mmdebstrap
+image-tools: ## install buildah and mmdebstrap (Debian packages) to build the image
+	@missing=""; for p in $(IMAGE_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "==> installing$$missing (Debian packages)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@buildah --version; mmdebstrap --version
+
+image-lock: deps ## regenerate deploy/image/requirements*.txt (runtime closure of requirements.lock, with hashes)
+	$(PY) deploy/image/lock.py
+
+wheelhouse: deps ## download the image's hash-pinned wheels into build/wheelhouse (for `docker build`)
+	bash deploy/image/build.sh --wheelhouse
+
+image: deps image-tools ## build deploy/Dockerfile into an OCI archive under .cache/image/<content-key>/
+	bash deploy/image/build.sh
+
+image-test: deps image ## the built image: product only (no harness, tests, pip, compiler), every --help runs
+	$(PYTEST) -q tests/image
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -89,10 +113,13 @@ integration: deps prometheus promql-check keda-client ## against a real Promethe
 rules-test: prometheus ## promtool check + test of rules/
 	bash rules/test.sh
 
-e2e: deps prometheus node-runtime testbed helm ## against the real control plane and a real kubelet node
-	$(PYTEST) -q tests/e2e
+# test_installed_image runs in a pytest process of its own: it needs the machine's one real kubelet node (with
+# kube-proxy and the image), which the other modules' session-wide node cluster holds until their session ends.
+e2e: deps prometheus node-runtime testbed helm image ## against the real control plane and a real kubelet node
+	$(PYTEST) -q tests/e2e --ignore=tests/e2e/test_installed_image.py
+	$(PYTEST) -q tests/e2e/test_installed_image.py
 
-test: lint unit integration rules-test e2e ## every tier (what CI runs)
+test: lint unit integration rules-test image-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
 
 bench: deps prometheus testbed helm upstream-adapter keda-client ## benchmarks, printed numbers

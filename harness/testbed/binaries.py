@@ -20,6 +20,7 @@ REQUIRED_BINARIES: tuple[str, ...] = (
     "kube-scheduler",
     "kubectl",
     "kubelet",
+    "kube-proxy",
     "etcd",
     "kwok",
     "kwokctl",

@@ -50,6 +50,7 @@ from harness.testbed.realnode import (
     RealNode,
     RealNodeError,
     RealNodeSpec,
+    node_ip,
     write_kubelet_client_pki,
 )
 from harness.testbed.scheduler import scheduler_configuration
@@ -65,6 +66,15 @@ _PORT_OPTIONS = (
     "kwokControllerPort",
 )
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_SANS = (
+    "10.96.0.1",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+"""The ``kubernetes`` Service's ClusterIP (the first of SERVICE_CIDR) and names, as pods dial it."""
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
@@ -98,6 +108,11 @@ class ClusterConfig:
     """Real kubelet nodes (containerd + runc) to start beside the kwok nodes; at most one per machine.
     With any, kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake`` (every :class:`GpuNodeSpec`
     node is) and kube-apiserver runs NodeRestriction admission and presents a kubelet-client certificate."""
+    pod_network: bool = False
+    """Pods on the real node reach Services, the ``kubernetes`` one included: kube-proxy runs on the real
+    node, and kube-apiserver listens on every address, advertises the node IP (the ``kubernetes`` Service's
+    endpoint, kept by the lease endpoint reconciler) and serves a certificate valid for the Service's
+    ClusterIP and names. Needs ``real_nodes``. Off: everything stays on 127.0.0.1."""
     kwok_options: Mapping[str, Any] = field(default_factory=dict)
     """When given, a ``KwokConfiguration`` document with these ``options`` (e.g. ``nodeLeaseParallelism``,
     ``nodePlayStageParallelism``) is added for the kwok controller; empty keeps kwok's defaults."""
@@ -265,7 +280,7 @@ class Cluster:
             # Loopback only: never pick the default-route interface, never publish a loopback Endpoints.
             "advertise-address": LOCALHOST,
             "endpoint-reconciler-type": "none",
-            "service-cluster-ip-range": "10.96.0.0/16",
+            "service-cluster-ip-range": SERVICE_CIDR,
         }
         if self.kubelet_client is not None:
             kc = self.kubelet_client
@@ -275,6 +290,9 @@ class Cluster:
             apiserver_args["enable-admission-plugins"] = "NodeRestriction"
             # The node name does not resolve here; dial the kubelet at its InternalIP (logs, exec).
             apiserver_args["kubelet-preferred-address-types"] = "InternalIP"
+        if c.pod_network:
+            apiserver_args["advertise-address"] = node_ip()
+            apiserver_args["endpoint-reconciler-type"] = "lease"
         apiserver_args.update(c.extra_apiserver_args)
         kcm_args: dict[str, str] = {
             "controllers": c.kcm_controllers,
@@ -290,6 +308,9 @@ class Cluster:
             {"key": "proxy-client-cert-file", "value": str(fp.client_cert), "override": True},
             {"key": "proxy-client-key-file", "value": str(fp.client_key), "override": True},
         ]
+        if c.pod_network:
+            # Reachable from pods at the node IP (kwokctl binds every component to bindAddress).
+            apiserver_patch.append({"key": "bind-address", "value": "0.0.0.0", "override": True})
         apiserver_patch += [{"key": k, "value": v} for k, v in apiserver_args.items()]
         docs = [
             {
@@ -312,6 +333,8 @@ class Cluster:
                     "etcdBinary": str(b.path("etcd")),
                     "kubeSchedulerConfig": str(scheduler_path),
                     "disableQPSLimits": True,
+                    # kwokctl adds every address of this machine (the node IP too); pods dial these.
+                    **({"kubeApiserverCertSANs": list(KUBERNETES_SERVICE_SANS)} if c.pod_network else {}),
                     **c.kwokctl_options,
                 },
                 "componentsPatches": [
@@ -356,6 +379,8 @@ class Cluster:
         )
         p(f"creating cluster {c.name!r} in {self.workdir} ({versions or self.binaries.bin_dir})")
         self.front_proxy = write_front_proxy_pki(self.workdir / "front-proxy")
+        if c.pod_network and not c.real_nodes:
+            raise ClusterError("pod_network needs a real node (kube-proxy runs on it)")
         if c.real_nodes:
             if len(c.real_nodes) > 1:
                 raise ClusterError(
@@ -425,6 +450,11 @@ class Cluster:
         except RealNodeError as exc:
             raise ClusterError(f"real node {spec.name}: {exc}") from exc
         self.timings[f"{spec.name}_ready_s"] = node.timings.get("node_ready_s", 0.0)
+        if self.config.pod_network:
+            try:
+                node.start_kube_proxy(self.binaries.path("kube-proxy"), self.kubeconfig, SERVICE_CIDR)
+            except RealNodeError as exc:
+                raise ClusterError(f"real node {spec.name}: {exc}") from exc
 
     def real_node(self, name: str | None = None) -> RealNode:
         """The running real kubelet node (the only one, or the one named)."""

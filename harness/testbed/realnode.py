@@ -35,8 +35,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import tempfile
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +47,7 @@ from typing import IO, Any
 import yaml
 
 from gpuwarden import ports
-from harness.testbed.images import IMAGES, PAUSE_IMAGE, build_archives
+from harness.testbed.images import PAUSE_IMAGE, build_archives
 from harness.testbed.pki import KeyPair, issue
 from harness.testbed.waiting import Progress, poll
 
@@ -78,6 +80,9 @@ class RealNodeSpec:
     subnet: str = "10.244.250.0/24"
     ready_timeout: float = 120.0
     kubelet_verbosity: int = 2
+    images: Sequence[Path] = ()
+    """OCI image archives imported beside the test bed's own two (e.g. the product image of ``make image``),
+    each under the reference its ``index.json`` names."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,19 @@ def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
     return out
 
 
+def _archive_ref(archive: Path) -> str:
+    """The image reference an OCI archive's ``index.json`` names (what ``ctr images import`` calls it)."""
+    with tarfile.open(archive) as tar:
+        index = tar.extractfile("index.json")
+        if index is None:
+            raise RealNodeError(f"{archive}: no index.json (not an OCI archive)")
+        manifests = json.load(index).get("manifests") or [{}]
+    ref = str((manifests[0].get("annotations") or {}).get("org.opencontainers.image.ref.name", ""))
+    if "/" not in ref:
+        raise RealNodeError(f"{archive}: index.json names no fully qualified image reference ({ref!r})")
+    return ref
+
+
 def _rss(pid: int) -> int:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -249,6 +267,7 @@ class RealNode:
         self.node_ip = ""
         self.kubelet_port = 0
         self.healthz_port = 0
+        self._kube_proxy_binary: Path | None = None
 
     # ---------------------------------------------------------------- paths
     @property
@@ -311,9 +330,9 @@ class RealNode:
             self.timings["containerd_s"] = time.monotonic() - t0
             p(f"containerd up in {self.timings['containerd_s']:.1f}s (socket {self.containerd_socket})")
             t1 = time.monotonic()
-            self._import_images()
+            imported = self._import_images()
             self.timings["images_s"] = time.monotonic() - t1
-            p(f"images imported in {self.timings['images_s']:.1f}s: {', '.join(i.name for i in IMAGES)}")
+            p(f"images imported in {self.timings['images_s']:.1f}s: {', '.join(imported)}")
             t2 = time.monotonic()
             self._start_kubelet()
             self._wait_ready()
@@ -468,9 +487,10 @@ class RealNode:
                 f"{exc}; last lines of containerd's log:\n{_tail(self.log('containerd'))}"
             ) from exc
 
-    def _import_images(self) -> None:
-        for name, archive in build_archives(self._cache_dir).items():
-            res = self._ctr("images", "import", "--no-unpack=false", str(archive), timeout=120)
+    def _import_images(self) -> list[str]:
+        archives = {**build_archives(self._cache_dir), **{_archive_ref(a): a for a in self.spec.images}}
+        for name, archive in archives.items():
+            res = self._ctr("images", "import", "--no-unpack=false", str(archive), timeout=300)
             if res.returncode != 0:
                 raise RealNodeError(f"ctr images import {archive} failed: {res.stderr.strip()[-500:]}")
             listed = self._ctr("images", "ls", "-q")
@@ -478,6 +498,72 @@ class RealNode:
                 raise RealNodeError(
                     f"image {name} not in containerd after import; images: {listed.stdout.split()}"
                 )
+        return list(archives)
+
+    # ---------------------------------------------------------------- kube-proxy
+    def start_kube_proxy(
+        self, binary: Path, kubeconfig: Path, service_cidr: str, *, timeout: float = 60.0
+    ) -> None:
+        """kube-proxy (iptables mode) for this node: pods reach Services, the API server's included.
+
+        It runs as a plain process like the kubelet, with the cluster's admin credentials (a test bed
+        shortcut for the ``system:node-proxier`` role), touching no sysctl it can avoid: conntrack limits
+        left as they are, no localhost NodePorts (so no ``route_localnet``). :meth:`stop` ends it and runs
+        ``kube-proxy --cleanup`` so no KUBE-* chain outlives the node.
+
+        The Service range is routed into the node's bridge: a ClusterIP kube-proxy has no rule for (yet)
+        then goes nowhere instead of out of the machine by the default route. The route goes with the bridge.
+        """
+        t0 = time.monotonic()
+        self._kube_proxy_binary = binary
+        bridge = self.spec.bridge
+        for cmd in (
+            ["ip", "link", "add", "name", bridge, "type", "bridge"],  # the CNI plugin adopts an existing one
+            ["ip", "link", "set", bridge, "up"],
+            ["ip", "route", "replace", service_cidr, "dev", bridge],
+        ):
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0 and "File exists" not in res.stderr:
+                raise RealNodeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+        healthz = ports.free_port("127.0.0.1")
+        metrics = ports.free_port("127.0.0.1")
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "hostnameOverride": self.name,
+            "mode": "iptables",
+            "clusterCIDR": self.spec.subnet,
+            "healthzBindAddress": f"127.0.0.1:{healthz}",
+            "metricsBindAddress": f"127.0.0.1:{metrics}",
+            "nodePortAddresses": ["primary"],
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+            "iptables": {"syncPeriod": "10s", "minSyncPeriod": "0s", "localhostNodePorts": False},
+        }
+        path = self.run_dir / "kube-proxy.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        proc = self._spawn("kube-proxy", [str(binary), f"--config={path}", "--v=2"])
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RealNodeError(
+                    f"kube-proxy exited (rc={proc.returncode}); last lines of {self.log('kube-proxy')}:\n"
+                    f"{_tail(self.log('kube-proxy'))}"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{healthz}/healthz", timeout=2) as resp:
+                    return int(resp.status) == 200
+            except OSError:
+                return False
+
+        poll(healthy, timeout=timeout, interval=0.25, what="kube-proxy /healthz")
+        self.timings["kube_proxy_s"] = time.monotonic() - t0
+        self._progress(f"kube-proxy healthy in {self.timings['kube_proxy_s']:.1f}s (iptables mode)")
 
     def _write_credentials(self) -> Path:
         """The node's kubeconfig: client cert CN ``system:node:<name>``, O ``system:nodes``."""
@@ -649,6 +735,7 @@ class RealNode:
         _wait_gone(containers, 5)
         self._terminate("containerd")
         _kill(shims, signal.SIGKILL)
+        self._stop_kube_proxy()
         _wait_gone(shims, 5)
         for mountpoint in reversed(_mounts_under([self.run_dir])):
             subprocess.run(["umount", "-l", mountpoint], capture_output=True, check=False)
@@ -667,6 +754,21 @@ class RealNode:
         self._lock.close()
         self._lock = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _stop_kube_proxy(self) -> None:
+        if "kube-proxy" not in self._procs:
+            return
+        self._terminate("kube-proxy")
+        binary = self._kube_proxy_binary
+        if binary is not None:
+            with self.log("kube-proxy").open("ab") as log:
+                subprocess.run(
+                    [str(binary), "--cleanup", "--v=1"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=60,
+                    check=False,
+                )
 
     def _terminate(self, name: str, grace: float = 10.0) -> None:
         """SIGTERM one of our processes, SIGKILL it if it outlives ``grace`` seconds."""

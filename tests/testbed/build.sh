@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the e2e test bed: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok and
-# kwokctl, from the Go wrapper modules next to this script, into .cache/testbed/<versions-key>/bin/.
+# Builds the e2e test bed: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy,
+# etcd, kwok and kwokctl, from the Go wrapper modules next to this script, into .cache/testbed/<versions-key>/bin/.
 #
 # Why a script and not `go install`: k8s.io/kubernetes and go.etcd.io/etcd/server/v3 have replace directives in
 # their go.mod, so `go install pkg@version` refuses them; the wrapper modules (k8s/, etcd/, kwok/) pin the
@@ -37,6 +37,9 @@ K8S_VERSION=$(modver "$TB/k8s/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(modver "$TB/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver "$TB/kwok/go.mod" sigs.k8s.io/kwok)
 [[ -n "$K8S_VERSION" && -n "$ETCD_VERSION" && -n "$KWOK_VERSION" ]] || die "cannot read versions from go.mod files"
+PROXY_K8S_VERSION=$(modver "$TB/kube-proxy/go.mod" k8s.io/kubernetes)
+[[ "$PROXY_K8S_VERSION" == "$K8S_VERSION" ]] \
+  || die "kube-proxy/go.mod has k8s.io/kubernetes $PROXY_K8S_VERSION, k8s/go.mod $K8S_VERSION: bump both"
 
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_${GOV}"
 OUT="$CACHE/$KEY"
@@ -75,7 +78,7 @@ sample_rss() { # sum of RSS of all go toolchain processes, peak written to $PEAK
 }
 
 STEP=0
-TOTAL_STEPS=4
+TOTAL_STEPS=5
 SUMMARY=()
 build_step() { # <name> <module dir> <ldflags> <cold-estimate> <outputs...> -- <packages...>
   local name=$1 dir=$2 ld=$3 est=$4; shift 4
@@ -131,25 +134,32 @@ build_step kube "$TB/k8s" "$K8S_LDFLAGS" "9 min" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
 
+# kube-proxy (the real node's Services; pods reaching the API server) from the same k8s.io/kubernetes version,
+# in a wrapper module and step of its own so the control plane's stamp is unchanged; it reuses that build's
+# compile cache (~2 min warm).
+build_step kube-proxy "$TB/kube-proxy" "$K8S_LDFLAGS" "2 min" kube-proxy -- k8s.io/kubernetes/cmd/kube-proxy
+
 build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 
-# --- [4/4] verify and publish ---------------------------------------------------------------------------------
+# --- [5/5] verify and publish ---------------------------------------------------------------------------------
 STEP=$((STEP + 1))
 echo "==> [$STEP/$TOTAL_STEPS] verifying binaries"
 t0=$(now)
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd kwok kwokctl; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok kwokctl; do
   [[ -x "$BIN/$b" ]] || die "$BIN/$b missing after the build"
 done
 ver() { { "$BIN/$1" "${@:2}" 2>&1 || true; } | awk "NR==1" ; }
 APISERVER_V=$(ver kube-apiserver --version)
 KUBELET_V=$(ver kubelet --version)
+PROXY_V=$(ver kube-proxy --version)
 KUBECTL_V=$({ "$BIN/kubectl" version --client 2>&1 || true; } | awk "NR==1")
 ETCD_V=$(ver etcd --version)
 KWOK_V=$(ver kwokctl --version)
-for line in "$APISERVER_V" "$KUBELET_V" "$KUBECTL_V" "$ETCD_V" "$KWOK_V"; do echo "    $line"; done
+for line in "$APISERVER_V" "$KUBELET_V" "$PROXY_V" "$KUBECTL_V" "$ETCD_V" "$KWOK_V"; do echo "    $line"; done
 [[ "$APISERVER_V" == *"$K8S_VERSION"* ]] || die "kube-apiserver reports '$APISERVER_V', expected $K8S_VERSION"
 [[ "$KUBELET_V" == *"$K8S_VERSION"* ]] || die "kubelet reports '$KUBELET_V', expected $K8S_VERSION"
+[[ "$PROXY_V" == *"$K8S_VERSION"* ]] || die "kube-proxy reports '$PROXY_V', expected $K8S_VERSION"
 [[ "$ETCD_V" == *"${ETCD_VERSION#v}"* ]] || die "etcd reports '$ETCD_V', expected $ETCD_VERSION"
 cat > "$OUT/versions.json" <<EOF
 {

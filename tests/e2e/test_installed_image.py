@@ -1,0 +1,503 @@
+"""Installed as users install it: the chart, our image, pods on the real kubelet node.
+
+Every other e2e test runs gpuwarden as host processes. Here nothing of gpuwarden runs on the host: the image
+``make image`` built is imported into the real node's containerd, ``helm install`` of deploy/helm/gpuwarden
+(image = that image, under the chart's own default reference) creates the adapter and controller as pods on
+that node, and everything else is what a cluster does with them:
+
+- the pods become Ready through their real probes (the kubelet calls /readyz on the pod IP), as 65532 with a
+  read-only root file system, in a namespace enforcing Pod Security ``restricted`` (no warning at install);
+- they reach the API server through the ``kubernetes`` Service (kube-proxy on the node) and Prometheus
+  through the node IP (a relay to the loopback-only test Prometheus);
+- the chart's APIServices become Available through the aggregator dialling the adapter Service, i.e. the
+  adapter *pods* (kube-proxy again), and serve discovery and a metric read;
+- kube-scheduler, configured from the chart's scheduler config, calls the extender in the controller pods
+  through its Service and binds a GPU pod (the extender's bind records the GPU set);
+- deleting the controller's leader pod hands the Lease to the other replica (time printed) while the
+  extender, called through its Service, keeps answering;
+- ``helm upgrade`` with a changed value rolls the pods; ``helm uninstall`` leaves no cluster-wide object.
+
+Timings (pod start -> Ready, handover) and the pods' RSS are printed, never asserted. RSS is read from the
+node's /proc for the processes in each pod's cgroup, not through metrics.k8s.io (not proven here).
+
+Runs in a pytest process of its own (Makefile ``e2e``): it needs the machine's one real kubelet node with
+pod networking, which the session-wide ``node_cluster`` of the other modules also takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.localprom import LocalPrometheus
+from harness.testbed import (
+    Binaries,
+    Cluster,
+    ClusterConfig,
+    GpuNodeSpec,
+    add_gpu_nodes,
+    ensure_namespace,
+    poll,
+    wait_apiservice_available,
+)
+from harness.testbed.product_image import ProductImage, ProductImageError, archive_path
+from harness.testbed.realnode import REAL_NODE_LABEL, RealNodeSpec
+from harness.testbed.relay import Relay
+from tests.e2e.conftest import pod_manifest
+from tests.e2e.test_helm_chart import CHART, helm
+
+pytestmark = pytest.mark.e2e
+
+NS = "gw-installed"
+RELEASE = "gpuwarden"
+NODE = "real-node-0"
+APISERVICES = (
+    "v1beta1.custom.metrics.k8s.io",
+    "v1beta2.custom.metrics.k8s.io",
+    "v1beta1.external.metrics.k8s.io",
+)
+Obj = dict[str, Any]
+
+
+@dataclass
+class Installed:
+    cluster: Cluster
+    image: ProductImage
+    prometheus_url: str
+    install_output: str
+    values: Path
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def kubectl_json(self, *args: str) -> Obj:
+        doc: Obj = json.loads(self.cluster.kubectl(*args, "-o", "json"))
+        return doc
+
+    def pods(self, component: str | None = None) -> list[Obj]:
+        selector = ["-l", f"app.kubernetes.io/component={component}"] if component else []
+        items = self.kubectl_json("get", "pods", "-n", NS, *selector)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: Obj) -> bool:
+    conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+    return bool(conds.get("Ready", {}).get("status") == "True") and not pod["metadata"].get(
+        "deletionTimestamp"
+    )
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _start_to_ready(pod: Obj) -> tuple[float, float]:
+    """(pod created -> Ready, container started -> Ready) in seconds, from the API's own timestamps."""
+    conds = {c["type"]: c for c in pod["status"]["conditions"]}
+    ready = _ts(conds["Ready"]["lastTransitionTime"])
+    started = _ts(pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    return ready - _ts(pod["metadata"]["creationTimestamp"]), ready - started
+
+
+def _pod_rss_mib(uid: str) -> float:
+    """Sum of VmRSS of the node's processes whose cgroup path names the pod (cgroupfs: pod<uid>)."""
+    total = 0
+    needle = f"pod{uid}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "cgroup").read_text():
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+        total += int(m.group(1)) if m else 0
+    return total / 1024
+
+
+def _wait_release_ready(inst: Installed, timeout: float = 240) -> list[Obj]:
+    def all_ready() -> list[Obj] | None:
+        pods = inst.pods()
+        deployments = inst.kubectl_json("get", "deployments", "-n", NS)["items"]
+        want = sum(int(d["spec"]["replicas"]) for d in deployments)
+        updated = all(
+            (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"]
+            and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"]
+            for d in deployments
+        )
+        return pods if updated and len(pods) == want and all(_ready(p) for p in pods) else None
+
+    try:
+        return poll(all_ready, timeout=timeout, interval=1.0, what=f"every pod of release {RELEASE} Ready")
+    except TimeoutError as exc:
+        summary = [
+            (p["metadata"]["name"], p["status"].get("phase"), p["status"].get("containerStatuses"))
+            for p in inst.pods()
+        ]
+        events = inst.cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False)
+        raise AssertionError(f"{exc}\npods: {summary}\nevents:\n{events[-4000:]}") from exc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    try:
+        image = ProductImage.load(archive_path())
+    except ProductImageError as exc:
+        pytest.fail(f"the image is not built: {exc}", pytrace=False)
+    workdir = tmp_path_factory.mktemp("installed")
+    config = ClusterConfig(
+        name=f"gw-installed-{os.getpid()}",
+        workdir=workdir / "kwok",
+        real_nodes=[RealNodeSpec(name=NODE, images=[image.archive])],
+        pod_network=True,
+    )
+    cluster = Cluster.create(config, Binaries.locate())
+    prom = LocalPrometheus(workdir / "prometheus", self_scrape=True)
+    relay: Relay | None = None
+    try:
+        asyncio.run(prom.start())
+        # A QPS series for the chart's default external rule (http_requests_total with namespace and pod):
+        # Prometheus' own request counter, scraped again under those labels.
+        prom.scrape_configs.append(
+            {
+                "job_name": "qps",
+                "static_configs": [
+                    {"targets": [prom.url.split("//", 1)[1]], "labels": {"namespace": NS, "pod": "web-0"}}
+                ],
+                "metric_relabel_configs": [
+                    {
+                        "source_labels": ["__name__"],
+                        "regex": "prometheus_http_requests_total",
+                        "target_label": "__name__",
+                        "replacement": "http_requests_total",
+                    }
+                ],
+            }
+        )
+        asyncio.run(prom.reload())
+        node_ip = cluster.real_node().node_ip
+        relay = Relay(node_ip, int(prom.url.rsplit(":", 1)[1])).start()
+        ensure_namespace(
+            cluster,
+            NS,
+            {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/warn": "restricted",
+            },
+        )
+        toleration = f"{{key: {REAL_NODE_LABEL}, operator: Exists, effect: NoSchedule}}"
+        values = workdir / "values.yaml"
+        values.write_text(
+            f"prometheus: {{url: 'http://{node_ip}', port: {relay.port}}}\n"
+            f"tolerations: [{toleration}]\n"
+            f"nodeSelector: {{{REAL_NODE_LABEL}: 'true'}}\n"
+            "metricsRelistInterval: 10s\n"
+            f"controller: {{tolerations: [{toleration}], nodeSelector: {{{REAL_NODE_LABEL}: 'true'}}}}\n"
+        )
+        t0 = time.monotonic()
+        done = helm("install", RELEASE, str(CHART), "-n", NS, "-f", str(values), cluster=cluster, timeout=120)
+        assert done.returncode == 0, done.stderr
+        inst = Installed(cluster, image, relay.url, done.stdout + done.stderr, values)
+        _wait_release_ready(inst)
+        inst.numbers["install_to_all_ready_s"] = round(time.monotonic() - t0, 1)
+        yield inst
+        print(f"\n[installed] numbers: {json.dumps(inst.numbers, sort_keys=True)}")
+    finally:
+        if relay is not None:
+            relay.stop()
+        asyncio.run(prom.stop())
+        cluster.delete()
+
+
+def test_pods_run_our_image_and_become_ready_through_their_probes(installed: Installed) -> None:
+    pods = installed.pods()
+    assert {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods} == {"adapter", "controller"}
+    config_digest = installed.image.config_digest
+    for pod in pods:
+        status = pod["status"]["containerStatuses"][0]
+        assert status["image"] == installed.image.ref, status
+        # containerd names an imported image by its config digest (no registry, so no repo digest).
+        assert status["imageID"].split("@")[-1] in (config_digest, installed.image.digest), status
+        assert pod["spec"]["nodeName"] == NODE
+        container = pod["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]
+    for component in ("adapter", "controller"):
+        times = [_start_to_ready(p) for p in installed.pods(component)]
+        rss = [_pod_rss_mib(p["metadata"]["uid"]) for p in installed.pods(component)]
+        installed.numbers[f"{component}_pod_created_to_ready_s"] = [round(a, 1) for a, _ in times]
+        installed.numbers[f"{component}_container_started_to_ready_s"] = [round(b, 1) for _, b in times]
+        installed.numbers[f"{component}_rss_mib"] = [round(r, 1) for r in rss]
+        assert all(r > 0 for r in rss), f"no process found in the {component} pods' cgroups"
+    print(f"\n[installed] {json.dumps(installed.numbers, sort_keys=True)}")
+
+
+def test_restricted_pod_security_without_warnings(installed: Installed) -> None:
+    assert "warning" not in installed.install_output.lower(), installed.install_output
+    labels = installed.kubectl_json("get", "namespace", NS)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for pod in installed.pods():
+        spec = pod["spec"]
+        sc = spec["containers"][0]["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert sc.get("allowPrivilegeEscalation") is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_processes_run_as_65532_on_a_read_only_root(installed: Installed) -> None:
+    pod = installed.pods("controller")[0]["metadata"]["name"]
+    script = (
+        "import os\n"
+        "print(os.getuid(), os.getgid())\n"
+        "try:\n    open('/probe', 'w')\nexcept OSError as e:\n    print('write', e.errno)\n"
+    )
+    out = installed.cluster.kubectl("exec", "-n", NS, pod, "--", "python", "-c", script)
+    lines = out.split()
+    assert lines[:2] == ["65532", "65532"], out
+    assert lines[2:] == ["write", "30"], out  # EROFS
+
+
+def test_apiservices_available_through_the_adapter_pods(installed: Installed) -> None:
+    cluster = installed.cluster
+    t0 = time.monotonic()
+    for name in APISERVICES:
+        svc = (cluster.get_json("apiservice", name)["spec"] or {})["service"]
+        assert svc["namespace"] == NS and svc["name"] == "gpuwarden-adapter"
+        wait_apiservice_available(cluster, name, timeout=120)
+    installed.numbers["apiservices_available_after_ready_s"] = round(time.monotonic() - t0, 1)
+    endpoints = cluster.get_json("endpoints", "gpuwarden-adapter", "-n", NS)
+    pod_ips = {p["status"]["podIP"] for p in installed.pods("adapter")}
+    served = {a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []}
+    assert served == pod_ips, (served, pod_ips)
+    for group in ("custom.metrics.k8s.io/v1beta2", "external.metrics.k8s.io/v1beta1"):
+        doc = json.loads(cluster.kubectl("get", "--raw", f"/apis/{group}"))
+        assert doc["kind"] == "APIResourceList" and doc["groupVersion"] == group
+    # A metric read through the aggregator -> adapter pod -> Prometheus (through the relay): the chart's
+    # default external rule over the test's QPS series for this namespace.
+    path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/http_requests_per_second"
+
+    def served() -> Obj | None:
+        out = cluster.kubectl("get", "--raw", path, check=False)
+        doc: Obj | None = json.loads(out) if out else None
+        return doc if doc and doc.get("items") else None
+
+    values = poll(served, timeout=90, interval=2, what="http_requests_per_second served for the namespace")
+    assert values["kind"] == "ExternalMetricValueList"
+    assert values["items"][0]["metricName"] == "http_requests_per_second"
+
+
+def _chart_scheduler_config(inst: Installed) -> Obj:
+    """The chart's KubeSchedulerConfiguration (scheduler.enabled) for the test bed's kube-scheduler.
+
+    Two changes, both because that kube-scheduler is a host process and not the chart's pod: the extender's
+    Service is dialled at its ClusterIP (kube-proxy routes it to a controller pod; the host has no cluster
+    DNS), and the default profile is kept beside gpuwarden-scheduler (it schedules everything else here).
+    """
+    done = helm(
+        "template", RELEASE, str(CHART), "-n", NS, "-f", str(inst.values), "--set", "scheduler.enabled=true"
+    )
+    assert done.returncode == 0, done.stderr
+    configmap = next(
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuwarden-scheduler-config"
+    )
+    config: Obj = yaml.safe_load(configmap["data"]["config.yaml"])
+    ip = inst.cluster.get_json("service", "gpuwarden-controller", "-n", NS)["spec"]["clusterIP"]
+    for ext in config["extenders"]:
+        ext["urlPrefix"] = ext["urlPrefix"].replace(f"gpuwarden-controller.{NS}.svc", ip)
+    config["leaderElection"] = {"leaderElect": False}
+    config["profiles"] = [{"schedulerName": "default-scheduler"}, *config["profiles"]]
+    return config
+
+
+def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Installed) -> None:
+    cluster = installed.cluster
+    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8)])
+    config = _chart_scheduler_config(installed)
+    assert config["extenders"][0]["bindVerb"] == "bind"
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    cluster.restart_scheduler(config)
+    ns = "gw-installed-jobs"
+    ensure_namespace(cluster, ns)
+    try:
+        pod = pod_manifest("gpu-job", gpus=2, schedulerName="gpuwarden-scheduler")
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+        t0 = time.monotonic()
+
+        def bound() -> Obj | None:
+            doc = cluster.get_json("pod", "gpu-job", "-n", ns)
+            return doc if doc["spec"].get("nodeName") else None
+
+        placed = poll(bound, timeout=60, what="the GPU pod bound")
+        installed.numbers["gpu_pod_create_to_bound_s"] = round(time.monotonic() - t0, 1)
+        assert placed["spec"]["nodeName"] == "gpu-kwok-0"
+        # Only the extender's bind writes the GPU set before binding (the default binder never does).
+        ids = placed["metadata"].get("annotations", {}).get("gpuwarden.io/gpu-ids", "")
+        assert len(ids.split(",")) == 2, placed["metadata"].get("annotations")
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.restart_scheduler(original)
+
+
+def _lease_holder(cluster: Cluster) -> str:
+    lease = cluster.get_json("lease", "gpuwarden-controller", "-n", NS)
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def _extender_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+def test_leader_pod_deletion_hands_over_and_the_extender_keeps_answering(installed: Installed) -> None:
+    cluster = installed.cluster
+    holder = poll(lambda: _lease_holder(cluster), timeout=60, what="a controller leader")
+    pods = [p["metadata"]["name"] for p in installed.pods("controller")]
+    leader = next((p for p in pods if p in holder), None)
+    assert leader is not None, (holder, pods)
+    service = cluster.get_json("service", "gpuwarden-controller", "-n", NS)
+    url = f"http://{service['spec']['clusterIP']}:8888"
+    assert _extender_answers(url), "the extender Service does not answer before the handover"
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "pod", "-n", NS, leader, "--wait=false")
+    answered, failed = 0, 0
+
+    def new_holder() -> str | None:
+        nonlocal answered, failed
+        if _extender_answers(url):
+            answered += 1
+        else:
+            failed += 1
+        h = _lease_holder(cluster)
+        return h if h and leader not in h else None
+
+    taken = poll(new_holder, timeout=90, interval=0.2, what="the Lease held by another controller pod")
+    handover = time.monotonic() - t0
+    installed.numbers["leader_handover_s"] = round(handover, 1)
+    installed.numbers["extender_answers_during_handover"] = f"{answered} ok / {failed} failed"
+    print(f"\n[installed] leader {leader} deleted -> {taken} leads after {handover:.1f}s")
+    print(f"[installed] extender through its Service during the handover: {answered} ok, {failed} failed")
+    assert any(p in taken for p in pods if p != leader), (taken, pods)
+    assert answered > 0 and failed == 0, f"extender answered {answered}, failed {failed} during the handover"
+    _wait_release_ready(installed)
+
+
+def test_helm_upgrade_with_a_changed_value_rolls_the_pods(installed: Installed) -> None:
+    before = {p["metadata"]["name"] for p in installed.pods()}
+    done = helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+        "--set", "podAnnotations.gpuwarden-e2e/rolled=yes",
+        "--set", "controller.podAnnotations.gpuwarden-e2e/rolled=yes",
+        cluster=installed.cluster,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    t0 = time.monotonic()
+    pods = _wait_release_ready(installed)
+    installed.numbers["upgrade_roll_s"] = round(time.monotonic() - t0, 1)
+    after = {p["metadata"]["name"] for p in pods}
+    assert before.isdisjoint(after), (before, after)
+    assert all(p["metadata"]["annotations"].get("gpuwarden-e2e/rolled") == "yes" for p in pods)
+
+
+CLUSTER_SCOPED = (
+    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations"
+)
+
+
+def _release_objects(cluster: Cluster) -> list[str]:
+    out = cluster.kubectl(
+        "get", CLUSTER_SCOPED, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name", check=False
+    )
+    return out.split()
+
+
+def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed) -> None:
+    cluster = installed.cluster
+    before = _release_objects(cluster)
+    assert any(o.startswith("apiservice") for o in before), before
+    assert any(o.startswith("clusterrole") for o in before), before
+    done = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s", cluster=cluster, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert _release_objects(cluster) == []
+    poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
+
+
+def _kustomize_overlay(inst: Installed, directory: Path) -> Path:
+    """deploy/base as a user would adapt it: their Prometheus URL, and the test bed's real node."""
+    base = CHART.parent.parent / "base"
+    configmap = yaml.safe_load((base / "configmap.yaml").read_text())
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    config["prometheus"]["url"] = inst.prometheus_url
+    configmap["data"]["config.yaml"] = yaml.safe_dump(config, sort_keys=False)
+    placement = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeSelector": {REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                }
+            }
+        }
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "configmap.yaml").write_text(yaml.safe_dump(configmap))
+    patches = [{"path": "configmap.yaml"}]
+    for name in ("gpuwarden-adapter", "gpuwarden-controller"):
+        doc = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "gpuwarden"},
+        }
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump({**doc, **placement}))
+        patches.append({"path": f"{name}.yaml"})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [str(base)],
+        "patches": patches,
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+def test_kustomize_base_installs_the_same_image(installed: Installed, tmp_path: Path) -> None:
+    """After the Helm release is gone: `kubectl apply -k` of deploy/base (the user's Prometheus, our node)."""
+    cluster = installed.cluster
+    assert _release_objects(cluster) == [], "run after the helm uninstall test (same APIService names)"
+    overlay = _kustomize_overlay(installed, tmp_path / "overlay")
+    t0 = time.monotonic()
+    out = cluster.kubectl("apply", "-k", str(overlay), timeout=120)
+    assert "apiservice.apiregistration.k8s.io/v1beta1.custom.metrics.k8s.io" in out, out
+
+    def ready() -> list[Obj] | None:
+        pods = cluster.get_json("pods", "-n", "gpuwarden")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live if len(live) == 4 and all(_ready(p) for p in live) else None
+
+    pods = poll(ready, timeout=240, interval=1.0, what="the kustomize base's 4 pods Ready")
+    installed.numbers["kustomize_apply_to_ready_s"] = round(time.monotonic() - t0, 1)
+    assert {p["status"]["containerStatuses"][0]["image"] for p in pods} == {installed.image.ref}
+    for name in APISERVICES:
+        assert cluster.get_json("apiservice", name)["spec"]["service"]["namespace"] == "gpuwarden"
+        wait_apiservice_available(cluster, name, timeout=120)
+    raw = cluster.kubectl("get", "--raw", "/apis/custom.metrics.k8s.io/v1beta1")
+    assert json.loads(raw)["kind"] == "APIResourceList"
+    cluster.delete_apiservices()
+    cluster.kubectl("delete", "-k", str(overlay), "--wait=false", check=False, timeout=120)
