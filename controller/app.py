@@ -34,6 +34,7 @@ from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.gpus.feed import build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
+from controller.idle.loop import IdleLoop
 from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
@@ -316,6 +317,7 @@ async def run_controller(
             settings=gpus.settings,
         )
 
+        idle = IdleLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods)
         drain = DrainLoop(
             config,
             kube,
@@ -350,6 +352,7 @@ async def run_controller(
         passes.add("nominations", nominations)
         passes.add("drain", drain)  # nothing scheduled when drain is off
         passes.add("gpu-preemption", room)  # make-room: nothing scheduled when it is off
+        passes.add("idle", idle)  # idle GPUs: nothing scheduled when it is off
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), pods.run(), gpus.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())
@@ -409,6 +412,8 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.drain.plan import plan_to_dict
     from controller.gpus.feed import model_from_lists
     from controller.health.loop import plan_from as health_plan
+    from controller.idle.loop import plan_from as idle_plan
+    from controller.idle.loop import usage_now
     from controller.makeroom.loop import plan_from as room_plan
     from controller.nominations.loop import plan_from as nominations_plan
 
@@ -418,17 +423,20 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
         pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
         pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
         quarantine = await health_plan(config, prom, kube, nodes)
-    now = time.time()
+        now = time.time()
+        usage = await usage_now(prom, config, now) if config.idle.enabled else None
     gpus = model_from_lists(config, nodes, pods)
     nominations = nominations_plan(config, pods, nodes, model=gpus.model, settings=gpus.settings(), now=now)
     drain = drain_plan(config, nodes, pods, now=now)
     room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now)
+    idle = idle_plan(config, pods, usage, now=now).to_dict() if config.idle.enabled else {}
     return ControllerPlan(
         quarantine.to_dict(),
         quarantine.render_table(),
         nominations.to_json(),
         plan_to_dict(drain),
         room.to_dict(),
+        idle,
     )
 
 
@@ -441,6 +449,7 @@ class ControllerPlan:
     nominations: dict[str, Any]
     drain: dict[str, Any] = field(default_factory=dict)
     gpu_preemption: dict[str, Any] = field(default_factory=dict)
+    idle: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -448,6 +457,7 @@ class ControllerPlan:
             "nominations": self.nominations,
             "drain": self.drain,
             "gpu_preemption": self.gpu_preemption,
+            "idle": self.idle,
         }
 
     def room_table(self) -> list[str]:
@@ -459,6 +469,24 @@ class ControllerPlan:
                              f"{', '.join(p['victims'])} -> GPUs {','.join(p['gpus'])}")  # fmt: skip
             else:
                 lines.append(f"  {p['pod']} (priority {p['priority']}): {p['reason']}")
+        return lines
+
+    def idle_table(self) -> list[str]:
+        if not self.idle:  # detection off (idle.enabled)
+            return []
+        idle = self.idle.get("idle") or []
+        lines = ["", "IDLE GPUS" + ("" if idle else ": no idle pod") + ("" if self.idle["telemetry"] else
+                 " (utilization query failed: every pod unknown)")]  # fmt: skip
+        marking = {m["pod"] for m in self.idle.get("mark") or []}
+        for i in idle:
+            act = (
+                "held (acknowledged)"
+                if i["acknowledged"]
+                else "report"
+                if i["pod"] in marking
+                else "reported"
+            )
+            lines.append(f"  {i['pod']} ({i['gpus']} GPUs) since {i['since'] or 'now'}: {act}; {i['reason']}")
         return lines
 
     def drain_table(self) -> list[str]:
@@ -488,4 +516,4 @@ class ControllerPlan:
                     + "  "
                     + str(row[4])
                 )
-        return "\n".join(lines + self.drain_table() + self.room_table())
+        return "\n".join(lines + self.drain_table() + self.room_table() + self.idle_table())

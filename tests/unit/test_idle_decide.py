@@ -258,3 +258,18 @@ def test_bad_config_rejected(raw: dict[str, Any], field: str) -> None:
 def test_off_and_dry_run_by_default() -> None:
     idle = Config().idle
     assert (idle.enabled, idle.dry_run, idle.default_action) == (False, True, "report")
+
+
+def test_gpuwarden_plan_table_lists_idle_pods_and_their_action() -> None:
+    from controller.app import ControllerPlan
+
+    acked = pod("held", ack="2026-12-03T00:00:00Z", since=OLD)
+    from controller.idle.snapshot import IdleSnapshot
+
+    snap = IdleSnapshot((pod(), acked), {"ml/nb": (r("0", 0.5),), "ml/held": (r("0", 0),)}, True)
+    idle = plan_idle(snap, policy_from_config(CFG), NOW).to_dict()
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, idle=idle).render_table()
+    assert "IDLE GPUS\n  ml/nb (1 GPUs) since now: report; all 1 GPUs under 1%" in table
+    assert f"  ml/held (1 GPUs) since {OLD}: held (acknowledged)" in table
+    off = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}).render_table()
+    assert "IDLE" not in off
