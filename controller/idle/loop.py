@@ -73,7 +73,7 @@ class IdleLoop:
             )  # fmt: skip
             self._owned.append(pods)
         self.pods = pods
-        self.metrics = IdleMetrics(registry)
+        self.metrics = IdleMetrics(registry, stale_after=3 * config.idle.loop_interval_seconds)
         recorder = recorder or EventRecorder(
             kube, component="idle", instance=instance or socket.gethostname()
         )
