@@ -35,6 +35,7 @@ class IdleMetrics:
     ) -> None:
         self._states: dict[tuple[str, ...], float] = {}
         self._gpus: dict[tuple[str, ...], float] = {}
+        self._telemetry: dict[tuple[str, ...], float] = {}
         self._observed: float | None = None
         self._stale_after, self._monotonic = stale_after, monotonic
         if registry is not None:
@@ -55,11 +56,15 @@ class IdleMetrics:
                     lambda: self._fresh(self._gpus),
                 )
             )
-        self.telemetry_up = Gauge(
-            "gpuwarden_idle_telemetry_up",
-            "1 when the last idle pass read utilization from Prometheus, 0 when it could not (all unknown).",
-            registry=registry,
-        )
+            registry.register(
+                SnapshotCollector(
+                    "gpuwarden_idle_telemetry_up",
+                    "1 when the last idle pass read utilization from Prometheus, 0 when it could not (every "
+                    "pod unknown).",
+                    [],
+                    lambda: self._fresh(self._telemetry),
+                )
+            )
         self.marked = Counter(
             "gpuwarden_idle_marked_total",
             "Pods reported idle (idle-since written, Events emitted); dry_run=true ones were only evented.",
@@ -101,4 +106,4 @@ class IdleMetrics:
         self._observed = self._monotonic()
         self._states = {(state,): float(n) for state, n in plan.counts.items()}
         self._gpus = {(ns,): float(n) for ns, n in plan.idle_gpus_by_namespace().items()}
-        self.telemetry_up.set(1 if plan.telemetry else 0)
+        self._telemetry = {(): 1.0 if plan.telemetry else 0.0}

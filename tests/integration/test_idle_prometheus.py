@@ -175,10 +175,12 @@ class Recorder:
         self.events.append((regarding.kind, regarding.name, reason))
 
 
-async def one_pass(backfilled: Backfilled, config: Config, store: PodStore, recorder: Recorder) -> IdleLoop:
+async def one_pass(
+    backfilled: Backfilled, config: Config, store: PodStore, recorder: Recorder, registry: CollectorRegistry
+) -> IdleLoop:
     async with backfilled.prom.client() as prom:
         loop = IdleLoop(config, prom, store, pods=store, recorder=recorder, clock=lambda: backfilled.t_end,  # type: ignore[arg-type]
-                        registry=CollectorRegistry())  # fmt: skip
+                        registry=registry)  # fmt: skip
         await loop.run_once(asyncio.Event())  # not leading: nothing applied
         assert (store.patches, recorder.events) == ([], [])
         leading = asyncio.Event()
@@ -189,8 +191,8 @@ async def one_pass(backfilled: Backfilled, config: Config, store: PodStore, reco
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_pass_marks_idle_pods_and_events_pod_and_owner(backfilled: Backfilled) -> None:
-    store, recorder = PodStore(pods(backfilled.t_end)), Recorder()
-    loop = await one_pass(backfilled, CONFIG, store, recorder)
+    store, recorder, registry = PodStore(pods(backfilled.t_end)), Recorder(), CollectorRegistry()
+    loop = await one_pass(backfilled, CONFIG, store, recorder, registry)
     since = rfc3339(backfilled.t_end - 1800)
     marked = {n: p["metadata"]["annotations"].get(IDLE_SINCE) for n, p in store.pods.items()}
     assert {n: v for n, v in marked.items() if v} == {"notebook": since, "old-gpu": since}
@@ -198,7 +200,8 @@ async def test_a_pass_marks_idle_pods_and_events_pod_and_owner(backfilled: Backf
         ("Pod", "notebook", "GPUIdle"), ("Pod", "old-gpu", "GPUIdle"),
         ("ReplicaSet", "notebook-rs", "GPUIdle"), ("ReplicaSet", "old-gpu-rs", "GPUIdle"),
     ]  # fmt: skip
-    assert loop.metrics.telemetry_up._value.get() == 1
+    assert registry.get_sample_value("gpuwarden_idle_telemetry_up") == 1
+    assert registry.get_sample_value("gpuwarden_idle_gpus", {"pod_namespace": "ml"}) == 3
     # the next pass: already marked, nothing new; trainer marked by hand is cleared (busy)
     store.pods["trainer"]["metadata"]["annotations"][IDLE_SINCE] = since
     store.patches.clear()
@@ -217,7 +220,7 @@ async def test_a_pass_marks_idle_pods_and_events_pod_and_owner(backfilled: Backf
 async def test_dry_run_writes_nothing_and_reports_once(backfilled: Backfilled) -> None:
     config = Config.model_validate({"idle": {"enabled": True}})  # dry-run by default
     store, recorder = PodStore(pods(backfilled.t_end)), Recorder()
-    loop = await one_pass(backfilled, config, store, recorder)
+    loop = await one_pass(backfilled, config, store, recorder, CollectorRegistry())
     assert store.patches == []
     assert sorted(e[1] for e in recorder.events if e[0] == "Pod") == ["notebook", "old-gpu"]
     recorder.events.clear()
