@@ -477,14 +477,16 @@ class ControllerPlan:
         idle = self.idle.get("idle") or []
         lines = ["", "IDLE GPUS" + ("" if idle else ": no idle pod") + ("" if self.idle["telemetry"] else
                  " (utilization query failed: every pod unknown)")]  # fmt: skip
-        marking = {m["pod"] for m in self.idle.get("mark") or []}
+        marking, evicting = ({x["pod"] for x in self.idle.get(k) or []} for k in ("mark", "evict"))
+        held = set(self.idle.get("over_budget") or [])
         for i in idle:
+            act = "report" if i["pod"] in marking else "evict" if i["pod"] in evicting else "reported"
             act = (
                 "held (acknowledged)"
                 if i["acknowledged"]
-                else "report"
-                if i["pod"] in marking
-                else "reported"
+                else "evict held (budget)"
+                if i["pod"] in held
+                else act
             )
             lines.append(f"  {i['pod']} ({i['gpus']} GPUs) since {i['since'] or 'now'}: {act}; {i['reason']}")
         return lines

@@ -10,6 +10,9 @@ Why it exists: "idle" must be decided one way, table-tested, and err toward *not
   exclude label, a rule with action `ignore`) are never idle;
 * an acknowledgement (`gpuwarden.io/idle-ack-until` in the future) holds any action on an idle pod.
 
+Action `evict`: an idle pod already reported whose `idle-since` is `evict_after_seconds` old is evicted,
+within the hourly budget (`max_evictions_per_hour` minus the evictions of the last hour); the rest wait.
+
 The plan: mark newly idle pods (`idle-since` = now - window, the earliest time the data proves; at most
 `max_marks_per_pass`), clear `idle-since` from pods that are no longer idle (busy, young, excluded) —
 never from unknown or acknowledged ones. What it must not do: log, read the clock, or touch the cluster.
@@ -52,6 +55,7 @@ class Judgement:
     reason: str
     rule: str = "default"
     acknowledged: bool = False
+    action: IdleAction = "report"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,15 @@ class Unmark:
 
 
 @dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict an idle pod through the Eviction API (its owner recreates it, or it is gone)."""
+
+    pod: IdlePod
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class IdlePlan:
     now: float
     dry_run: bool
@@ -81,6 +94,9 @@ class IdlePlan:
     judgements: tuple[Judgement, ...]
     marks: tuple[Mark, ...] = ()
     unmarks: tuple[Unmark, ...] = ()
+    evictions: tuple[Evict, ...] = ()
+    over_budget: tuple[str, ...] = ()
+    """Pods due for eviction that the hourly budget holds."""
     deferred: tuple[str, ...] = ()
     """Pods newly idle but over the per-pass budget: marked on a later pass."""
     problems: tuple[str, ...] = field(default=())
@@ -112,6 +128,8 @@ class IdlePlan:
                      for m in self.marks],
             "unmark": [{"pod": u.pod.key, "verdict": u.verdict.value, "message": u.message}
                        for u in self.unmarks],
+            "evict": [{"pod": e.pod.key, "rule": e.rule, "message": e.message} for e in self.evictions],
+            "over_budget": list(self.over_budget),
             "deferred": list(self.deferred),
             "problems": list(self.problems),
         }  # fmt: skip
@@ -152,7 +170,7 @@ def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, no
     if pod.labels.get(config.exclude_label) == "true":
         return Judgement(pod, Verdict.EXCLUDED, f"label {config.exclude_label}=true", rule)
     if action == "ignore":
-        return Judgement(pod, Verdict.EXCLUDED, f"rule {rule} ignores it", rule)
+        return Judgement(pod, Verdict.EXCLUDED, f"rule {rule} ignores it", rule, action=action)
     if pod.started is None:
         return Judgement(pod, Verdict.UNKNOWN, "start time unknown", rule)
     age = now - pod.started
@@ -171,7 +189,9 @@ def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, no
     ack = parse_time(pod.ack_until_text)
     reason = (f"all {pod.gpus} GPUs under {config.threshold_percent:g}% for {config.window_seconds:g}s "
               f"(peak {max((r.max_percent or 0.0) for r in readings):g}%)")  # fmt: skip
-    return Judgement(pod, Verdict.IDLE, reason, rule, acknowledged=ack is not None and ack > now)
+    return Judgement(
+        pod, Verdict.IDLE, reason, rule, acknowledged=ack is not None and ack > now, action=action
+    )
 
 
 def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePlan:
@@ -185,6 +205,9 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
             judgements.append(judge(pod, snapshot.readings.get(pod.key, ()), config, now))
     marks: list[Mark] = []
     unmarks: list[Unmark] = []
+    evictions: list[Evict] = []
+    over_budget: list[str] = []
+    budget = max(0, config.max_evictions_per_hour - snapshot.recent_evictions)
     deferred: list[str] = []
     problems: list[str] = []
     for j in judgements:
@@ -196,6 +219,15 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
                 deferred.append(pod.key)
                 continue
             marks.append(Mark(pod, now - config.window_seconds, j.rule, f"GPUs idle: {j.reason}"))
+        elif j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "evict":
+            since = parse_time(pod.idle_since_text)
+            if since is None or now - since < config.evict_after_seconds:
+                continue
+            if len(evictions) >= budget:
+                over_budget.append(pod.key)
+                continue
+            idle_for = (now - since) / 60
+            evictions.append(Evict(pod, j.rule, f"idle for {idle_for:.0f} min (rule {j.rule}): {j.reason}"))
         elif j.verdict in (Verdict.BUSY, Verdict.YOUNG, Verdict.EXCLUDED) and pod.idle_since_text is not None:
             unmarks.append(Unmark(pod, j.verdict, f"no longer idle ({j.verdict.value}): {j.reason}"))
     return IdlePlan(
@@ -205,6 +237,8 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
         judgements=tuple(judgements),
         marks=tuple(marks),
         unmarks=tuple(unmarks),
+        evictions=tuple(evictions),
+        over_budget=tuple(over_budget),
         deferred=tuple(deferred),
         problems=tuple(problems),
     )

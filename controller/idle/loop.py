@@ -80,6 +80,8 @@ class IdleLoop:
         self.actuator = IdleActuator(kube, recorder, self.metrics)
         self.memory: dict[str, str] = {}
         """Pod UID -> the idle-since a dry-run pass reported (never written)."""
+        self.evicted_at: list[float] = []
+        """When this replica evicted idle pods (the hourly budget; a new leader starts with a full one)."""
         self.last_plan: IdlePlan | None = None
         self.last_result: ActResult | None = None
 
@@ -93,6 +95,8 @@ class IdleLoop:
         snapshot = build_snapshot(
             self.pods.objects(), usage, resource=self.config.kubernetes.gpu_resource_name
         )
+        self.evicted_at = [t for t in self.evicted_at if now - t < 3600]
+        snapshot = dataclasses.replace(snapshot, recent_evictions=len(self.evicted_at))
         plan = plan_idle(_remembered(snapshot, self.memory), self.policy, now)
         self.metrics.loop_duration.labels("decide").observe(time.perf_counter() - started)
         self.metrics.observe_plan(plan)
@@ -107,16 +111,18 @@ class IdleLoop:
         started = time.perf_counter()
         result = await self.actuator.apply(plan)
         self.metrics.loop_duration.labels("act").observe(time.perf_counter() - started)
+        self.evicted_at += [plan.now] * len(result.evicted)
         if plan.dry_run:
             live = {j.pod.uid for j in plan.judgements}
             self.memory = {uid: v for uid, v in self.memory.items() if uid in live}
             self.memory.update({m.pod.uid: format_since(m.since) for m in plan.marks})
             for u in plan.unmarks:
                 self.memory.pop(u.pod.uid, None)
-        if plan.marks or plan.unmarks or plan.problems or result.failures:
+        if plan.marks or plan.unmarks or plan.evictions or plan.problems or result.failures:
             log.info(
                 "idle pass",
                 extra={"counts": plan.counts, "marked": len(result.marked), "unmarked": len(result.unmarked),
+                       "evicted": len(result.evicted), "blocked": len(result.blocked),
                        "deferred": len(plan.deferred), "failures": result.failures, "dry_run": plan.dry_run,
                        "problems": list(plan.problems)[:10]},
             )  # fmt: skip

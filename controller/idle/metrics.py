@@ -77,6 +77,12 @@ class IdleMetrics:
             ["dry_run"],
             registry=registry,
         )
+        self.evictions = Counter(
+            "gpuwarden_idle_evictions_total",
+            "Evictions of idle pods (action evict): evicted, blocked (a PDB said 429), failed, dry_run.",
+            ["outcome"],
+            registry=registry,
+        )
         self.write_failures = Counter(
             "gpuwarden_idle_write_failures_total",
             "Annotation writes of the idle loop that failed (retried next pass).",

@@ -84,6 +84,8 @@ class IdleSnapshot:
     """Pod key -> one reading per GPU with data (a held GPU without data has no reading)."""
     telemetry: bool
     """False when the query failed: everything is unknown."""
+    recent_evictions: int = 0
+    """Idle evictions in the last hour (the loop's memory): what the hourly budget has left."""
 
 
 def _owner(meta: Obj) -> Owner | None:

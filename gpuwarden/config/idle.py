@@ -4,7 +4,9 @@ Why: the scheduler counts requests, not use; a pod holding 8 GPUs at 0 % keeps a
 A pod is idle when every GPU it holds stayed under `threshold_percent` for `window_seconds` (DCGM
 `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, else `DCGM_FI_DEV_GPU_UTIL`). Missing data is unknown, never idle; young
 pods and opted-out pods are never idle. Per-namespace/label rules choose the action; today the one action is
-`report` (the `gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert).
+`report` (the `gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert);
+`evict` reports first, then evicts through the Eviction API (PodDisruptionBudgets hold) once the pod has
+stayed idle `evict_after_seconds`, at most `max_evictions_per_hour` across the fleet.
 Off by default and dry-run by default: an operator first sees what would be reported.
 """
 
@@ -18,8 +20,9 @@ from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, LabelName, Percent, Seconds
 from gpuwarden.wellknown import IDLE_EXCLUDE
 
-IdleAction = Literal["report", "ignore"]
-"""report: annotate, Event and count the idle pod; ignore: never judge pods the rule matches."""
+IdleAction = Literal["report", "evict", "ignore"]
+"""report: annotate, Event and count the idle pod; evict: report, then evict it after `evict_after_seconds`;
+ignore: never judge pods the rule matches."""
 
 
 class IdleRule(Section):
@@ -32,7 +35,7 @@ class IdleRule(Section):
     match_labels: dict[str, str] = Field(
         default_factory=dict, description="Pod labels that must all match. Empty: every pod."
     )
-    action: IdleAction = Field(description="What idle pods matching the rule get: report or ignore.")
+    action: IdleAction = Field(description="What idle pods matching the rule get: report, evict or ignore.")
 
 
 class IdleMetricLabels(Section):
@@ -102,6 +105,18 @@ class IdleConfig(Section):
         ge=1,
         description="At most this many pods newly reported per pass (annotation + Events); the rest wait for "
         "the next pass. 50: a fleet-wide outage that looks like idleness cannot flood the Event stream.",
+    )
+
+    evict_after_seconds: Seconds = Field(
+        default=3600.0,
+        description="Action evict: a pod is evicted once its idle-since is this old (it was reported, and "
+        "stayed idle, all that time). 1 h: time for the owner to react to the GPUIdle Event or acknowledge.",
+    )
+    max_evictions_per_hour: int = Field(
+        default=5,
+        ge=1,
+        description="Action evict: at most this many idle evictions across the fleet in any hour (counted "
+        "by the leader since it started leading). 5: a wrong threshold cannot empty a cluster.",
     )
 
     @model_validator(mode="after")

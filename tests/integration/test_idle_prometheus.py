@@ -149,6 +149,7 @@ class PodStore:
     def __init__(self, objs: list[dict[str, Any]]) -> None:
         self.pods = {o["metadata"]["name"]: o for o in objs}
         self.patches: list[tuple[str, Any]] = []
+        self.evictions: list[str] = []
         self.synced = asyncio.Event()
         self.synced.set()
 
@@ -165,6 +166,13 @@ class PodStore:
             else:
                 meta["annotations"][key] = value
         return copy.deepcopy(self.pods[name])
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        assert (method, path.rsplit("/", 1)[-1]) == ("POST", "eviction")
+        name = body["metadata"]["name"]
+        assert body["deleteOptions"]["preconditions"]["uid"] == self.pods[name]["metadata"]["uid"]
+        self.evictions.append(name)
+        return {}
 
 
 class Recorder:
@@ -230,3 +238,20 @@ async def test_dry_run_writes_nothing_and_reports_once(backfilled: Backfilled) -
         loop.prom = prom
         plan = await loop.run_once(leading)
     assert (store.patches, recorder.events, plan.marks) == ([], [], ())
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_evict_rule_evicts_pods_reported_long_enough(backfilled: Backfilled) -> None:
+    config = Config.model_validate(
+        {"idle": {"enabled": True, "dry_run": False, "evict_after_seconds": 3600,
+                  "rules": [{"name": "ml", "namespaces": ["m?"], "action": "evict"}]}}
+    )  # fmt: skip
+    store, recorder = PodStore(pods(backfilled.t_end)), Recorder()
+    long_ago = rfc3339(backfilled.t_end - 2 * 3600)
+    for name in ("notebook", "acked", "trainer"):
+        store.pods[name]["metadata"]["annotations"][IDLE_SINCE] = long_ago
+    await one_pass(backfilled, config, store, recorder, CollectorRegistry())
+    assert store.evictions == ["notebook"], "acked is held, trainer is busy (unmarked), old-gpu only reported"
+    assert ("Pod", "notebook", "GPUIdlePodEvicted") in recorder.events
+    assert ("ReplicaSet", "notebook-rs", "GPUIdlePodEvicted") in recorder.events
+    assert ("Pod", "old-gpu", "GPUIdle") in recorder.events

@@ -111,3 +111,51 @@ def test_snapshot_metrics_by_namespace_vanish_when_passes_stop() -> None:
     clock[0] = 11
     assert registry.get_sample_value("gpuwarden_idle_gpus", {"pod_namespace": "ml"}) is None
     assert registry.get_sample_value("gpuwarden_idle_pods", {"state": "busy"}) is None
+
+
+class EvictApi(Api):
+    def __init__(self, fail: KubeError | None = None) -> None:
+        super().__init__(fail)
+        self.requests: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        if self.fail is not None:
+            raise self.fail
+        self.requests.append((method, path, body))
+        return {}
+
+
+def evict_plan(dry_run: bool = False) -> IdlePlan:
+    from controller.idle.decide import Evict
+
+    return IdlePlan(NOW, dry_run, True, (), evictions=(Evict(idle_pod(), "nb", "idle for 90 min (rule nb)"),))
+
+
+def test_evict_goes_through_the_eviction_api_with_the_uid_and_events_pod_and_owner() -> None:
+    api = EvictApi()
+    recorder, registry, result = run(evict_plan(), api)
+    [(method, path, body)] = api.requests
+    assert (method, path) == ("POST", "/api/v1/namespaces/ml/pods/nb-0/eviction")
+    assert body["deleteOptions"] == {"preconditions": {"uid": "uid-nb-0"}}
+    assert [(k, r) for k, _, r, _ in recorder.events] == [
+        ("Pod", "GPUIdlePodEvicted"),
+        ("StatefulSet", "GPUIdlePodEvicted"),
+    ]
+    assert result.evicted == ["ml/nb-0"]
+    assert registry.get_sample_value("gpuwarden_idle_evictions_total", {"outcome": "evicted"}) == 1
+
+
+def test_evict_refused_by_a_pdb_is_reported_not_forced() -> None:
+    api = EvictApi(KubeError("Cannot evict pod as it would violate the pod's disruption budget.", status=429))
+    recorder, registry, result = run(evict_plan(), api)
+    assert (result.evicted, result.blocked, result.failures) == ([], ["ml/nb-0"], 0)
+    assert [(k, r) for k, _, r, _ in recorder.events] == [("Pod", "GPUIdleEvictionBlocked")]
+    assert registry.get_sample_value("gpuwarden_idle_evictions_total", {"outcome": "blocked"}) == 1
+
+
+def test_evict_dry_run_sends_nothing() -> None:
+    api = EvictApi()
+    recorder, registry, result = run(evict_plan(dry_run=True), api)
+    assert api.requests == [] and result.evicted == ["ml/nb-0"]
+    assert all(note.startswith("[dry-run] ") for *_, note in recorder.events) and len(recorder.events) == 2
+    assert registry.get_sample_value("gpuwarden_idle_evictions_total", {"outcome": "dry_run"}) == 1

@@ -273,3 +273,66 @@ def test_gpuwarden_plan_table_lists_idle_pods_and_their_action() -> None:
     assert f"  ml/held (1 GPUs) since {OLD}: held (acknowledged)" in table
     off = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}).render_table()
     assert "IDLE" not in off
+
+
+# --- action choice: evict ----------------------------------------------------------------------------------
+EVICT = IdleConfig(
+    rules=[{"name": "notebooks", "namespaces": ["nb-*"], "action": "evict"}],
+    evict_after_seconds=3600,
+    max_evictions_per_hour=2,
+)
+HOURS_AGO = "2026-12-02T10:30:00Z"  # idle-since 1.5 h before NOW
+RECENT = "2026-12-02T11:40:00Z"  # idle-since 20 min before NOW
+
+ACTIONS: list[Any] = [
+    ("evict-rule-due", pod(ns="nb-a", since=HOURS_AGO), (r("0", 0),), 0, "evict"),
+    ("evict-rule-not-yet", pod(ns="nb-a", since=RECENT), (r("0", 0),), 0, "none"),
+    ("evict-rule-unreported-marked-first", pod(ns="nb-a"), (r("0", 0),), 0, "mark"),
+    ("evict-rule-unreadable-since", pod(ns="nb-a", since="yesterday"), (r("0", 0),), 0, "none"),
+    ("report-rule-never-evicts", pod(ns="ml", since=HOURS_AGO), (r("0", 0),), 0, "none"),
+    ("acknowledged-held", pod(ns="nb-a", since=HOURS_AGO, ack="2026-12-02T13:00:00Z"), (r("0", 0),), 0,
+     "none"),
+    ("ack-expired", pod(ns="nb-a", since=HOURS_AGO, ack="2026-12-02T11:00:00Z"), (r("0", 0),), 0, "evict"),
+    ("busy-unmarked-not-evicted", pod(ns="nb-a", since=HOURS_AGO), (r("0", 40),), 0, "unmark"),
+    ("unknown-not-evicted", pod(ns="nb-a", since=HOURS_AGO), (r("0", 0, samples=3),), 0, "none"),
+    ("budget-spent", pod(ns="nb-a", since=HOURS_AGO), (r("0", 0),), 2, "over-budget"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pod_", "readings", "recent", "want"), [a[1:] for a in ACTIONS],
+                         ids=[a[0] for a in ACTIONS])  # fmt: skip
+def test_action_choice(pod_: IdlePod, readings: tuple[GpuReading, ...], recent: int, want: str) -> None:
+    from controller.idle.snapshot import IdleSnapshot
+
+    snap = IdleSnapshot((pod_,), {pod_.key: readings}, True, recent_evictions=recent)
+    plan = plan_idle(snap, policy_from_config(EVICT), NOW)
+    got = (
+        ["evict"] * len(plan.evictions) + ["mark"] * len(plan.marks) + ["unmark"] * len(plan.unmarks)
+        + ["over-budget"] * len(plan.over_budget)
+    )  # fmt: skip
+    assert got == ([] if want == "none" else [want])
+
+
+def test_budget_counts_this_pass_and_the_last_hour() -> None:
+    from controller.idle.snapshot import IdleSnapshot
+
+    pods = tuple(pod(f"p{i}", ns="nb-a", since=HOURS_AGO) for i in range(4))
+    snap = IdleSnapshot(pods, {p.key: (r("0", 0),) for p in pods}, True, recent_evictions=1)
+    plan = plan_idle(snap, policy_from_config(EVICT), NOW)
+    assert ([e.pod.name for e in plan.evictions], plan.over_budget) == (
+        ["p0"],
+        ("nb-a/p1", "nb-a/p2", "nb-a/p3"),
+    )
+    assert "idle for 90 min (rule notebooks)" in plan.evictions[0].message
+
+
+def test_gpuwarden_plan_table_shows_evictions_and_budget() -> None:
+    from controller.app import ControllerPlan
+    from controller.idle.snapshot import IdleSnapshot
+
+    pods = (pod("a", ns="nb-a", since=HOURS_AGO), pod("b", ns="nb-a", since=HOURS_AGO))
+    snap = IdleSnapshot(pods, {p.key: (r("0", 0),) for p in pods}, True, recent_evictions=1)
+    idle = plan_idle(snap, policy_from_config(EVICT), NOW).to_dict()
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, idle=idle).render_table()
+    assert f"  nb-a/a (1 GPUs) since {HOURS_AGO}: evict;" in table
+    assert f"  nb-a/b (1 GPUs) since {HOURS_AGO}: evict held (budget);" in table
