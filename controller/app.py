@@ -34,6 +34,7 @@ from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.gpus.feed import build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
+from controller.idle.decide import table_lines
 from controller.idle.loop import IdleLoop
 from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
@@ -472,24 +473,7 @@ class ControllerPlan:
         return lines
 
     def idle_table(self) -> list[str]:
-        if not self.idle:  # detection off (idle.enabled)
-            return []
-        idle = self.idle.get("idle") or []
-        lines = ["", "IDLE GPUS" + ("" if idle else ": no idle pod") + ("" if self.idle["telemetry"] else
-                 " (utilization query failed: every pod unknown)")]  # fmt: skip
-        marking, evicting = ({x["pod"] for x in self.idle.get(k) or []} for k in ("mark", "evict"))
-        held = set(self.idle.get("over_budget") or [])
-        for i in idle:
-            act = "report" if i["pod"] in marking else "evict" if i["pod"] in evicting else "reported"
-            act = (
-                "held (acknowledged)"
-                if i["acknowledged"]
-                else "evict held (budget)"
-                if i["pod"] in held
-                else act
-            )
-            lines.append(f"  {i['pod']} ({i['gpus']} GPUs) since {i['since'] or 'now'}: {act}; {i['reason']}")
-        return lines
+        return table_lines(self.idle) if self.idle else []  # empty: detection off (idle.enabled)
 
     def drain_table(self) -> list[str]:
         lines = ["", "DRAIN" + ("" if self.drain.get("nodes") else ": no quarantined node to drain")]

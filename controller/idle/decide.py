@@ -24,6 +24,7 @@ import fnmatch
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from controller.idle.snapshot import GpuReading, IdlePod, IdleSnapshot, parse_time
 from gpuwarden.config.idle import IdleAction, IdleConfig
@@ -242,3 +243,21 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
         deferred=tuple(deferred),
         problems=tuple(problems),
     )
+
+
+def table_lines(doc: dict[str, Any]) -> list[str]:
+    """`gpuwarden plan -o table`'s idle section from `IdlePlan.to_dict()`: each idle pod, since when, and
+    its action."""
+    idle = doc.get("idle") or []
+    failed = "" if doc.get("telemetry") else " (utilization query failed: every pod unknown)"
+    lines = ["", "IDLE GPUS" + ("" if idle else ": no idle pod") + failed]
+    marking, evicting = ({x["pod"] for x in doc.get(k) or []} for k in ("mark", "evict"))
+    held = set(doc.get("over_budget") or [])
+    for i in idle:
+        act = "report" if i["pod"] in marking else "evict" if i["pod"] in evicting else "reported"
+        if i["acknowledged"]:
+            act = "held (acknowledged)"
+        elif i["pod"] in held:
+            act = "evict held (budget)"
+        lines.append(f"  {i['pod']} ({i['gpus']} GPUs) since {i['since'] or 'now'}: {act}; {i['reason']}")
+    return lines
