@@ -196,7 +196,7 @@ def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, no
 
 
 def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePlan:
-    """Judge every GPU pod and plan the pass's marks and unmarks."""
+    """Judge every GPU pod and plan the pass's marks, unmarks and evictions."""
     config = policy.config
     judgements: list[Judgement] = []
     for pod in snapshot.pods:
