@@ -158,6 +158,11 @@ def gpu_state(reading: GpuReading, config: IdleConfig) -> tuple[Verdict, str]:
         return Verdict.UNKNOWN, f"GPU {reading.gpu} is reported for {reading.conflict}"
     if reading.max_percent is not None and reading.max_percent >= config.threshold_percent:
         return Verdict.BUSY, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
+    power = config.power_threshold_watts
+    if power is not None and reading.max_watts is not None and reading.max_watts >= power:
+        return Verdict.BUSY, f"GPU {reading.gpu} drew {reading.max_watts:g} W (>= {power:g} W)"
+    if power is not None and reading.max_watts is None:
+        return Verdict.UNKNOWN, f"GPU {reading.gpu} has no power data (power corroboration is on)"
     if reading.max_percent is None or reading.samples < needed:
         return Verdict.UNKNOWN, f"GPU {reading.gpu} has {reading.samples} samples, needs {needed:g}"
     return Verdict.IDLE, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"

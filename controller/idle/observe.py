@@ -29,7 +29,9 @@ class Querier(Protocol):
 
 async def observe_usage(prom: Querier, config: IdleConfig, now: float) -> tuple[GpuUsage, ...] | None:
     """Every GPU's peak utilization and sample count over the window ending at `now`; None: unknown."""
-    promql = idle_query(config.metric_labels, config.window_seconds)
+    promql = idle_query(
+        config.metric_labels, config.window_seconds, power=config.power_threshold_watts is not None
+    )
     try:
         result = await prom.query(promql, time=now)
     except PrometheusError as exc:

@@ -4,7 +4,8 @@ Why a module: the query must stay one grouped query per pass whatever the fleet 
 one answer, not 40,000 requests), and must say per GPU both the highest utilization in the window and how
 many samples it has, so a gap is told from idleness. `DCGM_FI_PROF_GR_ENGINE_ACTIVE` (a ratio) is preferred
 and scaled to percent; a GPU without it falls back to `DCGM_FI_DEV_GPU_UTIL` (percent), per GPU, with `or`.
-The answer carries a `stat` label: `max` (percent) or `samples` (count over the window).
+The answer carries a `stat` label: `max` (percent), `samples` (count over the window) and, when power
+corroboration is on, `power` (the highest `DCGM_FI_DEV_POWER_USAGE`, watts).
 
 What it must not do: I/O, clocks, or decide anything. Pure.
 """
@@ -18,6 +19,7 @@ from gpuwarden.config.idle import IdleMetricLabels
 
 PROF_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 UTIL_METRIC = "DCGM_FI_DEV_GPU_UTIL"
+POWER_METRIC = "DCGM_FI_DEV_POWER_USAGE"
 STAT_LABEL = "gpuwarden_stat"
 
 
@@ -31,14 +33,16 @@ class GpuUsage:
     pod: str
     max_percent: float | None
     samples: int
+    max_watts: float | None = None
 
 
 def _stat(expr: str, value: str) -> str:
     return f'label_replace({expr}, "{STAT_LABEL}", "{value}", "", "")'
 
 
-def idle_query(labels: IdleMetricLabels, window_seconds: float) -> str:
-    """The pass's query: per (namespace, pod, node, gpu), the highest utilization and the sample count."""
+def idle_query(labels: IdleMetricLabels, window_seconds: float, *, power: bool = False) -> str:
+    """The pass's query: per (namespace, pod, node, gpu), the highest utilization and the sample count (and
+    with `power`, the highest power draw)."""
     by = f"{labels.namespace}, {labels.pod}, {labels.node}, {labels.gpu}"
     w = f"{int(window_seconds)}s"
     peak = (
@@ -49,7 +53,10 @@ def idle_query(labels: IdleMetricLabels, window_seconds: float) -> str:
         f"max by ({by}) (count_over_time({PROF_METRIC}[{w}]))"
         f" or max by ({by}) (count_over_time({UTIL_METRIC}[{w}]))"
     )
-    return f"{_stat(f'({peak})', 'max')} or {_stat(f'({count})', 'samples')}"
+    query = f"{_stat(f'({peak})', 'max')} or {_stat(f'({count})', 'samples')}"
+    if power:
+        query += f" or {_stat(f'max by ({by}) (max_over_time({POWER_METRIC}[{w}]))', 'power')}"
+    return query
 
 
 def read_usage(
@@ -59,6 +66,7 @@ def read_usage(
     GPU label cannot be attributed and are dropped; a NaN peak is unknown."""
     peaks: dict[tuple[str, str, str, str], float | None] = {}
     counts: dict[tuple[str, str, str, str], int] = {}
+    watts: dict[tuple[str, str, str, str], float] = {}
     for metric, value in samples:
         key = (
             metric.get(labels.node, ""),
@@ -73,8 +81,10 @@ def read_usage(
             peaks[key] = None if value != value else value  # NaN: unknown
         elif stat == "samples" and value == value:
             counts[key] = int(value)
+        elif stat == "power" and value == value:
+            watts[key] = value
     return tuple(
-        GpuUsage(node, gpu, ns, pod, peaks.get(k), counts.get(k, 0))
+        GpuUsage(node, gpu, ns, pod, peaks.get(k), counts.get(k, 0), watts.get(k))
         for k in sorted(set(peaks) | set(counts))
         for node, gpu, ns, pod in (k,)
     )

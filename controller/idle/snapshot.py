@@ -75,6 +75,7 @@ class GpuReading:
     max_percent: float | None
     samples: int
     conflict: str = ""
+    max_watts: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +128,13 @@ def idle_pod(obj: Obj, resource: str) -> IdlePod | None:
 def _merge(gpu: str, usages: Iterable[GpuUsage], conflict: str = "") -> GpuReading:
     peaks = [u.max_percent for u in usages]
     known = [p for p in peaks if p is not None]
+    watts = [u.max_watts for u in usages if u.max_watts is not None]
     return GpuReading(
         gpu=gpu,
         max_percent=max(known) if known and len(known) == len(peaks) else None,
         samples=max((u.samples for u in usages), default=0),
         conflict=conflict,
+        max_watts=max(watts) if watts else None,
     )
 
 

@@ -88,6 +88,13 @@ class IdleConfig(Section):
         description="A GPU whose samples cover less than this share of the window is unknown, never idle "
         "(an exporter restart or a scrape outage is not idleness).",
     )
+    power_threshold_watts: float | None = Field(
+        default=None,
+        gt=0,
+        description="Corroboration (gpu-pruner's --power-threshold): a GPU whose power draw "
+        "(DCGM_FI_DEV_POWER_USAGE) reached this many watts in the window is busy even under the utilization "
+        "threshold; without power data it is unknown. null (default): utilization alone decides.",
+    )
     default_action: IdleAction = Field(default="report", description="Action of pods no rule matches.")
     rules: list[IdleRule] = Field(default_factory=list, description="Policy rules, first match wins.")
     exclude_namespaces: list[str] = Field(

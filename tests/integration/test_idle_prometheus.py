@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from controller.idle.decide import Verdict
 from controller.idle.loop import IdleLoop, plan_from
 from controller.idle.observe import observe_usage
-from controller.idle.query import PROF_METRIC, UTIL_METRIC
+from controller.idle.query import POWER_METRIC, PROF_METRIC, UTIL_METRIC
 from gpuwarden.config.root import Config
 from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_SINCE
 from harness.localprom import LocalPrometheus, backfill_openmetrics
@@ -38,12 +38,14 @@ SERIES = [
     (UTIL_METRIC, "n2", "0", "", "", 0.0, MINUTES),  # no PROF, no pod label: joined by gpu-ids
     (UTIL_METRIC, "n2", "1", "ml", "util-busy", 55.0, MINUTES),  # DEV_GPU_UTIL fallback, busy
     (PROF_METRIC, "n2", "2", "ml", "acked", 0.0, MINUTES),  # idle but acknowledged
+    (POWER_METRIC, "n1", "0", "ml", "notebook", 61.5, MINUTES),  # power: idle draw
+    (POWER_METRIC, "n2", "0", "", "", 240.0, MINUTES),  # power: busy (a memory-bound kernel, say)
 ]
 
 
 def history(t_end: int) -> str:
     lines: list[str] = []
-    for metric in (PROF_METRIC, UTIL_METRIC):
+    for metric in (PROF_METRIC, UTIL_METRIC, POWER_METRIC):
         lines.append(f"# TYPE {metric} gauge")
         for m, node, gpu, ns, pod, value, minutes in SERIES:
             if m != metric:
@@ -255,3 +257,19 @@ async def test_evict_rule_evicts_pods_reported_long_enough(backfilled: Backfille
     assert ("Pod", "notebook", "GPUIdlePodEvicted") in recorder.events
     assert ("ReplicaSet", "notebook-rs", "GPUIdlePodEvicted") in recorder.events
     assert ("Pod", "old-gpu", "GPUIdle") in recorder.events
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_power_corroboration_in_the_same_query(backfilled: Backfilled) -> None:
+    config = Config.model_validate({"idle": {"enabled": True, "power_threshold_watts": 100}})
+    registry = CollectorRegistry()
+    async with backfilled.prom.client(registry) as prom:
+        usage = await observe_usage(prom, config.idle, backfilled.t_end)
+    plan = plan_from(config, pods(backfilled.t_end), usage, now=backfilled.t_end)
+    got = {j.pod.key: j.verdict for j in plan.judgements}
+    assert got["ml/notebook"] is Verdict.IDLE, "61.5 W: idle draw"
+    assert got["ml/old-gpu"] is Verdict.BUSY, "240 W under 1 % utilization"
+    assert got["ml/acked"] is Verdict.UNKNOWN, "no power data while corroboration is on"
+    assert got["ml/trainer"] is Verdict.BUSY
+    ok = {"endpoint": "query", "outcome": "success"}
+    assert registry.get_sample_value("gpuwarden_prometheus_requests_total", ok) == 1.0

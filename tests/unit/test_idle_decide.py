@@ -336,3 +336,30 @@ def test_gpuwarden_plan_table_shows_evictions_and_budget() -> None:
     table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, idle=idle).render_table()
     assert f"  nb-a/a (1 GPUs) since {HOURS_AGO}: evict;" in table
     assert f"  nb-a/b (1 GPUs) since {HOURS_AGO}: evict held (budget);" in table
+
+
+# --- power corroboration ----------------------------------------------------------------------------------
+POWER = IdleConfig(power_threshold_watts=100)
+POWERS: list[Any] = [
+    ("idle-draw", GpuReading("0", 0.2, FULL, max_watts=62.0), Verdict.IDLE),
+    ("high-draw-is-busy", GpuReading("0", 0.2, FULL, max_watts=250.0), Verdict.BUSY),
+    ("no-power-data-unknown", GpuReading("0", 0.2, FULL), Verdict.UNKNOWN),
+    ("utilization-busy-wins", GpuReading("0", 40.0, FULL), Verdict.BUSY),
+]
+
+
+@pytest.mark.parametrize(("reading", "verdict"), [p[1:] for p in POWERS], ids=[p[0] for p in POWERS])
+def test_power_corroboration(reading: GpuReading, verdict: Verdict) -> None:
+    assert judge(pod(), (reading,), POWER, NOW).verdict is verdict
+    assert judge(pod(), (reading,), CFG, NOW).verdict is (
+        Verdict.BUSY if reading.max_percent == 40 else Verdict.IDLE
+    )
+
+
+def test_power_stat_queried_only_when_on_and_read() -> None:
+    lab = IdleMetricLabels()
+    assert "DCGM_FI_DEV_POWER_USAGE" not in idle_query(lab, 1800)
+    assert "max_over_time(DCGM_FI_DEV_POWER_USAGE[1800s])" in idle_query(lab, 1800, power=True)
+    base = {"Hostname": "n1", "gpu": "0"}
+    answer = [({**base, STAT_LABEL: "max"}, 0.1), ({**base, STAT_LABEL: "power"}, 70.0)]
+    assert read_usage(answer, lab) == (GpuUsage("n1", "0", "", "", 0.1, 0, 70.0),)
