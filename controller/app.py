@@ -34,6 +34,8 @@ from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.gpus.feed import build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
+from controller.idle.decide import table_lines
+from controller.idle.loop import IdleLoop
 from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
@@ -316,6 +318,7 @@ async def run_controller(
             settings=gpus.settings,
         )
 
+        idle = IdleLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods)
         drain = DrainLoop(
             config,
             kube,
@@ -350,6 +353,7 @@ async def run_controller(
         passes.add("nominations", nominations)
         passes.add("drain", drain)  # nothing scheduled when drain is off
         passes.add("gpu-preemption", room)  # make-room: nothing scheduled when it is off
+        passes.add("idle", idle)  # idle GPUs: nothing scheduled when it is off
         jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), pods.run(), gpus.run(), throttle.run()]
         if extender is not None:
             jobs.append(extender.run())
@@ -409,6 +413,8 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.drain.plan import plan_to_dict
     from controller.gpus.feed import model_from_lists
     from controller.health.loop import plan_from as health_plan
+    from controller.idle.loop import plan_from as idle_plan
+    from controller.idle.loop import usage_now
     from controller.makeroom.loop import plan_from as room_plan
     from controller.nominations.loop import plan_from as nominations_plan
 
@@ -418,17 +424,20 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
         pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
         pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
         quarantine = await health_plan(config, prom, kube, nodes)
-    now = time.time()
+        now = time.time()
+        usage = await usage_now(prom, config, now) if config.idle.enabled else None
     gpus = model_from_lists(config, nodes, pods)
     nominations = nominations_plan(config, pods, nodes, model=gpus.model, settings=gpus.settings(), now=now)
     drain = drain_plan(config, nodes, pods, now=now)
     room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now)
+    idle = idle_plan(config, pods, usage, now=now).to_dict() if config.idle.enabled else {}
     return ControllerPlan(
         quarantine.to_dict(),
         quarantine.render_table(),
         nominations.to_json(),
         plan_to_dict(drain),
         room.to_dict(),
+        idle,
     )
 
 
@@ -441,6 +450,7 @@ class ControllerPlan:
     nominations: dict[str, Any]
     drain: dict[str, Any] = field(default_factory=dict)
     gpu_preemption: dict[str, Any] = field(default_factory=dict)
+    idle: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -448,6 +458,7 @@ class ControllerPlan:
             "nominations": self.nominations,
             "drain": self.drain,
             "gpu_preemption": self.gpu_preemption,
+            "idle": self.idle,
         }
 
     def room_table(self) -> list[str]:
@@ -460,6 +471,9 @@ class ControllerPlan:
             else:
                 lines.append(f"  {p['pod']} (priority {p['priority']}): {p['reason']}")
         return lines
+
+    def idle_table(self) -> list[str]:
+        return table_lines(self.idle) if self.idle else []  # empty: detection off (idle.enabled)
 
     def drain_table(self) -> list[str]:
         lines = ["", "DRAIN" + ("" if self.drain.get("nodes") else ": no quarantined node to drain")]
@@ -488,4 +502,4 @@ class ControllerPlan:
                     + "  "
                     + str(row[4])
                 )
-        return "\n".join(lines + self.drain_table() + self.room_table())
+        return "\n".join(lines + self.drain_table() + self.room_table() + self.idle_table())

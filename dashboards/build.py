@@ -724,7 +724,8 @@ def scheduling() -> Dashboard:
         uid="gpuwarden-scheduling",
         title="gpuwarden / scheduling & preemption",
         description="Topology-aware placement by the scheduler extender (NUMA alignment, filter results, "
-        "latency), preemptions and their chains, throttled preempt decisions, and cleared nominations.",
+        "latency), preemptions and their chains, throttled preempt decisions, cleared nominations, and idle "
+        "GPUs (pods holding GPUs they do not use).",
         tags=["gpuwarden", "gpu", "scheduling"],
         items=[
             Row("Placements"),
@@ -911,6 +912,37 @@ def scheduling() -> Dashboard:
                 unit="s",
                 width=8,
                 thresholds=[(None, "green"), (300, "orange"), (900, "red")],
+            ),
+            Row("Idle GPUs"),
+            Panel(
+                "Idle GPU-hours by namespace, last 24 h",
+                [
+                    Target(
+                        "sum by (pod_namespace) "
+                        "(sum_over_time((max by (pod_namespace) (gpuwarden_idle_gpus))[24h:30s])) / 120",
+                        "{{pod_namespace}}",
+                    )
+                ],
+                stack=True,
+                width=8,
+                description="GPU-hours held by idle pods (every GPU under idle.threshold_percent for "
+                "idle.window_seconds) in the 24 hours before each point, sampled every 30 s.",
+            ),
+            Panel(
+                "Idle GPUs by namespace",
+                [Target("max by (pod_namespace) (gpuwarden_idle_gpus)", "{{pod_namespace}}")],
+                stack=True,
+                width=8,
+                description="GPUs held by idle pods at the idle loop's last pass (acknowledged ones too); "
+                "the pods carry gpuwarden.io/idle-since.",
+            ),
+            Panel(
+                "GPU pods by idle state",
+                [Target("max by (state) (gpuwarden_idle_pods)", "{{state}}")],
+                stack=True,
+                width=8,
+                description="idle, acknowledged (idle, gpuwarden.io/idle-ack-until holds any action), busy, "
+                "unknown (missing or partial data: never idle), young, excluded.",
             ),
         ],
     )

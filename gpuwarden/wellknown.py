@@ -80,6 +80,8 @@ IDLE_SINCE = "gpuwarden.io/idle-since"
 """Pod annotation (set by gpuwarden): RFC 3339 time since every GPU of the pod stayed idle."""
 IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
 """Pod annotation (set by users): RFC 3339 time until which no idle-GPU action is taken."""
+IDLE_EXCLUDE = "gpuwarden.io/idle-exclude"
+"""Pod label (the config default of `idle.exclude_label`): `true` means the pod is never judged idle."""
 
 
 def gpu_id_key(gpu_id: str) -> tuple[int, int, str]:

@@ -269,7 +269,7 @@ def summary(config: Config) -> str:
         if p.enabled
     ]
     loops = []
-    for name in ("health", "nominations", "preemption", "extender"):
+    for name in ("health", "nominations", "idle", "preemption", "extender"):
         section = getattr(config, name)
         if section.enabled:
             loops.append(f"{name} (dry-run)" if getattr(section, "dry_run", False) else name)

@@ -15,6 +15,7 @@ from gpuwarden.config.base import Section
 from gpuwarden.config.drain import DrainConfig
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.health import HealthConfig
+from gpuwarden.config.idle import IdleConfig
 from gpuwarden.config.kubernetes import KubernetesConfig
 from gpuwarden.config.logging import LoggingConfig
 from gpuwarden.config.node_agent import NodeAgentConfig
@@ -29,6 +30,7 @@ SECTIONS = (
     "health",
     "drain",
     "nominations",
+    "idle",
     "preemption",
     "extender",
     "node_agent",
@@ -53,6 +55,7 @@ class Config(Section):
     nominations: NominationsConfig = Field(
         default_factory=NominationsConfig, description="Stale nominatedNodeName cleanup."
     )
+    idle: IdleConfig = Field(default_factory=IdleConfig, description="Idle-GPU detection (opt-in).")
     preemption: PreemptionConfig = Field(
         default_factory=PreemptionConfig, description="Cascading-preemption throttle."
     )

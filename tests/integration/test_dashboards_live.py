@@ -45,9 +45,11 @@ from controller.app import run_loops
 from controller.drain.loop import DrainLoop
 from controller.extender.runtime import build_extender
 from controller.health.loop import HealthLoop
+from controller.idle.loop import IdleLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.drain import DrainConfig, DrainGate
+from gpuwarden.config.idle import IdleConfig
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
@@ -535,6 +537,8 @@ class Live:
 
 
 AGENT_PODS = ("agent-honoured-0", "agent-overridden-0")
+IDLE_POD = ("notebooks", "notebook-0")
+"""A pod recorded on a GPU no simulated workload uses (0 % utilization): the idle loop reports it."""
 
 
 class FakePodResources(pr_grpc.PodResourcesListerServicer):
@@ -672,6 +676,12 @@ def populate(api: FakeApiServer, sim_pods: list[Obj]) -> None:
                 p["namespace"], p["pod"], p["workload"], gpus=len(p["gpus"]), node=p["node"], ids=p["gpus"]
             ),
         )
+    used = {(p["node"], int(g)) for p in sim_pods for g in p["gpus"]}
+    faulted = {("gpu-node-000", 3), ("gpu-node-003", 5)}  # and every GPU of 001/002 (quarantined: drained)
+    free = sorted({(f"gpu-node-{n:03d}", g) for n in (0, 3) for g in range(8)} - used - faulted)
+    notebook = pod_obj(*IDLE_POD, "notebook", node=free[0][0], ids=[free[0][1]])
+    notebook["status"]["startTime"] = "2026-01-01T00:00:00Z"
+    api.put("", "pods", notebook)
     for i in (1, 2):  # to bind, one after the other
         api.put("", "pods", pod_obj("inference", f"llm-serve-{HASH}-new{i}x", "llm-serve"))
     api.put("", "pods", pod_obj("training", "trainer-b-0", "trainer-b", gpus=4))  # to filter
@@ -783,12 +793,32 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         # quarantines and counts what it would evict. 2 of the 5 nodes get quarantined: a 50 % floor.
         drain_config = config.model_copy(
             update={
-                "drain": DrainConfig(enabled=True, dry_run=True, gate=DrainGate(min_schedulable_percent=50))
+                # notebooks: the idle pod sits on gpu-node-003, quarantined late in the run by node scope
+                "drain": DrainConfig(
+                    enabled=True,
+                    dry_run=True,
+                    gate=DrainGate(min_schedulable_percent=50),
+                    exclude_namespaces=["kube-system", IDLE_POD[0]],
+                )
             }
         )
         drain = DrainLoop(
             drain_config, kube_controller, registry=controller_registry, instance="c-0",
             pods=throttle.pods, nodes=nominations.nodes, interval_seconds=2.0,
+        )  # fmt: skip
+
+        # The idle loop (off in the shipped config), writing: a 60 s window over the 1 s scrapes.
+        idle_config = config.model_copy(
+            update={
+                "idle": IdleConfig(
+                    enabled=True, dry_run=False, loop_interval_seconds=2, window_seconds=60,
+                    warmup_seconds=1, scrape_interval_seconds=1,
+                )
+            }
+        )  # fmt: skip
+        idle = IdleLoop(
+            idle_config, controller_prom, kube_controller, registry=controller_registry, instance="c-0",
+            pods=throttle.pods,
         )  # fmt: skip
 
         # The node agent of gpu-node-004 (observe mode): its kubelet's PodResources answer says one pod got
@@ -866,7 +896,9 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             asyncio.create_task(extender.run()),
             asyncio.create_task(throttle.run()),
             asyncio.create_task(
-                run_loops(elector.is_leader, stop, health=health, nominations=nominations, drain=drain)
+                run_loops(
+                    elector.is_leader, stop, health=health, nominations=nominations, drain=drain, idle=idle
+                )
             ),
         ]
 
@@ -949,6 +981,20 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
                     }
                     assert (await http.post(f"{ext}/preempt", json=body)).status_code == 200
                 await asyncio.sleep(3)  # > 2 scrapes between rounds: rates and increases see both
+        await until(
+            lambda: (
+                "gpuwarden.io/idle-since"
+                in (
+                    (api.get("", "pods", IDLE_POD[1], IDLE_POD[0]) or {})
+                    .get("metadata", {})
+                    .get("annotations")
+                    or {}
+                )
+            ),
+            "the idle notebook reported",
+            limit=150,
+        )
+        await asyncio.sleep(31 - time.time() % 30)  # a 30 s step of the idle GPU-hours subquery has passed
         await asyncio.sleep(4)
         result = Live(prom, api, t0)
         result.t1 = time.time()

@@ -56,7 +56,7 @@ def test_good_example_uses_every_section() -> None:
     assert summary(config) == (
         "adapter: 3 rules, 2 external rules, resource metrics (metrics.k8s.io), presets gpu_utilization, "
         "gpu_memory_used_ratio, "
-        "requests_per_second; controller: health, nominations, preemption, extender"
+        "requests_per_second; controller: health, nominations, idle (dry-run), preemption, extender"
     )
     assert config.adapter.presets.dcgm_pod_label == "exported_pod"
     assert config.health.xid.overrides[109].quarantine is False

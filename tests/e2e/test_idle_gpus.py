@@ -1,0 +1,176 @@
+"""Idle GPUs end to end: real control plane, kwok GPU nodes, the fleet simulator's per-GPU utilization scraped
+by a real Prometheus, and the idle loop's pass against the real API server.
+
+Kubernetes pods are placed (nodeName) on the GPUs the simulator models, with `gpuwarden.io/gpu-ids`: one on
+the GPU of the simulator's busy workload (same namespace and name as the simulator's pod, so the exporter's
+pod labels agree), idle ones on GPUs no workload uses. After the 60 s window has passed over their lifetime,
+one pass reports the idle pod (annotation + Events), leaves the busy and the acknowledged one alone, evicts
+the one whose rule says evict, and is refused by a PodDisruptionBudget for the protected one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from controller.idle.decide import Verdict
+from controller.idle.loop import IdleLoop
+from gpuwarden.config.root import Config
+from gpuwarden.kube import LIVE_PODS, PODS, Informer, KubeClient
+from gpuwarden.promclient import PrometheusClient
+from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_SINCE
+from harness.localprom import LocalPrometheus, scrape_target
+from harness.simulator import parse_scenario, start
+from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
+from harness.testbed.nodes import delete_nodes
+from tests.e2e.conftest import pod_manifest
+
+pytestmark = pytest.mark.e2e
+
+NODES = [f"idle-node-{i}" for i in range(2)]
+NS = "sim"  # the simulator's workload namespace: the busy pod has the simulator pod's name here
+WINDOW = 60
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def config(cluster: Cluster, prom_url: str) -> Config:
+    return Config.model_validate({
+        "prometheus": {"url": prom_url, "retries": 0},
+        "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
+        "idle": {"enabled": True, "dry_run": False, "window_seconds": WINDOW, "warmup_seconds": 1,
+                 "scrape_interval_seconds": 1, "evict_after_seconds": 600,
+                 "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"}]},
+    })  # fmt: skip
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    prom: LocalPrometheus
+    busy: tuple[str, str, list[int]]  # simulator pod name, node, GPUs
+    free: list[tuple[str, int]]
+
+
+@pytest_asyncio.fixture
+async def env(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Env]:
+    add_gpu_nodes(cluster, [GpuNodeSpec(name=n, gpus=8) for n in NODES])
+    ensure_namespace(cluster, NS)
+    scenario = parse_scenario({
+        "fleet": {"nodes": len(NODES), "node_name_pattern": "idle-node-{index}"},
+        "exporter": {"tick": 0.5},
+        "workloads": [{"name": "busy", "namespace": NS, "replicas": 1, "gpus_per_pod": 1, "qps_per_gpu": 10,
+                       "load": [{"at": 0, "qps": 8}]}],
+    })  # fmt: skip
+    sim = await start(scenario)
+    prom = LocalPrometheus(
+        tmp_path / "prom", [scrape_target("dcgm", f"127.0.0.1:{sim.port}", scrape_interval_seconds=1.0)]
+    )
+    await prom.start()
+    try:
+        await prom.wait_for_up("dcgm")
+        async with httpx.AsyncClient() as http:
+            state = (await http.get(f"{sim.url}/control/state")).json()
+        [busy] = [(p["pod"], p["node"], [int(g) for g in p["gpus"]]) for p in state["pods"]]
+        used = {(busy[1], g) for g in busy[2]}
+        free = sorted({(n, g) for n in NODES for g in range(8)} - used)
+        yield Env(cluster, prom, busy, free)
+    finally:
+        await prom.stop()
+        await sim.stop()
+        cluster.kubectl("delete", "pods,pdb", "--all", "-n", NS, "--ignore-not-found", "--wait=false")
+        delete_nodes(cluster, NODES)
+
+
+def placed(
+    name: str,
+    node: str,
+    gpus: list[int],
+    labels: dict[str, str] | None = None,
+    ann: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    pod = pod_manifest(name, gpus=len(gpus), labels={"app": name, **(labels or {})}, nodeName=node)
+    pod["metadata"] |= {"namespace": NS, "annotations": {GPU_IDS: ",".join(map(str, gpus)), **(ann or {})}}
+    return pod
+
+
+async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
+    env: Env, cluster: Cluster
+) -> None:
+    busy_name, busy_node, busy_gpus = env.busy
+    (n1, g1), (n2, g2), (n3, g3), (n4, g4) = env.free[:4]
+    pods = [
+        placed(busy_name, busy_node, busy_gpus),
+        placed("notebook", n1, [g1]),
+        placed("standby", n2, [g2], ann={IDLE_ACK_UNTIL: rfc3339(time.time() + 3600)}),
+        placed("stale-nb", n3, [g3], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
+        placed("guarded-nb", n4, [g4], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
+    ]
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": NS},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded-nb"}}},
+    }
+    cluster.apply(pdb, *pods)
+    cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Running", "pod", "--all", "-n", NS, "--timeout=60s"
+    )
+    await asyncio.sleep(WINDOW + 3)  # the window now fits inside every pod's lifetime
+
+    cfg = config(cluster, env.prom.url)
+    async with (
+        PrometheusClient(cfg.prometheus) as prom,
+        KubeClient.from_config(kubeconfig=cluster.kubeconfig) as kube,
+    ):
+        informer = Informer(kube, PODS, field_selector=LIVE_PODS)
+        watch = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            loop = IdleLoop(cfg, prom, kube, pods=informer, registry=CollectorRegistry())
+            leading = asyncio.Event()
+            leading.set()
+            plan = await loop.run_once(leading)
+            await loop.actuator.events.flush()
+        finally:
+            watch.cancel()
+
+    verdicts = {j.pod.name: (j.verdict, j.acknowledged) for j in plan.judgements if j.pod.namespace == NS}
+    assert verdicts == {
+        busy_name: (Verdict.BUSY, False),
+        "notebook": (Verdict.IDLE, False),
+        "standby": (Verdict.IDLE, True),
+        "stale-nb": (Verdict.IDLE, False),
+        "guarded-nb": (Verdict.IDLE, False),
+    }, {j.pod.name: j.reason for j in plan.judgements}
+    annotations = {p["metadata"]["name"]: p["metadata"].get("annotations") or {}
+                   for p in cluster.get_json("pods", "-n", NS)["items"]}  # fmt: skip
+    assert IDLE_SINCE in annotations["notebook"]
+    assert IDLE_SINCE not in annotations[busy_name] and IDLE_SINCE not in annotations["standby"]
+    assert loop.last_result is not None
+    assert (loop.last_result.evicted, loop.last_result.blocked) == (["sim/stale-nb"], ["sim/guarded-nb"])
+    gone = cluster.get_json("pod", "stale-nb", "-n", NS) if "stale-nb" in annotations else {}
+    assert not gone or gone["metadata"].get("deletionTimestamp"), "evicted through the Eviction API"
+    assert "guarded-nb" in annotations and not cluster.get_json("pod", "guarded-nb", "-n", NS)[
+        "metadata"
+    ].get("deletionTimestamp"), "the PodDisruptionBudget holds"
+    events = cluster.get_json("events.events.k8s.io", "-n", NS)["items"]
+    reasons = {(e["regarding"]["name"], e["reason"]) for e in events}
+    assert {
+        ("notebook", "GPUIdle"),
+        ("stale-nb", "GPUIdlePodEvicted"),
+        ("guarded-nb", "GPUIdleEvictionBlocked"),
+    } <= reasons, json.dumps(sorted(reasons))
