@@ -124,7 +124,8 @@ class PassScheduler:
     (`max_instances=1`), missed runs after a stall are coalesced into one, and one failing pass is logged
     without ending the schedule. What it does not give: its asyncio executor's shutdown cancels a running
     pass without waiting for it, so `stop()` pauses the schedule and lets running passes finish first
-    (bounded by `grace`) - a pass stopped between writing a taint and writing its Event loses the Event.
+    (bounded by `grace`). A pass stopped anyway (or a leader killed) between a taint and its Event leaves the
+    record's Event mark pending, and the next pass writes the Event once (`controller.health.decide`).
     """
 
     def __init__(self, leading: asyncio.Event, *, grace: float = PASS_GRACE_SECONDS) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from controller.health.snapshot import BreakerState, Taint
 from gpuwarden.quarantine import QuarantineRecord, iso
 
-ActionKind = Literal["quarantine", "release", "update-record", "set-condition"]
+ActionKind = Literal["quarantine", "release", "update-record", "set-condition", "finish-event"]
 EventType = Literal["Normal", "Warning"]
 
 # Skip reasons (stable strings: tests, metrics and the table use them).
@@ -47,6 +47,8 @@ class EventSpec:
     type: EventType
     note: str
     action: str  # events.k8s.io `action`, e.g. Taint, Untaint, Trip
+    name: str = ""
+    """When set, the Event is written under this name at most once (409 AlreadyExists = already written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,10 @@ class Action:
     condition: ConditionUpdate | None = None
     event: EventSpec | None = None
     first_seen: float | None = None  # of the fault, for the detection-latency metric
+    after_event: QuarantineRecord | None = None
+    """The record to write once `event` exists (its `event_pending` cleared); only over the same record."""
+    remove_record_after_event: bool = False
+    """Remove the record (matched by `after_event`) once `event` exists (nothing left to remember)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -89,6 +95,8 @@ class Action:
             out["condition"] = {"status": self.condition.status, "reason": self.condition.reason}
         if self.event is not None:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
+        if self.after_event is not None:
+            out["after_event"] = "remove-record" if self.remove_record_after_event else "clear-event-mark"
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         return out
