@@ -104,7 +104,8 @@ def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:
         done.state, done.quarantined_at, done.released_at,
     ):  # fmt: skip
         return None
-    value = None if action.remove_record_after_event else done.encode()
+    # From the record as read now: evidence added since the plan (a concurrent update-record) is kept.
+    value = None if action.remove_record_after_event else record.with_(event_pending=False).encode()
     return {"metadata": {"annotations": {RECORD_ANNOTATION: value}}}
 
 
