@@ -108,12 +108,14 @@ class DrainActuator:
         if state is None:
             if plan.done:
                 # Nothing to move: the drain is done at once (the remediation hand-off can follow).
-                await self._emit(node_ref, "GPUDrainDone", f"nothing to move ({plan.scope} scope)", dry_run)
+                note = f"nothing to move ({plan.scope} scope)"
+                await self._emit(node_ref, "GPUDrainDone", note, dry_run, once=plan.quarantined_at)
                 return DrainState(started=now, scope=plan.scope, done=now)
             state = DrainState(started=now, scope=plan.scope)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
             moving = ", ".join(a.pod.key for a in plan.actions if a.verdict is not Verdict.REPORT) or "none"
-            await self._emit(node_ref, "GPUDrainStarted", f"draining the {what}: {moving}", dry_run)
+            note = f"draining the {what}: {moving}"
+            await self._emit(node_ref, "GPUDrainStarted", note, dry_run, once=plan.quarantined_at)
         history = dict(state.history)
         blocked: dict[str, str] = {}
         pending: list[str] = []
@@ -159,7 +161,8 @@ class DrainActuator:
             elif outcome == "failed":
                 history[key] = replace(h, last_attempt=now, attempts=h.attempts + 1)
         if plan.done and state.done is None:
-            await self._emit(node_ref, "GPUDrainDone", f"drain done ({plan.scope} scope)", dry_run)
+            note = f"drain done ({plan.scope} scope)"
+            await self._emit(node_ref, "GPUDrainDone", note, dry_run, once=plan.quarantined_at)
         return state.with_(
             scope=plan.scope,
             pending=tuple(pending),
@@ -234,9 +237,18 @@ class DrainActuator:
         if not dry_run:
             await self._write_state(node, None)
 
-    async def _emit(self, ref: ObjectRef, reason: str, note: str, dry_run: bool) -> None:
+    async def _emit(
+        self, ref: ObjectRef, reason: str, note: str, dry_run: bool, *, once: float | None = None
+    ) -> None:
+        """`once`: the drained quarantine's start - the Event is named after it and written at most once
+        (a leader killed before the drain state was written repeats the step, not the Event)."""
         warning = reason in ("GPUDrainBlocked", "GPUDrainGateClosed", "GPUPodEvicted")
         prefix = "[dry-run] " if dry_run and not note.startswith("[dry-run]") else ""
+        if once is not None and not dry_run:
+            name = f"{ref.name}.{reason.lower()}.{int(once):x}"
+            kind = EventType.WARNING if warning else EventType.NORMAL
+            await self.events.emit_once(ref, name=name, reason=reason, note=note, action="Drain", type=kind)
+            return
         with contextlib.suppress(KubeError):
             await self.events.emit(
                 ref, reason=reason, note=prefix + note, action="Drain",

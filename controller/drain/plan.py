@@ -117,6 +117,8 @@ class DrainNode:
     """Its drain state says done: it no longer counts against max_draining_nodes."""
     evictions: tuple[Eviction, ...] = ()
     """The node's eviction ledger (from its drain state)."""
+    quarantined_at: float | None = None
+    """When the quarantine being drained began (its record): names the drain's Events, so they are once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class NodePlan:
     """Why the gate held this node's new drain, empty when not held."""
     events_owed: tuple[Eviction, ...] = ()
     """Evictions done (pod gone or terminating) whose GPUPodEvicted Event is still to be written."""
+    quarantined_at: float | None = None
+    """The drained quarantine's start (see DrainNode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +291,11 @@ def plan_drains(
         plans.append(NodePlan(node.name, scope, tuple(limited), start=start, done=not moving))
     by_name = {n.name: n for n in nodes}
     plans = [
-        replace(n, events_owed=events_owed(by_name[n.node].evictions, pods_by_node.get(n.node, ())))
+        replace(
+            n,
+            events_owed=events_owed(by_name[n.node].evictions, pods_by_node.get(n.node, ())),
+            quarantined_at=by_name[n.node].quarantined_at,
+        )
         for n in plans
     ]
     return DrainPlan(tuple(plans), tuple(held))

@@ -141,6 +141,7 @@ def test_drain_killed_between_writes(k: int) -> None:
     assert max_in_any_minute([t for _, t in api.evicted]) <= 2, api.evicted
     evicted_events = sorted(e["regarding"]["name"] for e in api.events if e["reason"] == "GPUPodEvicted")
     assert evicted_events == ["a", "b", "c"], "one GPUPodEvicted Event per evicted pod"
+    assert [e["reason"] for e in api.events].count("GPUDrainStarted") == 1
     state, _ = decode(api.nodes["n1"]["metadata"]["annotations"][DRAIN])
     assert state is not None and all(e.evented for e in state.evictions)
 
