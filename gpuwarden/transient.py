@@ -65,6 +65,10 @@ class Episodes:
             )
         return True
 
+    def count(self, component: str, cause: str) -> None:
+        """Count an expected failure that its caller handles and logs itself (e.g. a routine 410 relist)."""
+        self._counter.labels(component, cause).inc()
+
     def succeeded(self, component: str) -> None:
         """The episode of `component`, if any, is over."""
         cause = self._open.pop(component, None)
