@@ -112,7 +112,10 @@ def _plan_quarantined(
     current = assessment.quarantining if assessment is not None and assessment.status != "unknown" else ()
     if node.release_requested:
         dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
-        work.actions.append(_release(node, taint, record, "operator-annotation", now, dismissed))
+        if record.event_pending and record.quarantined_at is not None:
+            work.actions.append(_finish_quarantine(node.name, record, drift=False))  # the Event still owed
+        work.actions.append(_release(node, taint, record.with_(event_pending=False), "operator-annotation",
+                                     now, dismissed))  # fmt: skip
         return
     drift = node.condition is None or node.condition.status != "False"
     if record.event_pending and record.quarantined_at is not None:

@@ -203,3 +203,14 @@ def test_event_name_survives_the_record_round_trip() -> None:
     from controller.health.decide import quarantine_event_name
 
     assert quarantine_event_name("n1", back) == action.event.name
+
+
+def test_release_requested_before_the_next_leader_still_gets_the_quarantine_event() -> None:
+    """Killed after the taint, then an operator asks for a release before the next pass: both Events."""
+    api = Api([node_json(tainted=False, annotations={}, healthy="True")], kill_before=2)
+    assert run_with_kill(api, NOW)
+    api.nodes["n1"]["metadata"]["annotations"][RELEASE] = "now"
+    api.kill_before = None
+    asyncio.run(leader_pass(api, NOW + 15))
+    assert api.reasons() == ["GPUQuarantineReleased", "GPUQuarantined"]
+    assert api.nodes["n1"]["spec"]["taints"] == []
