@@ -43,6 +43,7 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, NODES, PDBS, PODS, Informer, KubeClient, LeaderElector, LeaseDurations
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
+from gpuwarden.transient import Episodes, transient_counter
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +127,21 @@ class PassScheduler:
     (`max_instances=1`), missed runs after a stall are coalesced into one, and one failing pass is logged
     without ending the schedule. What it does not give: its asyncio executor's shutdown cancels a running
     pass without waiting for it, so `stop()` pauses the schedule and lets running passes finish first
-    (bounded by `grace`) - a pass stopped between writing a taint and writing its Event loses the Event.
+    (bounded by `grace`). A pass stopped anyway (or a leader killed) between a taint and its Event leaves the
+    record's Event mark pending, and the next pass writes the Event once (`controller.health.decide`).
     """
 
-    def __init__(self, leading: asyncio.Event, *, grace: float = PASS_GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        leading: asyncio.Event,
+        *,
+        grace: float = PASS_GRACE_SECONDS,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.leading = leading
         self.grace = grace
+        self.episodes = Episodes(transient_counter(registry), log)
+        """Expected failures (API down, 429, 5xx, Prometheus down): one warning per episode, not a trace."""
         self.scheduler = AsyncIOScheduler(timezone="UTC")
         self.inflight: dict[asyncio.Task[Any], str] = {}
         """Running passes (their APScheduler tasks) by loop name."""
@@ -152,8 +162,11 @@ class PassScheduler:
                 self.inflight[task] = name
             try:
                 await run_once(self.leading)
-            except Exception:  # the next pass starts on schedule
-                log.exception("pass failed", extra={"loop": name})
+            except Exception as exc:  # the next pass starts on schedule
+                if not self.episodes.failed(name, exc):
+                    log.exception("pass failed", extra={"loop": name})
+            else:
+                self.episodes.succeeded(name)
             finally:
                 if task is not None:
                     self.inflight.pop(task, None)
@@ -348,7 +361,7 @@ async def run_controller(
         else:
             leading.set()
 
-        passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS)
+        passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS, registry=registry)
         passes.add("health", health)  # every loop reads the shared `nodes` and `pods` caches run here
         passes.add("nominations", nominations)
         passes.add("drain", drain)  # nothing scheduled when drain is off

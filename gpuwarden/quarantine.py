@@ -6,8 +6,9 @@ make-room, nominations), drain and the node agent's device plugin must all read 
 record must survive a restart or a leader change because it lives on the Node. The record holds the
 evidence (reason, XID, GPU UUIDs, first seen, values) an operator reads with `kubectl describe node`, plus
 the little state the decision needs: when the quarantine began (breaker window), the bootID then (reboot
-recovery), when the evidence was last seen gone (healthy period), and which evidence an operator already
-dismissed (no re-taint for the same evidence).
+recovery), when the evidence was last seen gone (healthy period), which evidence an operator already
+dismissed (no re-taint for the same evidence), and whether the quarantine's (or release's) Event is still
+to be written (a leader killed between the taint and its Event).
 
 The rule (`node_quarantine`, `quarantined_ids`): a node is quarantined only while it carries our taint - a
 record alone quarantines nothing (a released or stale record keeps its evidence only to remember what was
@@ -109,6 +110,9 @@ class QuarantineRecord:
     validation_started: float | None = None
     validation_attempts: int = 0
     validation_failures: tuple[str, ...] = ()
+    event_pending: bool = False
+    """Written with the taint (or the release) and cleared once its Event exists: a leader killed between
+    the two leaves it set, and the next pass writes the missing Event (named after the record, so once)."""
 
     @property
     def first_seen(self) -> float | None:
@@ -153,6 +157,8 @@ class QuarantineRecord:
                 "attempts": self.validation_attempts,
                 "failures": list(self.validation_failures),
             }
+        if self.event_pending:
+            body["event"] = "pending"
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -187,6 +193,7 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
                 validation_started=parse_iso(validation.get("started")),
                 validation_attempts=int(validation.get("attempts", 0)),
                 validation_failures=tuple(str(f) for f in validation.get("failures", [])),
+                event_pending=raw.get("event") == "pending",
             ),
             "",
         )

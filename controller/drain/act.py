@@ -3,7 +3,9 @@
 Why a module: the only place drain touches the cluster. An Eviction answered 429 is never turned into a
 delete here — only the plan's `delete` verdict (a rule's `delete_after_seconds`) deletes, with the pod's uid
 as precondition. Each outcome updates the per-pod history that the next pass's back-off is computed from,
-and the node's `gpuwarden.io/drain` annotation is rewritten only when it changed. Dry-run evicts, deletes
+and the node's `gpuwarden.io/drain` annotation is rewritten only when it changed. Each Eviction is entered
+in the node's ledger (its drain state) before it is sent, and its GPUPodEvicted Event is named after the
+pod's uid: the fleet's rate and the Events survive a leader killed between the two. Dry-run evicts, deletes
 and writes nothing; it logs and events what it would do.
 """
 
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controller.drain.plan import DrainPlan, NodePlan, PodAction, PodHistory, Verdict
+from controller.drain.plan import DrainPlan, Eviction, NodePlan, PodAction, PodHistory, Verdict, prune_ledger
 from controller.drain.state import DrainState
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, KubeClient, ObjectRef
@@ -105,15 +108,22 @@ class DrainActuator:
         if state is None:
             if plan.done:
                 # Nothing to move: the drain is done at once (the remediation hand-off can follow).
-                await self._emit(node_ref, "GPUDrainDone", f"nothing to move ({plan.scope} scope)", dry_run)
+                note = f"nothing to move ({plan.scope} scope)"
+                await self._emit(node_ref, "GPUDrainDone", note, dry_run, once=plan.quarantined_at)
                 return DrainState(started=now, scope=plan.scope, done=now)
             state = DrainState(started=now, scope=plan.scope)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
             moving = ", ".join(a.pod.key for a in plan.actions if a.verdict is not Verdict.REPORT) or "none"
-            await self._emit(node_ref, "GPUDrainStarted", f"draining the {what}: {moving}", dry_run)
+            note = f"draining the {what}: {moving}"
+            await self._emit(node_ref, "GPUDrainStarted", note, dry_run, once=plan.quarantined_at)
         history = dict(state.history)
         blocked: dict[str, str] = {}
         pending: list[str] = []
+        ledger = {e.pod: e for e in state.evictions}
+        if not dry_run:
+            for owed in plan.events_owed:  # evicted by a leader that died before the Event
+                if await self._evicted_event(owed, "evicted (Event written by a later pass)"):
+                    ledger[owed.pod] = replace(owed, evented=True)
         for action in plan.actions:
             key = action.pod.key
             if action.verdict is Verdict.REPORT:
@@ -126,7 +136,21 @@ class DrainActuator:
                 continue
             if self._still_go is not None and not self._still_go(plan.node):
                 continue  # lost the lease, or the node was released: no more evictions in this pass
+            if not dry_run:
+                # The ledger first: a leader killed after the Eviction still leaves it counted and evented.
+                entry = Eviction(key, action.pod.uid, float(math.ceil(now)))
+                ledger[key] = entry
+                written = state.with_(evictions=prune_ledger(ledger.values(), (), now))
+                if not await self._write_state(plan.node, written):
+                    ledger.pop(key)
+                    continue
             outcome = await self._move(action, dry_run, result)
+            if not dry_run:
+                if outcome == "moved":
+                    if await self._evicted_event(entry, self._note(action)):
+                        ledger[key] = replace(entry, evented=True)
+                else:
+                    ledger.pop(key)  # refused, failed or already gone: not an eviction of ours
             h = history.get(key, PodHistory())
             if outcome == "blocked":
                 history[key] = replace(
@@ -137,20 +161,36 @@ class DrainActuator:
             elif outcome == "failed":
                 history[key] = replace(h, last_attempt=now, attempts=h.attempts + 1)
         if plan.done and state.done is None:
-            await self._emit(node_ref, "GPUDrainDone", f"drain done ({plan.scope} scope)", dry_run)
+            note = f"drain done ({plan.scope} scope)"
+            await self._emit(node_ref, "GPUDrainDone", note, dry_run, once=plan.quarantined_at)
         return state.with_(
             scope=plan.scope,
             pending=tuple(pending),
             blocked=blocked,
             history={k: v for k, v in history.items() if k in pending},
             done=state.done if state.done is not None else (now if plan.done else None),
+            evictions=prune_ledger(ledger.values(), [a.pod for a in plan.actions], now),
         )
+
+    @staticmethod
+    def _note(action: PodAction) -> str:
+        verb = "delete" if action.verdict is Verdict.DELETE else "evict"
+        return f"{verb}: {action.reason} (mode {action.mode}, rule {action.rule})"
+
+    async def _evicted_event(self, e: Eviction, note: str) -> bool:
+        """The pod's GPUPodEvicted Event, once: named after the pod's uid (409 = written before)."""
+        namespace, _, name = e.pod.partition("/")
+        ref = ObjectRef(api_version="v1", kind="Pod", name=name, namespace=namespace, uid=e.uid)
+        return await self.events.emit_once(
+            ref, name=f"{name[:180]}.gpupodevicted.{e.uid}", reason="GPUPodEvicted", note=note,
+            action="Drain", type=EventType.WARNING,
+        )  # fmt: skip
 
     async def _move(self, action: PodAction, dry_run: bool, result: ActResult) -> str:
         pod = action.pod
         verb = "delete" if action.verdict is Verdict.DELETE else "evict"
         ref = ObjectRef(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid)
-        note = f"{verb}: {action.reason} (mode {action.mode}, rule {action.rule})"
+        note = self._note(action)
         if dry_run:
             self.metrics.evictions.labels("dry_run").inc()
             log.info(f"[dry-run] {note}", extra={"pod": pod.key})
@@ -179,15 +219,16 @@ class DrainActuator:
         result.evictions += 1
         result.evicted.append(pod.key)
         log.info(note, extra={"pod": pod.key})
-        await self._emit(ref, "GPUPodEvicted", note, False)
-        return "moved"
+        return "moved"  # the caller writes its Event (once) and marks the ledger
 
-    async def _write_state(self, node: str, state: DrainState | None) -> None:
+    async def _write_state(self, node: str, state: DrainState | None) -> bool:
         value = None if state is None else state.encode()
         try:
             await self.kube.patch(NODES, node, {"metadata": {"annotations": {DRAIN_ANNOTATION: value}}})
         except KubeError as exc:
             log.warning("drain state not written", extra={"node": node, "error": str(exc)})
+            return False
+        return True
 
     async def cancel(self, node: str, node_obj: dict[str, object] | None, dry_run: bool) -> None:
         """The node was released: its drain ends here, nothing more is evicted."""
@@ -196,9 +237,18 @@ class DrainActuator:
         if not dry_run:
             await self._write_state(node, None)
 
-    async def _emit(self, ref: ObjectRef, reason: str, note: str, dry_run: bool) -> None:
+    async def _emit(
+        self, ref: ObjectRef, reason: str, note: str, dry_run: bool, *, once: float | None = None
+    ) -> None:
+        """`once`: the drained quarantine's start - the Event is named after it and written at most once
+        (a leader killed before the drain state was written repeats the step, not the Event)."""
         warning = reason in ("GPUDrainBlocked", "GPUDrainGateClosed", "GPUPodEvicted")
         prefix = "[dry-run] " if dry_run and not note.startswith("[dry-run]") else ""
+        if once is not None and not dry_run:
+            name = f"{ref.name}.{reason.lower()}.{int(once):x}"
+            kind = EventType.WARNING if warning else EventType.NORMAL
+            await self.events.emit_once(ref, name=name, reason=reason, note=note, action="Drain", type=kind)
+            return
         with contextlib.suppress(KubeError):
             await self.events.emit(
                 ref, reason=reason, note=prefix + note, action="Drain",

@@ -1,9 +1,10 @@
 """The drain loop (leader-gated, beside the quarantine loop): observe the caches, plan, act.
 
 Why it exists: it is the scheduling shell around `plan_drains`; the PassScheduler of the controller runs its
-passes only while this replica leads. The fleet-wide eviction rate is counted from this process's own
-evictions of the last minute (after a leader change the new leader starts counting afresh, so at most one
-extra minute's budget is spent). Released nodes get their drain cancelled before anything else.
+passes only while this replica leads. The fleet-wide eviction rate is counted from the eviction ledgers
+the drain keeps on the Nodes (each eviction entered before it is sent), so a new leader inherits the last
+minute's count; this process's own count covers a watch cache that has not caught up with its writes yet.
+Released nodes get their drain cancelled before anything else.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from controller.drain.act import DrainActuator, DrainMetrics
 from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot
-from controller.drain.plan import DrainPlan, Verdict, plan_drains
+from controller.drain.plan import DrainPlan, Verdict, evictions_in_window, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
@@ -80,7 +81,9 @@ class DrainLoop:
             snap.pods_by_node,
             self.policy,
             now,
-            evictions_last_minute=len(self._evicted_at),
+            evictions_last_minute=max(
+                len(self._evicted_at), evictions_in_window((n.evictions for n in snap.nodes), now)
+            ),
             gpu_nodes=snap.gpu_nodes,
             schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
         )
@@ -167,14 +170,14 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> DrainP
 
 
 def plan_from(config: Config, nodes: list[JsonObject], pods: list[JsonObject], *, now: float) -> DrainPlan:
-    """The drain plan from listed nodes and live pods (no eviction history: a plan, not a pass)."""
+    """The drain plan from listed nodes and live pods (the rate from the nodes' eviction ledgers)."""
     snap = build_snapshot(nodes, pods, resource=config.kubernetes.gpu_resource_name)
     return plan_drains(
         snap.nodes,
         snap.pods_by_node,
         config.drain,
         now,
-        evictions_last_minute=0,
+        evictions_last_minute=evictions_in_window((n.evictions for n in snap.nodes), now),
         gpu_nodes=snap.gpu_nodes,
         schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
     )

@@ -156,6 +156,8 @@ def build_snapshot(nodes: Iterable[Obj], pods: Iterable[Obj], *, resource: str) 
                 history=dict(state.history) if state is not None else {},
                 paused=ann.get(PAUSE_ANNOTATION) == "true",
                 finished=state is not None and state.done is not None,
+                evictions=state.evictions if state is not None else (),
+                quarantined_at=record.quarantined_at,
             )
         )
     return DrainSnapshot(

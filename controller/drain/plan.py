@@ -9,15 +9,16 @@ Node, the clock and the fleet's eviction history. The shell only evicts what thi
 Scope: a GPU-level fault moves only the pods holding one of the faulty GPUs; a node-level fault (no GPU
 named) or a GPU that cannot be mapped to an id moves every GPU pod of the node. Never moved: DaemonSet pods,
 mirror (static) pods, finished pods, pods already terminating, excluded namespaces and labels (reported).
-The gate: at most N nodes draining, at most M evictions per minute fleet-wide, no new drain while too few GPU
-nodes accept pods. No I/O, no clock reads, no logging.
+The gate: at most N nodes draining, at most M evictions per minute fleet-wide (counted from the eviction
+ledgers on the Nodes, so a new leader inherits the count), no new drain while too few GPU nodes accept pods.
+No I/O, no clock reads, no logging.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gpuwarden.config.drain import DrainConfig, DrainMode
@@ -62,6 +63,44 @@ class PodHistory:
 
 
 @dataclass(frozen=True, slots=True)
+class Eviction:
+    """One eviction in the node's ledger (its drain state): written *before* the Eviction is sent, so the
+    fleet's evictions of the last minute and the Events still owed survive a leader change."""
+
+    pod: str
+    """namespace/name"""
+    uid: str
+    at: float
+    evented: bool = False
+    """Its GPUPodEvicted Event exists (it is written once, named after the pod's uid)."""
+
+
+RATE_WINDOW_SECONDS = 60.0
+
+
+def evictions_in_window(ledgers: Iterable[Iterable[Eviction]], now: float) -> int:
+    """Evictions (sent or about to be) in the last minute across the fleet: the rate limit's count."""
+    return sum(1 for ledger in ledgers for e in ledger if now - e.at < RATE_WINDOW_SECONDS)
+
+
+def _gone_or_going(e: Eviction, pods: Iterable[DrainPod]) -> bool:
+    return not any(p.uid == e.uid and not p.terminating for p in pods)
+
+
+def events_owed(ledger: Iterable[Eviction], pods: Sequence[DrainPod]) -> tuple[Eviction, ...]:
+    """Evictions whose Event is not written though the pod is gone or terminating: a leader died between
+    the Eviction and its Event (or the Event failed). A pod still running was never evicted: no Event."""
+    return tuple(e for e in ledger if not e.evented and _gone_or_going(e, pods))
+
+
+def prune_ledger(ledger: Iterable[Eviction], pods: Sequence[DrainPod], now: float) -> tuple[Eviction, ...]:
+    """The ledger kept: evictions of the last minute (the rate), and older ones whose Event is still owed."""
+    return tuple(
+        e for e in ledger if now - e.at < RATE_WINDOW_SECONDS or (not e.evented and _gone_or_going(e, pods))
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class DrainNode:
     """A quarantined node."""
 
@@ -76,6 +115,10 @@ class DrainNode:
     paused: bool = False
     finished: bool = False
     """Its drain state says done: it no longer counts against max_draining_nodes."""
+    evictions: tuple[Eviction, ...] = ()
+    """The node's eviction ledger (from its drain state)."""
+    quarantined_at: float | None = None
+    """When the quarantine being drained began (its record): names the drain's Events, so they are once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +141,10 @@ class NodePlan:
     """Nothing left to move: every pod in scope is gone (or only reported)."""
     held: str = ""
     """Why the gate held this node's new drain, empty when not held."""
+    events_owed: tuple[Eviction, ...] = ()
+    """Evictions done (pod gone or terminating) whose GPUPodEvicted Event is still to be written."""
+    quarantined_at: float | None = None
+    """The drained quarantine's start (see DrainNode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +289,15 @@ def plan_drains(
                 budget -= 1
             limited.append(a)
         plans.append(NodePlan(node.name, scope, tuple(limited), start=start, done=not moving))
+    by_name = {n.name: n for n in nodes}
+    plans = [
+        replace(
+            n,
+            events_owed=events_owed(by_name[n.node].evictions, pods_by_node.get(n.node, ())),
+            quarantined_at=by_name[n.node].quarantined_at,
+        )
+        for n in plans
+    ]
     return DrainPlan(tuple(plans), tuple(held))
 
 

@@ -2,9 +2,10 @@
 
 Why it exists: docs/architecture.md safety rule 5 — a restarted or new leader continues a drain where the last
 one stopped, and `kubectl describe node` shows it: when it started, its scope, which pods are still to move,
-which are blocked and by what (a PodDisruptionBudget's 429), and when it was done. The per-pod retry history
-is what the plan's back-off and `delete_after_seconds` deadlines are computed from. Pure: encode/decode only,
-no I/O, no clock.
+which are blocked and by what (a PodDisruptionBudget's 429), when it was done, and the eviction ledger (the
+last minute's evictions, each written before its Eviction is sent, and whether its Event was written). The
+per-pod retry history is what the plan's back-off and `delete_after_seconds` deadlines are computed from.
+Pure: encode/decode only, no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.drain.plan import PodHistory
+from controller.drain.plan import Eviction, PodHistory
 from gpuwarden.quarantine import iso, parse_iso
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
@@ -27,6 +28,8 @@ class DrainState:
     blocked: Mapping[str, str] = field(default_factory=dict)
     history: Mapping[str, PodHistory] = field(default_factory=dict)
     done: float | None = None
+    evictions: tuple[Eviction, ...] = ()
+    """The eviction ledger: the last minute's evictions (the fleet rate) and Events still owed."""
 
     def with_(self, **changes: Any) -> DrainState:
         return replace(self, **changes)
@@ -53,6 +56,11 @@ class DrainState:
         }
         if self.done is not None:
             body["done"] = iso(self.done)
+        if self.evictions:
+            body["evictions"] = [
+                {"pod": e.pod, "uid": e.uid, "at": iso(e.at), **({} if e.evented else {"event": "pending"})}
+                for e in self.evictions
+            ]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -81,6 +89,15 @@ def decode(text: str | None) -> tuple[DrainState | None, str]:
                 blocked={str(k): str(v) for k, v in (raw.get("blocked") or {}).items()},
                 history=history,
                 done=parse_iso(raw.get("done")),
+                evictions=tuple(
+                    Eviction(
+                        str(e["pod"]),
+                        str(e["uid"]),
+                        float(parse_iso(e["at"]) or 0.0),
+                        e.get("event") != "pending",
+                    )
+                    for e in raw.get("evictions") or ()
+                ),
             ),
             "",
         )

@@ -38,6 +38,7 @@ from gpuwarden.kube import (
     PatchType,
     patch_with_retry,
 )
+from gpuwarden.quarantine import decode
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
@@ -88,6 +89,23 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
     if changes:
         patch["metadata"] = {"annotations": changes}
     return patch or None
+
+
+def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:
+    """Clear the pending mark once the Event exists - only over the record that was pending (same start,
+    same release), so a record rewritten since (a new quarantine) is never overwritten."""
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    record, _ = decode(annotations.get(RECORD_ANNOTATION))
+    done = action.after_event
+    if record is None or not record.event_pending or done is None:
+        return None
+    if (record.state, record.quarantined_at, record.released_at) != (
+        done.state, done.quarantined_at, done.released_at,
+    ):  # fmt: skip
+        return None
+    # From the record as read now: evidence added since the plan (a concurrent update-record) is kept.
+    value = None if action.remove_record_after_event else record.with_(event_pending=False).encode()
+    return {"metadata": {"annotations": {RECORD_ANNOTATION: value}}}
 
 
 def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime) -> JsonObject | None:
@@ -172,8 +190,37 @@ class Actuator:
                     self.metrics.detection_latency.observe(
                         max(0.0, self._wall().timestamp() - action.first_seen)
                     )
-            if action.event is not None:
-                await self._event(ObjectRef("v1", "Node", action.node), action.event, dry_run, result)
+            if action.event is None:
+                return
+            ref = ObjectRef("v1", "Node", action.node)
+            if dry_run or not action.event.name:
+                await self._event(ref, action.event, dry_run, result)
+                return
+            await self._event_once(ref, action, result)
+
+    async def _event_once(self, ref: ObjectRef, action: Action, result: ActResult) -> None:
+        """Write the named Event (once across leaders), then clear the record's pending mark."""
+        spec = action.event
+        assert spec is not None
+        kind = EventType.WARNING if spec.type == "Warning" else EventType.NORMAL
+        if not await self.events.emit_once(
+            ref, name=spec.name, reason=spec.reason, note=spec.note, action=spec.action, type=kind
+        ):
+            return  # the record still says pending: the next pass tries again under the same name
+        result.events += 1
+        if action.after_event is None:
+            return
+        try:
+            await patch_with_retry(
+                self.client, NODES, action.node, lambda cur: after_event_patch(cur, action),
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+            result.writes += 1
+        except KubeError as exc:
+            result.failures += 1
+            self.metrics.write_failures.labels("finish-event").inc()
+            log.warning("event mark not written; the next pass finds the Event written",
+                        extra={"node": action.node, "error": str(exc)})  # fmt: skip
 
     async def _create_job(self, job: JsonObject, result: ActResult) -> None:
         """Create a validation Job (before the record names it); one that already exists is ours: fine."""

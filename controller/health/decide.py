@@ -209,11 +209,20 @@ def _plan_quarantined(
     current = assessment.quarantining if assessment is not None and assessment.status != "unknown" else ()
     if node.release_requested:
         dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
-        work.actions.append(_release(node, taint, record, "operator-annotation", now, dismissed))
+        if record.event_pending and record.quarantined_at is not None:
+            work.actions.append(_finish_quarantine(node.name, record, drift=False))  # the Event still owed
+        work.actions.append(_release(node, taint, record.with_(event_pending=False), "operator-annotation",
+                                     now, dismissed))  # fmt: skip
         return
+    drift = node.condition is None or node.condition.status != "False"
+    if record.event_pending and record.quarantined_at is not None:
+        # A quarantine whose Event was not written (the leader died after the taint): finish it, whatever
+        # the telemetry says now - the taint is on the node and the Event only reports it.
+        work.actions.append(_finish_quarantine(node.name, record, drift))
+        drift = False
     if _unknown(node, assessment, snap, work):
         return
-    if node.condition is None or node.condition.status != "False":
+    if drift:
         work.actions.append(
             p.Action(
                 "set-condition",
@@ -284,13 +293,18 @@ def _plan_free(
 ) -> None:
     known = assessment is not None and assessment.status != "unknown"
     current = assessment.quarantining if assessment is not None and known else ()
+    if record is not None and record.state == "released" and record.event_pending:
+        # Released, but the leader died before the release's Event: write it, then go on as released.
+        drift = node.condition is not None and node.condition.status == "False"
+        work.actions.append(_finish_release(node.name, record, drift))
+        record = record.with_(event_pending=False)
     if record is not None and record.state == "quarantined":
         # Our record says quarantined but our taint is gone: an operator removed it. Respect that and
         # remember the evidence so the same evidence does not re-taint the node.
         dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
         released = record.with_(
             state="released",
-            released_at=now,
+            released_at=float(int(now)),
             released_by="operator-untaint",
             healthy_since=None,
             suppressed=dismissed,
@@ -301,7 +315,7 @@ def _plan_free(
                 node.name,
                 "operator-untaint",
                 "our taint was removed by hand; not re-tainting for the same evidence",
-                record=released,
+                record=released.with_(event_pending=True),
                 remove_release_request=node.release_requested,
                 condition=p.ConditionUpdate("True", "ReleasedByOperator", "quarantine taint removed by hand"),
                 event=p.EventSpec(
@@ -310,7 +324,9 @@ def _plan_free(
                     f"taint {TAINT_KEY} removed by an operator; "
                     f"evidence {', '.join(dismissed) or 'none'} dismissed",
                     "Untaint",
+                    name=release_event_name(node.name, released),
                 ),
+                after_event=released,
             )
         )
         return
@@ -416,9 +432,10 @@ def _quarantine(
         primary.reason_class,
         effect,
         tuple(f.evidence() for f in ordered),
-        quarantined_at=now,
+        quarantined_at=float(int(now)),
         boot_id=node.boot_id,
         suppressed=keep,
+        event_pending=True,
     )
     gpus = sorted({f.gpu for f in ordered if f.gpu})
     seen = [f.first_seen for f in ordered if f.first_seen is not None]
@@ -431,8 +448,62 @@ def _quarantine(
         add_taint=taint,
         record=record,
         condition=_condition_false(primary.reason, primary.why),
-        event=p.EventSpec(EVENT_QUARANTINED, "Warning", note, "Taint"),
+        event=p.EventSpec(
+            EVENT_QUARANTINED, "Warning", note, "Taint", name=quarantine_event_name(node.name, record)
+        ),
         first_seen=min(seen) if seen else None,
+        after_event=record.with_(event_pending=False),
+    )
+
+
+def quarantine_event_name(node: str, record: QuarantineRecord) -> str:
+    """The one name of a quarantine's Event: the node and when the quarantine began (whole seconds)."""
+    return f"{node}.gpuquarantined.{int(record.quarantined_at or 0):x}"
+
+
+def release_event_name(node: str, record: QuarantineRecord) -> str:
+    """The one name of a release's Event: the node and when the quarantine was lifted (whole seconds)."""
+    return f"{node}.gpuquarantinereleased.{int(record.released_at or 0):x}"
+
+
+def _finish_quarantine(node: str, record: QuarantineRecord, drift: bool) -> p.Action:
+    gpus = sorted({e.gpu for e in record.evidence if e.gpu})
+    note = (
+        f"{record.reason}: {', '.join(sorted(record.fingerprints)) or 'adopted taint'}; GPUs "
+        f"{', '.join(gpus) or '-'}; taint {TAINT_KEY}={record.reason}:{record.effect} since "
+        f"{iso(record.quarantined_at)}"
+    )
+    return p.Action(
+        "finish-event",
+        node,
+        "quarantine-event-pending",
+        "tainted, but its GPUQuarantined Event is not recorded as written",
+        condition=_condition_false(record.reason) if drift else None,
+        event=p.EventSpec(
+            EVENT_QUARANTINED, "Warning", note, "Taint", name=quarantine_event_name(node, record)
+        ),
+        after_event=record.with_(event_pending=False),
+    )
+
+
+def _finish_release(node: str, record: QuarantineRecord, drift: bool) -> p.Action:
+    done = record.with_(event_pending=False)
+    why = f"quarantine lifted ({record.released_by})"
+    return p.Action(
+        "finish-event",
+        node,
+        "release-event-pending",
+        "released, but its GPUQuarantineReleased Event is not recorded as written",
+        condition=p.ConditionUpdate("True", "QuarantineReleased", why) if drift else None,
+        event=p.EventSpec(
+            EVENT_RELEASED,
+            "Normal",
+            f"{record.reason} quarantine lifted at {iso(record.released_at)} ({record.released_by})",
+            "Untaint",
+            name=release_event_name(node, record),
+        ),
+        after_event=done,
+        remove_record_after_event=not done.suppressed,
     )
 
 
@@ -454,7 +525,7 @@ def _release(
     keep = dismissed or record.suppressed
     released = record.with_(
         state="released",
-        released_at=now,
+        released_at=float(int(now)),
         released_by=by,
         healthy_since=None,
         suppressed=keep,
@@ -462,6 +533,7 @@ def _release(
         validation_started=None,
         validation_attempts=0,
         validation_failures=(),
+        event_pending=True,
     )
     return p.Action(
         "release",
@@ -469,11 +541,18 @@ def _release(
         by,
         why,
         remove_taint=taint,
-        record=released if keep else None,
-        remove_record=not keep,
+        record=released,
         remove_release_request=node.release_requested,
         condition=p.ConditionUpdate("True", "QuarantineReleased", why),
-        event=p.EventSpec(EVENT_RELEASED, "Normal", f"{record.reason} quarantine lifted: {why}", "Untaint"),
+        event=p.EventSpec(
+            EVENT_RELEASED,
+            "Normal",
+            f"{record.reason} quarantine lifted: {why}",
+            "Untaint",
+            name=release_event_name(node.name, released),
+        ),
+        after_event=released.with_(event_pending=False),
+        remove_record_after_event=not keep,
     )
 
 

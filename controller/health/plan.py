@@ -16,7 +16,14 @@ from gpuwarden.quarantine import QuarantineRecord, iso
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 
 ActionKind = Literal[
-    "quarantine", "release", "update-record", "set-condition", "degrade", "clear-degraded", "start-validation"
+    "quarantine",
+    "release",
+    "update-record",
+    "set-condition",
+    "finish-event",
+    "degrade",
+    "clear-degraded",
+    "start-validation",
 ]
 EventType = Literal["Normal", "Warning"]
 SignalState = Literal["confirmed", "debouncing", "boot-grace"]
@@ -56,6 +63,8 @@ class EventSpec:
     type: EventType
     note: str
     action: str  # events.k8s.io `action`, e.g. Taint, Untaint, Trip
+    name: str = ""
+    """When set, the Event is written under this name at most once (409 AlreadyExists = already written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,10 @@ class Action:
     event: EventSpec | None = None
     first_seen: float | None = None  # of the fault, for the detection-latency metric
     create_job: dict[str, Any] | None = None  # a validation Job to create (namespace set by act.py)
+    after_event: QuarantineRecord | None = None
+    """The record to write once `event` exists (its `event_pending` cleared); only over the same record."""
+    remove_record_after_event: bool = False
+    """Remove the record (matched by `after_event`) once `event` exists (nothing left to remember)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -101,6 +114,8 @@ class Action:
                 out["condition"]["type"] = self.condition.type
         if self.event is not None:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
+        if self.after_event is not None:
+            out["after_event"] = "remove-record" if self.remove_record_after_event else "clear-event-mark"
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         if self.create_job is not None:

@@ -11,7 +11,10 @@ safety lives here once:
   still shows the *same* nomination and no binding — a concurrent scheduler write wins;
 * eviction goes through the Eviction API (policy/v1), so PodDisruptionBudgets are respected: a 429 means
   the budget blocks it, which is reported and retried on a later pass, never forced;
-* record writes carry the pod's UID as a precondition, so a re-created pod of the same name is not touched.
+* record writes carry the pod's UID as a precondition, so a re-created pod of the same name is not touched;
+* a clear is written between two record writes: the record marked (Event pending) before, removed after the
+  `NominationCleared` Event (named after the record) exists; a leader killed in between leaves the mark and
+  the next pass's `Forget` writes the Event once.
 
 In dry-run nothing is written but Events, prefixed "[dry-run]". Events: `NominationCleared` (Normal),
 `NominatedPodEvicted` and `NominatedPodEvictionBlocked` (Warning), regarding the pod, related the node.
@@ -23,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from controller.nominations.metrics import NominationMetrics
-from controller.nominations.plan import Clear, Evict, Forget, Plan, Stamp
+from controller.nominations.plan import Clear, Evict, Forget, Plan, Stamp, cleared_event_name
 from controller.nominations.snapshot import NominationRecord, PendingPod
 from controller.preemption.signals import terminating_by_preemption
 from gpuwarden.errors import KubeError, KubeNotFound
@@ -82,6 +85,13 @@ class ActResult:
 
 def _pod_ref(pod: PendingPod) -> ObjectRef:
     return ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid or None)
+
+
+def _still_nominated(current: JsonObject, pod: PendingPod) -> bool:
+    """The same pod (uid), unbound, still nominated to the node the plan saw."""
+    meta, spec, status = (current.get(k) or {} for k in ("metadata", "spec", "status"))
+    same = meta.get("uid") == pod.uid and not spec.get("nodeName")
+    return bool(same and status.get("nominatedNodeName") == pod.node)
 
 
 def _priority(obj: JsonObject) -> int:
@@ -147,13 +157,19 @@ class NominationActuator:
                 result.guarded.append(pod.key)
                 self.metrics.guarded.inc()
                 return
+            try:
+                if not _still_nominated(await self.client.get(PODS, pod.name, namespace=pod.namespace), pod):
+                    return  # changed since the plan: nothing to clear, no record to mark
+            except KubeError:
+                return  # gone or unreadable: the next pass decides afresh
+            mark = replace(clear.record or NominationRecord(pod.node, 0.0), clearing=True)
+            if not await self._write_record_unlocked(pod, mark.encode(), result):
+                return  # without the mark a killed leader could lose the Event: not cleared this pass
             wrote = False
 
             def compute(current: JsonObject) -> JsonObject | None:
                 nonlocal wrote
-                meta, spec, status = (current.get(k) or {} for k in ("metadata", "spec", "status"))
-                still = meta.get("uid") == pod.uid and not spec.get("nodeName")
-                wrote = still and status.get("nominatedNodeName") == pod.node
+                wrote = _still_nominated(current, pod)
                 return {"status": {"nominatedNodeName": None}} if wrote else None
 
             try:
@@ -170,12 +186,20 @@ class NominationActuator:
                     "clearing the nomination failed; retried next pass", extra={**extra, "error": str(exc)}
                 )
                 return
-            if not wrote:
+            if not wrote:  # the nomination changed under us: nothing cleared, no Event owed
+                await self._write_record_unlocked(pod, replace(mark, clearing=False).encode(), result)
                 return
             result.cleared.append(pod.key)
             self.metrics.cleared.labels(clear.reason.value, "false").inc()
             log.info(note, extra=extra)
-        await self._emit(pod, "NominationCleared", note, dry_run)
+        if await self._emit_once(pod, mark, note):
+            await self._write_record(pod, None, result)
+
+    async def _emit_once(self, pod: PendingPod, record: NominationRecord, note: str) -> bool:
+        return await self.events.emit_once(
+            _pod_ref(pod), name=cleared_event_name(pod, record), reason="NominationCleared", note=note,
+            action="ClearNomination",
+        )  # fmt: skip
 
     async def _evict(self, evict: Evict, dry_run: bool, result: ActResult) -> None:
         pod = evict.pod
@@ -212,17 +236,20 @@ class NominationActuator:
         await self._emit(pod, "NominatedPodEvicted", note, False, warning=True)
 
     async def _write_record(self, pod: PendingPod, value: str | None, result: ActResult) -> bool:
-        patch = {"metadata": {"uid": pod.uid, "annotations": {NOMINATION_ANNOTATION: value}}}
         async with self._sem:
-            try:
-                await self.client.patch(PODS, pod.name, patch, namespace=pod.namespace)
-            except KubeNotFound:
-                return True
-            except KubeError as exc:
-                result.failures += 1
-                self.metrics.write_failures.labels("record").inc()
-                log.warning("nomination record not written", extra={"pod": pod.key, "error": str(exc)})
-                return False
+            return await self._write_record_unlocked(pod, value, result)
+
+    async def _write_record_unlocked(self, pod: PendingPod, value: str | None, result: ActResult) -> bool:
+        patch = {"metadata": {"uid": pod.uid, "annotations": {NOMINATION_ANNOTATION: value}}}
+        try:
+            await self.client.patch(PODS, pod.name, patch, namespace=pod.namespace)
+        except KubeNotFound:
+            return True
+        except KubeError as exc:
+            result.failures += 1
+            self.metrics.write_failures.labels("record").inc()
+            log.warning("nomination record not written", extra={"pod": pod.key, "error": str(exc)})
+            return False
         return True
 
     async def _stamp(self, stamp: Stamp, result: ActResult) -> None:
@@ -230,4 +257,8 @@ class NominationActuator:
             result.unrecorded[stamp.pod.uid] = stamp.record
 
     async def _forget(self, forget: Forget, result: ActResult) -> None:
+        if forget.owed is not None:  # cleared by a leader that died before its Event
+            note = f"cleared status.nominatedNodeName {forget.owed.node} (Event written by a later pass)"
+            if not await self._emit_once(forget.pod, forget.owed, note):
+                return  # the record stays: the next pass tries again under the same name
         await self._write_record(forget.pod, None, result)

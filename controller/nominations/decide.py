@@ -99,7 +99,8 @@ def plan_nominations(snapshot: NominationSnapshot, policy: NominationPolicy, now
                 holds.append(Hold(pod, Held.OUT_OF_SCOPE, f"namespace {pod.namespace} is not managed"))
             continue
         if not pod.node:
-            forgets.append(Forget(pod))
+            owed = pod.record if pod.record is not None and pod.record.clearing else None
+            forgets.append(Forget(pod, owed))
             continue
         record = pod.record
         if record is None or record.node != pod.node:
@@ -122,7 +123,7 @@ def plan_nominations(snapshot: NominationSnapshot, policy: NominationPolicy, now
             )
             continue
         if isinstance(verdict, Stale):
-            clears.append(Clear(pod, verdict, why, age))
+            clears.append(Clear(pod, verdict, why, age, record))
         else:
             holds.append(Hold(pod, verdict, why, age))
     return Plan.of(now, policy.dry_run, clears, evictions, holds, stamps, forgets)

@@ -69,12 +69,19 @@ def policy_from_config(cfg: NominationsConfig, *, dry_run: bool | None = None) -
     )
 
 
+def cleared_event_name(pod: PendingPod, record: NominationRecord) -> str:
+    """The one name of a clear's NominationCleared Event: the pod (name, uid) and the nomination's start."""
+    return f"{pod.name[:150]}.{pod.uid[:8]}.nominationcleared.{int(record.since):x}"
+
+
 @dataclass(frozen=True, slots=True)
 class Clear:
     pod: PendingPod
     reason: Stale
     message: str
     age: float
+    record: NominationRecord | None = None
+    """The nomination's record: act marks it (Event pending) before the clear, removes it after the Event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,9 @@ class Stamp:
 @dataclass(frozen=True, slots=True)
 class Forget:
     pod: PendingPod
+    owed: NominationRecord | None = None
+    """A record marked for a clear whose NominationCleared Event may be missing (the leader died between
+    the clear and its Event): the Event is written once (named after the record) before the record goes."""
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,15 @@ class NominationRecord:
 
     node: str
     since: float
+    clearing: bool = False
+    """Written just before we clear the nomination: until the NominationCleared Event exists (then the
+    record goes), a leader killed in between leaves it, and the next pass writes the Event once."""
 
     def encode(self) -> str:
-        return json.dumps({"node": self.node, "since": rfc3339(self.since)}, separators=(",", ":"))
+        doc = {"node": self.node, "since": rfc3339(self.since)}
+        if self.clearing:
+            doc["event"] = "pending"
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: Any) -> NominationRecord | None:
@@ -63,7 +69,7 @@ class NominationRecord:
         if not isinstance(doc, dict) or not isinstance(doc.get("node"), str) or not doc["node"]:
             return None
         since = parse_time(doc.get("since"))
-        return cls(doc["node"], since) if since is not None else None
+        return cls(doc["node"], since, doc.get("event") == "pending") if since is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Protocol
 
-from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube.resources import EVENTS, JsonObject, PatchType, Resource
 from gpuwarden.wellknown import reporting_controller
 
@@ -234,6 +234,36 @@ class EventRecorder:
                 extra={"reason": reason, "regarding": key.regarding.name, "error": str(exc)},
             )
             return None
+
+    async def emit_once(
+        self,
+        regarding: ObjectRef,
+        *,
+        name: str,
+        reason: str,
+        note: str,
+        action: str,
+        type: EventType = EventType.NORMAL,
+    ) -> bool:
+        """Write the Event named `name` unless it exists; True when it exists now (written by us or earlier).
+
+        For happenings that must be recorded exactly once across leaders: the caller derives `name` from
+        the state it keeps on the API (e.g. the quarantine's start), so a new leader completing a half-done
+        action gets 409 AlreadyExists instead of a duplicate. No series: each name is one Event.
+        """
+        key = EventKey(regarding, None, reason, action, type, truncate_note(note))
+        namespace = regarding.namespace or "default"
+        try:
+            await self._client.create(
+                EVENTS, self._body(key, self._wall(), name, namespace), namespace=namespace
+            )
+        except KubeConflict:
+            return True  # AlreadyExists: the earlier writer got this far
+        except KubeError as exc:
+            log.warning("event not recorded", extra={"reason": reason, "regarding": regarding.name,
+                                                     "error": str(exc)})  # fmt: skip
+            return False
+        return True
 
     async def _write_series(self, key: EventKey, state: SeriesState, wall: datetime) -> JsonObject:
         patch = {"series": {"count": state.count, "lastObservedTime": micro_time(wall)}}

@@ -34,6 +34,7 @@ from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube.events import micro_time
 from gpuwarden.kube.metrics import kube_metrics
 from gpuwarden.kube.resources import LEASES, JsonObject, Resource, resource_version
+from gpuwarden.transient import Episodes
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,7 @@ class LeaderElector:
         label = f"{namespace}/{name}"
         self._gauge = metrics.leader.labels(label)
         self._transitions = metrics.leader_transitions.labels(label)
+        self._episodes = Episodes(metrics.transient_failures, log)
         self._gauge.set(0)
         self.is_leader = asyncio.Event()
         self.observed: LeaseSnapshot | None = None
@@ -259,8 +261,11 @@ class LeaderElector:
             async with asyncio.timeout(self.durations.renew_deadline):
                 held = await self.try_acquire_or_renew()
         except (KubeError, TimeoutError) as exc:
-            log.warning("lease step failed", extra={"lease": self.name, "error": str(exc)})
+            if not self._episodes.failed("leader-election", exc):
+                log.warning("lease step failed", extra={"lease": self.name, "error": str(exc)})
             held = False
+        else:
+            self._episodes.succeeded("leader-election")
         now = self._monotonic()
         if held:
             self._last_renewed = now

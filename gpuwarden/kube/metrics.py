@@ -29,6 +29,8 @@ class KubeMetrics:
     """`gpuwarden_leader{lease}`: 1 while this process holds the Lease, else 0."""
     leader_transitions: Counter
     """`gpuwarden_leader_transitions_total{lease}`: times this process started or stopped leading."""
+    transient_failures: Counter
+    """`gpuwarden_transient_failures_total{component, cause}` (see gpuwarden.transient)."""
 
 
 _cache: weakref.WeakKeyDictionary[CollectorRegistry, KubeMetrics] = weakref.WeakKeyDictionary()
@@ -53,6 +55,13 @@ def _create(registry: CollectorRegistry | None) -> KubeMetrics:
             "gpuwarden_leader_transitions_total",
             "Times this process started or stopped leading, per Lease.",
             ["lease"],
+            registry=registry,
+        ),
+        transient_failures=Counter(
+            "gpuwarden_transient_failures_total",
+            "Expected, retried failures (API unreachable, 429, 5xx, watch expiry, Prometheus down), by "
+            "component and cause; each episode is logged once at warning.",
+            ["component", "cause"],
             registry=registry,
         ),
     )

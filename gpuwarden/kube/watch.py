@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from gpuwarden.errors import KubeError, KubeGone
+from gpuwarden.kube.metrics import KubeMetrics, kube_metrics
 from gpuwarden.kube.resources import JsonObject, ObjectList, Resource, object_key, resource_version
 from gpuwarden.kube.status import error_from_status_object
+from gpuwarden.transient import Episodes
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,10 @@ class Informer:
         self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._backoff = backoff or Backoff()
+        metrics = getattr(source, "metrics", None)
+        counter = (metrics if isinstance(metrics, KubeMetrics) else kube_metrics(None)).transient_failures
+        self._episodes = Episodes(counter, log)
+        """An API outage is one warning per episode (not one per retry) and a count per failure."""
         self._sleep = sleep
         self._rand = rand
         self.store: dict[str, JsonObject] = {}
@@ -185,10 +191,11 @@ class Informer:
 
     async def _wait(self, attempt: int, why: KubeError | str) -> None:
         delay = self._backoff.delay(attempt, self._rand())
-        log.warning(
-            "watch retry",
-            extra={"resource": self.resource.plural, "error": str(why), "delay_s": round(delay, 2)},
-        )
+        extra = {"resource": self.resource.plural, "error": str(why), "delay_s": round(delay, 2)}
+        if isinstance(why, KubeError) and self._episodes.failed(f"watch {self.resource.plural}", why):
+            log.debug("watch retry", extra=extra)  # the episode's warning is already out
+        else:
+            log.warning("watch retry", extra=extra)
         await self._sleep(delay)
 
     async def _relist(self) -> list[WatchEvent]:
@@ -233,6 +240,7 @@ class Informer:
                         failures += 1
                         continue
                     need_list, failures = False, 0
+                    self._episodes.succeeded(f"watch {self.resource.plural}")
                     for change in changes:
                         apply_event(self.store, change)
                         yield change
@@ -258,6 +266,7 @@ class Informer:
                             apply_event(self.store, event)
                             yield event
                 except KubeGone as exc:
+                    self._episodes.count(f"watch {self.resource.plural}", "watch-expired")
                     log.info(
                         "watch expired, relisting",
                         extra={"resource": self.resource.plural, "error": str(exc)},

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,92 @@ async def test_killing_the_leader_hands_over_within_the_lease(env: Env) -> None:
 
 async def _is(value: Awaitable[str], want: str) -> bool:
     return await value == want
+
+
+STALLED_RUNNER = """
+import asyncio, sys, json
+from pathlib import Path
+from gpuwarden.config.root import Config
+from gpuwarden.kube import EventRecorder
+from controller.app import run_controller
+
+async def stalled(self, *args, **kwargs):  # the leader freezes after its taints, before any named Event
+    await asyncio.sleep(3600)
+    return False
+
+EventRecorder.emit_once = stalled
+cfg = Config.model_validate(json.loads(Path(sys.argv[1]).read_text()))
+asyncio.run(run_controller(cfg))
+"""
+
+
+async def test_a_leader_killed_after_its_taints_loses_no_event(env: Env) -> None:
+    """The leader taints two nodes and is SIGKILLed before their GPUQuarantined Events: the next leader
+    writes each Event exactly once (named after the record) and clears the record's pending mark."""
+    cfg = env.config
+    doc = json.loads(cfg.model_dump_json())
+    doc["prometheus"]["url"] = env.prom.url
+    path = env.workdir / "stalled.json"
+    path.write_text(json.dumps(controller_doc(doc, "stalled-leader")))
+    started = time.time()
+    targets = ["hq-node-4", "hq-node-5"]
+
+    def records() -> dict[str, Any]:
+        out = {}
+        for n in targets:
+            raw = env.cluster.get_json("node", n)["metadata"].get("annotations", {}).get(RECORD_ANNOTATION)
+            out[n] = json.loads(raw) if raw else None
+        return out
+
+    def quarantine_events(node: str) -> list[dict[str, Any]]:
+        return [
+            e for e in env.events("GPUQuarantined")
+            if e["regarding"]["name"] == node and _epoch(e["eventTime"]) >= started - 1
+        ]  # fmt: skip
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STALLED_RUNNER, str(path), cwd=Path(__file__).parents[2],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    standby_task: asyncio.Task[None] | None = None
+    try:
+        async with KubeClient.from_config(kubeconfig=env.cluster.kubeconfig) as kube:
+
+            async def holder() -> str:
+                try:
+                    lease = await kube.get(LEASES, LEASE, namespace=NS)
+                except KubeNotFound:
+                    return ""
+                return str((lease.get("spec") or {}).get("holderIdentity", ""))
+
+            await eventually(lambda: _is(holder(), "stalled-leader"), within=30)
+            await env.fault([{"kind": "xid", "node": n, "gpu": 0, "code": 79} for n in targets])
+            await eventually(lambda: set(targets) <= set(env.taints()), within=30)
+            await eventually(lambda: all(r and r.get("event") == "pending" for r in records().values()))
+            assert all(quarantine_events(n) == [] for n in targets), "the stalled leader wrote no Event"
+            os.killpg(proc.pid, signal.SIGKILL)  # killed between the taints and their Events
+            await proc.wait()
+            killed = time.monotonic()
+
+            standby = Config.model_validate(controller_doc(doc, "standby-events"))
+            standby_task = asyncio.create_task(run_controller(standby, stop=stop))
+            await eventually(lambda: all(r and "event" not in r for r in records().values()), within=40)
+            finished = time.monotonic() - killed
+            await asyncio.sleep(3)  # more passes of the new leader: still one Event each
+            for n in targets:
+                events = quarantine_events(n)
+                assert len(events) == 1, (n, events)
+                assert events[0]["reportingInstance"] == "standby-events"
+            print(f"\n[e2e] missing GPUQuarantined Events written {finished:.1f}s after the SIGKILL")
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        stop.set()
+        if standby_task is not None:
+            await asyncio.wait_for(standby_task, 20)
+
+
+def _epoch(micro: str) -> float:
+    return datetime.fromisoformat(micro.replace("Z", "+00:00")).timestamp()

@@ -105,3 +105,21 @@ def test_condition_flip_moves_transition_time() -> None:
     assert (
         patch is not None and patch["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
     )
+
+
+def test_after_event_patch_keeps_evidence_added_since_the_plan() -> None:
+    """The pending mark is cleared on the record as read now, never by writing back the plan's copy."""
+    from controller.health.act import after_event_patch
+    from gpuwarden.quarantine import Evidence, decode
+
+    pending = QuarantineRecord("quarantined", "xid-79", quarantined_at=100.0, event_pending=True)
+    grown = pending.with_(evidence=(Evidence("xid-79", "GPU-1"), Evidence("xid-48", "GPU-2")))
+    finish = Action(
+        "finish-event", "n1", "quarantine-event-pending", "m", after_event=pending.with_(event_pending=False)
+    )
+    body = after_event_patch(node(annotations={"gpuwarden.io/quarantine": grown.encode()}), finish)
+    assert body is not None
+    written, _ = decode(body["metadata"]["annotations"]["gpuwarden.io/quarantine"])
+    assert written == grown.with_(event_pending=False)
+    newer = pending.with_(quarantined_at=200.0)  # a new quarantine since: not ours to touch
+    assert after_event_patch(node(annotations={"gpuwarden.io/quarantine": newer.encode()}), finish) is None

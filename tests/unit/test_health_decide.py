@@ -479,7 +479,9 @@ def test_release_now_removes_request_and_record() -> None:
 def test_healthy_release_removes_record() -> None:
     plan = run(Row("x", [quarantined(healthy_since=NOW - 7200, boot_id="boot-2")], {}))
     (a,) = plan.actions
-    assert a.remove_record and a.record is None and a.event is not None
+    # The record stays (released, Event pending) until the Event exists; then it is removed.
+    assert a.record is not None and a.record.state == "released" and a.record.event_pending
+    assert a.remove_record_after_event and a.event is not None and a.event.name
     assert a.event.reason == "GPUQuarantineReleased"
 
 

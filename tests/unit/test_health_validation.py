@@ -210,7 +210,9 @@ def test_release_after_validation_forgets_it() -> None:
     n = with_record(ready(), validation_job=RUNNING, validation_started=NOW - 60, validation_attempts=1)
     n = replace(n, validation_jobs={RUNNING: JobState(RUNNING, "succeeded")})
     (a,) = plan(n).actions
-    assert a.remove_taint is not None and a.remove_record and a.record is None
+    # the released record (its Event owed) forgets the validation, and goes once the Event exists
+    assert a.remove_taint is not None and a.remove_record_after_event and a.record is not None
+    assert a.record.validation_job == "" and a.record.validation_attempts == 0 and a.record.event_pending
     assert "validation Job" in a.message and "succeeded" in a.message
 
 

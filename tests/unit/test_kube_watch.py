@@ -8,6 +8,7 @@ the same informer against the real control plane.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -391,3 +392,25 @@ async def test_run_passes_events_to_async_handler_and_refuses_second_consumer() 
         await task
     assert [e.type for e in seen] == [ADDED, SYNCED]
     assert inf.objects() == [node("a", "1")]
+
+
+async def test_an_api_outage_is_one_warning_and_a_count_per_failure(caplog: pytest.LogCaptureFixture) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.kube.metrics import kube_metrics
+
+    registry = CollectorRegistry()
+    source = FakeSource([KubeUnreachable("refused")] * 4 + [ObjectList([node("a", "1")], "2")], [])
+    source.metrics = kube_metrics(registry)  # type: ignore[attr-defined]  # as KubeClient carries them
+    sleeps: list[float] = []
+    inf = informer(source, sleeps)
+    with caplog.at_level(logging.INFO, logger="gpuwarden"):
+        assert await take(inf.events(), 2) == [(ADDED, "a"), (SYNCED, "")]
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels == [
+        ("WARNING", "watch nodes: api-unreachable; retried, logged again when it ends or its cause changes"),
+        ("INFO", "watch nodes: recovered from api-unreachable"),
+    ]
+    labels = {"component": "watch nodes", "cause": "api-unreachable"}
+    assert registry.get_sample_value("gpuwarden_transient_failures_total", labels) == 4
+    assert len(sleeps) == 4, "the back-off is unchanged"

@@ -110,6 +110,11 @@ class FakeRecorder:
     async def emit(self, regarding: Any, **kw: Any) -> None:
         self.emitted.append({**kw, "regarding": regarding.name, "related": kw["related"].name})
 
+    async def emit_once(self, regarding: Any, *, name: str, **kw: Any) -> bool:
+        if all(e.get("name") != name for e in self.emitted):
+            self.emitted.append({**kw, "name": name, "regarding": regarding.name, "related": "n1"})
+        return True
+
     async def flush(self) -> None:
         return None
 
@@ -135,7 +140,10 @@ async def test_clear_is_the_schedulers_own_patch_conditioned_on_a_fresh_read() -
     result = await act.apply(clear_plan(pending()))
     assert result.cleared == ["ml/p"]
     assert api.lists == ["spec.nodeName=n1"], "the guard is re-checked against the API"
-    assert api.writes == [golden("clear_status_patch.json")]
+    mark, clear, forget = api.writes  # the record marked (Event pending), the clear, the record removed
+    assert clear == golden("clear_status_patch.json")
+    assert "pending" in mark["body"]["metadata"]["annotations"][NOMINATION_ANNOTATION]
+    assert forget["body"]["metadata"]["annotations"] == {NOMINATION_ANNOTATION: None}
     assert api.pods["p"]["status"]["nominatedNodeName"] is None
     [event] = recorder.emitted
     assert (event["reason"], event["regarding"], event["related"], event["action"]) == (
@@ -291,8 +299,8 @@ async def test_age_survives_a_restart_through_the_record() -> None:
     plan = await restarted.run_once()
     assert [(c.pod.name, c.reason.value) for c in plan.clears] == [("p", "ttl-expired")]
     assert api.pods["p"]["status"]["nominatedNodeName"] is None
-    plan = await restarted.run_once()
-    assert plan.forgets and NOMINATION_ANNOTATION not in api.pods["p"]["metadata"]["annotations"]
+    # The record goes with the clear's Event (written once); the next pass has nothing left to forget.
+    assert NOMINATION_ANNOTATION not in api.pods["p"]["metadata"]["annotations"]
 
 
 async def test_dry_run_keeps_the_age_in_memory() -> None:
