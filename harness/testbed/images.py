@@ -165,7 +165,10 @@ def build_archives(cache_dir: Path, specs: Sequence[ImageSpec] = IMAGES) -> dict
     out: dict[str, Path] = {}
     for spec in specs:
         binary = compile_static(spec, cache_dir / "bin")
-        archive = cache_dir / f"{binary.name}.oci.tar"
+        # The archive carries the image reference: key it by that too, or a renamed image (same C source)
+        # reuses an archive holding the old name (seen when two worktrees share .cache).
+        ref = hashlib.sha256(spec.name.encode()).hexdigest()[:8]
+        archive = cache_dir / f"{binary.name}-{ref}.oci.tar"
         if not archive.is_file():
             tmp = archive.with_suffix(".tmp")
             tmp.write_bytes(oci_archive(spec, binary))
