@@ -143,11 +143,14 @@ def test_controller_serves_leads_filters_and_releases_on_sigterm(
     )
     # A quarantine pass ran (its node cache listed) and the extender is ready (the model listed): one node
     # and one live-pod list+watch stream serve every capability - the GPU model (extender, make-room,
-    # nominations), quarantine, drain and the preemption observer (each list is one page here).
+    # nominations), quarantine, drain, idle GPUs and the preemption observer. (Other pod LISTs happen per
+    # pass - the failed pods the admission-failure signal reads - but no other stream is opened.)
     metrics = httpx.get(f"{base}/metrics", timeout=5).text
+    listed = 'gpuwarden_kube_requests_total{outcome="success",resource="nodes",verb="list"}'
+    assert _sample(metrics, listed) == 1.0, [line for line in metrics.splitlines() if "list" in line]
     for kind in ("nodes", "pods"):
-        listed = f'gpuwarden_kube_requests_total{{outcome="success",resource="{kind}",verb="list"}}'
-        assert _sample(metrics, listed) == 1.0, [line for line in metrics.splitlines() if "list" in line]
+        watched = f'gpuwarden_kube_requests_total{{outcome="success",resource="{kind}",verb="watch"}}'
+        assert _sample(metrics, watched) == 1.0, [line for line in metrics.splitlines() if "watch" in line]
 
     for node in GPU_NODES:
         taints = cluster.get_json("node", node).get("spec", {}).get("taints") or []
@@ -170,7 +173,7 @@ def test_plan_prints_every_loop_as_json(cluster: Cluster, controller_config: tup
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"quarantine", "nominations", "drain", "gpu_preemption"}
+    assert set(doc) == {"quarantine", "nominations", "drain", "gpu_preemption", "idle"}
     assert set(doc["drain"]) == {"gate_closed", "nodes"}
     assert set(doc["gpu_preemption"]) == {"preemptions", "skipped"}
     assert doc["nominations"]["clear"] == []

@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry
 from controller.health.loop import HealthLoop
 from controller.health.plan import Plan
 from controller.health.snapshot import TAINT_KEY
-from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from controller.health.validation import job_name
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.quarantine import Evidence, QuarantineRecord, decode
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import parse_scenario, start
 from harness.testbed import Cluster, ensure_namespace
