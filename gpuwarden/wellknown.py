@@ -76,6 +76,11 @@ IDLE_SINCE = "gpuwarden.io/idle-since"
 IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
 """Pod annotation (set by users): RFC 3339 time until which no idle-GPU action is taken."""
 
+# --- namespaces: tenants (the preemption rule across tenants) -----------------------------------------------
+TENANT = "gpuwarden.io/tenant"
+"""Namespace label: the tenant (team) the namespace belongs to; namespaces with one value form one tenant
+(the default of `preemption.tenants.namespace_label`)."""
+
 
 def gpu_id_key(gpu_id: str) -> tuple[int, int, str]:
     """The order of GPU ids everywhere: numeric ids in numeric order ("2" < "10"), then the rest
