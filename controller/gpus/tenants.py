@@ -130,15 +130,14 @@ def tenancy_from(
     share: dict[str, int] = dict(configured)
     key = f"requests.{resource}"
     for quota in quotas:
-        ns = str((quota.get("metadata") or {}).get("namespace", ""))
-        tenant = of.get(ns)
+        tenant = of.get(str((quota.get("metadata") or {}).get("namespace", "")))
         hard = (quota.get("spec") or {}).get("hard") or {}
         if tenant is None or tenant in configured or key not in hard:
             continue
         share[tenant] = share.get(tenant, 0) + _quantity(hard[key])
     holding: dict[str, int] = {}
-    for ns, gpus in held:
-        tenant = of.get(ns)
+    for namespace, gpus in held:
+        tenant = of.get(namespace)
         if tenant is not None and gpus > 0:
             holding[tenant] = holding.get(tenant, 0) + gpus
     return Tenancy(policy.rule, of, share, holding)
