@@ -11,11 +11,27 @@ What it must not do: decide. `tenancy()` only assembles the snapshot `tenancy_fr
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from controller.gpus.model import ClusterModel
 from controller.gpus.tenants import Rule, Tenancy, TenantPolicy, policy_from_config, tenancy_from
 from gpuwarden.config.root import Config
 from gpuwarden.kube import NAMESPACES, RESOURCE_QUOTAS, Informer, KubeClient
+
+
+def tenancy_from_lists(
+    config: Config,
+    namespaces: list[dict[str, Any]],
+    quotas: list[dict[str, Any]],
+    model: ClusterModel | None,
+) -> Tenancy | None:
+    """The snapshot from listed Namespaces and ResourceQuotas (`gpuwarden plan`); None with the rule `any`."""
+    policy = policy_from_config(config.preemption.tenants)
+    if policy.rule is Rule.ANY:
+        return None
+    held = model.held_by_namespace() if model is not None else []
+    resource = model.resource if model is not None else "nvidia.com/gpu"
+    return tenancy_from(namespaces, quotas, held, policy, resource)
 
 
 class TenantFeed:
@@ -51,6 +67,11 @@ class TenantFeed:
         held = model.held_by_namespace() if model is not None else []
         resource = model.resource if model is not None else "nvidia.com/gpu"
         return tenancy_from(namespaces, quotas, held, self.policy, resource)
+
+    async def wait_synced(self) -> None:
+        if self.namespaces is not None and self.quotas is not None:
+            await self.namespaces.synced.wait()
+            await self.quotas.synced.wait()
 
     async def run(self) -> None:
         """Run both informers until cancelled (returns at once with the rule `any`)."""
