@@ -52,6 +52,7 @@ from controller.preemption.throttle import (
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, EventType, Informer, KubeClient, ObjectRef
 from gpuwarden.kube.event_queue import EventQueue, PendingEvent
+from gpuwarden.selfmetrics import SnapshotCollector
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,17 @@ class PreemptionThrottle:
         self._gpu_settings: Callable[[], Settings] | None = None
         self.tenants = TenantFeed(config, kube)
         """Namespaces and ResourceQuotas for the cross-tenant rule (watched only when it is not `any`)."""
+        if registry is not None and self.tenants.active:
+            registry.register(
+                SnapshotCollector(
+                    "gpuwarden_tenant_gpus",
+                    "GPUs per tenant (tenants holding GPUs or with a share) under the cross-tenant rule: "
+                    "kind=guaranteed (its share), held (bound, not terminating), preemptable (what other "
+                    "tenants' preemptions may take now).",
+                    ["tenant", "kind"],
+                    self._tenant_gpus,
+                )
+            )
         self.events = EventQueue(
             self.recorder,
             capacity=MAX_PENDING_EVENTS,
@@ -121,6 +133,19 @@ class PreemptionThrottle:
 
     def ready(self) -> bool:
         return self.observer.synced and self.tenants.synced
+
+    def _tenant_gpus(self) -> dict[tuple[str, ...], float]:
+        tenancy = self.tenancy() if self.tenants.synced else None
+        out: dict[tuple[str, ...], float] = {}
+        if tenancy is None:
+            return out
+        for t in tenancy.tenants():
+            share, held = tenancy.share.get(t, 0), tenancy.held.get(t, 0)
+            if share or held:
+                out[(t, "guaranteed")] = float(share)
+                out[(t, "held")] = float(held)
+                out[(t, "preemptable")] = float(tenancy.preemptable(t))
+        return out
 
     def tenancy(self) -> Tenancy | None:
         """The cross-tenant rule's snapshot now (None: rule `any`); make-room decides with it too."""

@@ -527,3 +527,26 @@ async def test_make_room_any_rule_evicts_as_before() -> None:
     assert done.evicted == ["b/a"]
     assert [e["reason"] for e in recorder.emitted] == ["Preempted", "GPUPreempting"]
     assert done.to_dict()["tenants"] == []
+
+
+def test_tenant_gpus_are_collected_on_scrape() -> None:
+    registry = CollectorRegistry()
+    verb_throttle("over-share", registry)
+    # tenant a holds 2 (a2/mine), b holds 4 (b/theirs, b/other) of a 4-GPU quota share
+    samples = {
+        (s.labels["tenant"], s.labels["kind"]): s.value
+        for metric in registry.collect()
+        if metric.name == "gpuwarden_tenant_gpus"
+        for s in metric.samples
+    }
+    assert samples == {
+        ("a", "guaranteed"): 0.0,
+        ("a", "held"): 2.0,
+        ("a", "preemptable"): 2.0,
+        ("b", "guaranteed"): 4.0,
+        ("b", "held"): 4.0,
+        ("b", "preemptable"): 0.0,
+    }
+    quiet = CollectorRegistry()
+    verb_throttle("any", quiet)
+    assert not [m for m in quiet.collect() if m.name == "gpuwarden_tenant_gpus"]
