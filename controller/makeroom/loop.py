@@ -142,8 +142,8 @@ class RoomPass:
 
 
 def tenants_table(tenancy: Tenancy | None) -> list[dict[str, Any]]:
-    """Per tenant: guaranteed GPUs, GPUs held, and how many of them other tenants may preempt now (empty
-    with the rule `any`)."""
+    """Per tenant holding GPUs or with a share: guaranteed GPUs, GPUs held, and how many of them other
+    tenants may preempt now (empty with the rule `any`)."""
     if tenancy is None:
         return []
     return [
@@ -156,6 +156,7 @@ def tenants_table(tenancy: Tenancy | None) -> list[dict[str, Any]]:
             "namespaces": sorted(ns for ns, owner in tenancy.namespaces.items() if owner == t),
         }
         for t in tenancy.tenants()
+        if tenancy.share.get(t, 0) or tenancy.held.get(t, 0)
     ]
 
 

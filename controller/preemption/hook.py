@@ -206,9 +206,11 @@ class PreemptionThrottle:
     def decide(self, args: ExtenderPreemptionArgs) -> tuple[PodMeta, Decision, dict[str, MetaVictims]]:
         """The decision for one request, without side effects (what `__call__` and the bench run)."""
         now = self.clock()
-        tenancy = self.tenancy()
-        candidates, refused = self._revise(args, args.meta_victims(), tenancy)
         preemptor = pod_meta(args.pod)
+        floor = self.policy.exempt_min_priority
+        exempt = floor is not None and preemptor.priority >= floor
+        tenancy = None if exempt else self.tenancy()  # exempt preemptors skip every throttle rule
+        candidates, refused = self._revise(args, args.meta_victims(), tenancy)
         lookup = self._lookup(args)
         gate = TenantGate(tenancy, self._victim_gpus(candidates)) if tenancy is not None else None
         decision = decide_preemption(

@@ -407,6 +407,19 @@ async def test_preempt_verb_answer_event_and_metric(
         assert recorder.notes == []
 
 
+async def test_exempt_preemptor_skips_the_rule_in_the_victim_choice_too() -> None:
+    registry = CollectorRegistry()
+    t = verb_throttle("within-tenant", registry)
+    args = {**ARGS, "Pod": x(priority=2_000_000_000)}
+    app = web.Application()
+    add_extender_routes(app, ExtenderService(model([]), S, extender_metrics(None), preempt_hook=t))
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/gpu-extender/preempt", json=args)
+        body = await resp.json()
+    got = {n: v["Pods"] for n, v in body["NodeNameToMetaVictims"].items()}
+    assert got == {"frag": [{"UID": "uid-theirs"}], "count": [{"UID": "uid-other"}]}
+
+
 async def test_verb_waits_for_the_tenant_caches() -> None:
     registry = CollectorRegistry()
     t = verb_throttle("within-tenant", registry)
@@ -515,10 +528,7 @@ async def test_make_room_refused_by_the_rule_evicts_nothing_and_says_why() -> No
     assert registry.get_sample_value("gpuwarden_preemption_throttled_total", {"reason": "tenant"}) == 1
     assert registry.get_sample_value("gpuwarden_gpu_preemptions_total", {"outcome": "throttled"}) == 1
     table = done.to_dict()["tenants"]
-    assert {r["tenant"]: (r["guaranteed"], r["held"], r["preemptable"]) for r in table} == {
-        "a": (0, 0, 0),
-        "b": (4, 4, 0),
-    }
+    assert {r["tenant"]: (r["guaranteed"], r["held"], r["preemptable"]) for r in table} == {"b": (4, 4, 0)}
 
 
 async def test_make_room_any_rule_evicts_as_before() -> None:
