@@ -197,13 +197,9 @@ def plan_victims(
     everyone = _candidates(pod, view, leaving, exclude)
     if not everyone:
         return NoPlan(name, f"no lower-priority pods to preempt (priority < {pod.priority})")
-    ns = pod.key.split("/", 1)[0]
-    took = dict(taken or {})
-    if tenancy is not None and tenancy.rule is not Rule.ANY:  # the scheduler's victims take GPUs too
-        for tenant, gpus in taken_by(map(as_victim, already), tenancy).items():
-            took[tenant] = took.get(tenant, 0) + gpus
+    refusal_of = _tenant_rule(pod, tenancy, taken, already)
     # a holder refused alone is refused in every set: leave it out before the search (and the cut-off)
-    refused = {h.pod: r for h in everyone if (r := tenant_refusal(ns, [h], tenancy, took)) is not None}
+    refused = {h.pod: r for h in everyone if (r := refusal_of([h])) is not None}
     pool = everyone if not refused else _candidates(pod, view, leaving, exclude | set(refused))
     if attempt(pool) is None:
         if refused and attempt(everyone) is not None:
@@ -216,27 +212,36 @@ def plan_victims(
             f"preempting all {len(pool)} lower-priority pods would still leave no set for policy {policy}",
         )
     limit = len(pool) if max_victims <= 0 else min(len(pool), max_victims)
-
-    def allowed(victims: Sequence[Holder]) -> bool:
-        return tenant_refusal(ns, victims, tenancy, took) is None
-
     fast = _group_check(pod, view, healthy, need, [*yielded, *leaving])
     if fast is not None:
         quick = fast
-        combo = _search(pool, limit, budgets, lambda victims: quick(victims) and allowed(victims))
+        combo = _search(pool, limit, budgets, lambda v: quick(v) and refusal_of(v) is None)
         choice = attempt(combo) if combo is not None else None
         if combo is not None and choice is not None:
             return VictimPlan(name, combo, choice, budgets.violations(combo))
-    combo = _search(pool, limit, budgets, lambda victims: attempt(victims) is not None and allowed(victims))
+    combo = _search(pool, limit, budgets, lambda v: attempt(v) is not None and refusal_of(v) is None)
     choice = attempt(combo) if combo is not None else None
     if combo is None or choice is None:
-        if tenancy is not None and tenancy.rule is Rule.OVER_SHARE:
-            unruled = _search(pool, limit, budgets, lambda victims: attempt(victims) is not None)
-            refusal = tenant_refusal(ns, unruled, tenancy, took) if unruled is not None else None
+        if tenancy is not None and tenancy.rule is Rule.OVER_SHARE:  # is the rule what stands in the way?
+            unruled = _search(pool, limit, budgets, lambda v: attempt(v) is not None)
+            refusal = refusal_of(unruled) if unruled is not None else None
             if refusal is not None:
                 return NoPlan(name, f"{TENANT_MARKER} {refusal.reason}")
         return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
     return VictimPlan(name, combo, choice, budgets.violations(combo))
+
+
+def _tenant_rule(
+    pod: PodInfo, tenancy: Tenancy | None, taken: Mapping[str, int] | None, already: Sequence[Holder]
+) -> Callable[[Sequence[Holder]], Refusal | None]:
+    """The cross-tenant rule for this preemptor: why a set of holders is refused (None: allowed). GPUs
+    already taken (`taken`, and the scheduler's own victims `already`) count against tenants' excess."""
+    namespace = pod.key.split("/", 1)[0]
+    took = dict(taken or {})
+    if tenancy is not None and tenancy.rule is not Rule.ANY:
+        for tenant, gpus in taken_by(map(as_victim, already), tenancy).items():
+            took[tenant] = took.get(tenant, 0) + gpus
+    return lambda victims: tenant_refusal(namespace, victims, tenancy, took)
 
 
 def _cost(victims: Sequence[Holder], budgets: Budgets) -> tuple[int, int, int, int, int, list[str]]:
