@@ -560,3 +560,25 @@ def test_tenant_gpus_are_collected_on_scrape() -> None:
     quiet = CollectorRegistry()
     verb_throttle("any", quiet)
     assert not [m for m in quiet.collect() if m.name == "gpuwarden_tenant_gpus"]
+
+
+def test_gpuwarden_plan_prints_the_tenant_table() -> None:
+    from controller.app import ControllerPlan
+
+    rows = [
+        {
+            "tenant": "b",
+            "rule": "over-share",
+            "guaranteed": 4,
+            "held": 6,
+            "preemptable": 2,
+            "namespaces": ["b"],
+        },
+    ]
+    room = {"preemptions": [], "tenants": rows}
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, {}, room).render_table()
+    assert table.endswith(
+        "TENANTS (rule over-share): guaranteed / held / preemptable by others GPUs\n  b: 4 / 6 / 2  (b)"
+    )
+    quiet = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, {}, {"preemptions": []})
+    assert "TENANTS" not in quiet.render_table()
