@@ -134,9 +134,9 @@ def test_make_room_respects_the_share_then_takes_the_excess(
     a, b = tenants
     (node,) = pool.add("n")
     fragment(cluster, pool, b, node, ("x", "mid"), ("y", "mid"))  # team-b holds 4 GPUs, 2 + 2
-    cluster.apply(pool.pod(a, "p", 4, "high"))
-    wait_fragmented(cluster, a, "p")
     with running(cluster, port, preemption=over_share(4)) as stack:  # at its share: refused
+        cluster.apply(pool.pod(a, "p", 4, "high"))
+        wait_fragmented(cluster, a, "p")
         done = stack.pass_once()
         assert done.evicted == [] and done.started == [], done.to_dict()
         poll(lambda: notes(cluster, a, "PreemptionThrottled", "p"), timeout=30, what="throttle event")
@@ -152,6 +152,7 @@ def test_make_room_respects_the_share_then_takes_the_excess(
         )
         assert running_on(cluster, b, "x") and running_on(cluster, b, "y")
     with running(cluster, port, preemption=over_share(2)) as stack:  # 2 over its share: one 2-GPU pod
+        wait_fragmented(cluster, a, "p")  # the scheduler's verdict again, from this stack's extender
         done = stack.pass_once()
         assert len(done.evicted) == 1 and done.evicted[0].startswith(f"{b}/"), done.to_dict()
         poll(lambda: running_on(cluster, a, "p") == node, timeout=90, what="preemptor bound")
