@@ -15,6 +15,7 @@ nothing evicted, the Event says why; over its share by 2 -> exactly one 2-GPU po
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -61,22 +62,30 @@ def pool(cluster: Cluster) -> Iterator[Pool]:
         created.delete()
 
 
+@dataclass(frozen=True)
+class Tenants:
+    a: str  # team-a's namespace (the preemptor's)
+    b: str  # team-b's namespace (the victims')
+    team_b: str  # team-b's tenant name, unique per test: namespaces of earlier tests may still be going
+
+
 @pytest.fixture
-def tenants(cluster: Cluster, namespace: str) -> Iterator[tuple[str, str]]:
-    """(team-a namespace, team-b namespace), labelled with their tenants."""
-    cluster.kubectl("label", "namespace", namespace, "gpuwarden.io/tenant=team-a", "--overwrite")
+def tenants(cluster: Cluster, namespace: str) -> Iterator[Tenants]:
+    """Two namespaces labelled with two tenants of their own."""
+    suffix = namespace[-5:]
+    cluster.kubectl("label", "namespace", namespace, f"gpuwarden.io/tenant=team-a-{suffix}", "--overwrite")
     other = f"{namespace[:50]}-b"
-    ensure_namespace(cluster, other, labels={"gpuwarden.io/tenant": "team-b"})
+    ensure_namespace(cluster, other, labels={"gpuwarden.io/tenant": f"team-b-{suffix}"})
     try:
-        yield namespace, other
+        yield Tenants(namespace, other, f"team-b-{suffix}")
     finally:
         cluster.kubectl("delete", "namespace", other, "--wait=false", "--ignore-not-found", check=False)
 
 
-def over_share(guaranteed_b: int | None) -> dict[str, Any]:
+def over_share(team_b: str, guaranteed_b: int | None) -> dict[str, Any]:
     tenants: dict[str, Any] = {"rule": "over-share"}
     if guaranteed_b is not None:
-        tenants["tenants"] = [{"name": "team-b", "guaranteed_gpus": guaranteed_b}]
+        tenants["tenants"] = [{"name": team_b, "guaranteed_gpus": guaranteed_b}]
     return {"tenants": tenants}
 
 
@@ -97,17 +106,19 @@ def gpu_quota(cluster: Cluster, ns: str, gpus: int) -> None:
 
 
 def test_preempt_verb_refuses_victims_of_a_tenant_at_its_share(
-    cluster: Cluster, port: int, pool: Pool, tenants: tuple[str, str]
+    cluster: Cluster, port: int, pool: Pool, tenants: Tenants
 ) -> None:
-    a, b = tenants
+    a, b, team_b = tenants.a, tenants.b, tenants.team_b
     (node,) = pool.add("n")
     fill(cluster, pool, b, node)
     gpu_quota(cluster, b, 8)  # after b's pods run: team-b's share is its quota, 8 GPUs, all held
-    with running(cluster, port, preemption=over_share(None)) as stack:
+    with running(cluster, port, preemption=over_share(team_b, None)) as stack:
         cluster.apply(pool.pod(a, "p", 4, "high"))
         poll(lambda: notes(cluster, a, "PreemptionThrottled", "p"), timeout=60, what="throttle event")
         (note, *_) = notes(cluster, a, "PreemptionThrottled", "p")
-        assert "tenant rule:" in note and "tenant team-b, which holds 8 GPUs of a 8-GPU share" in note, note
+        assert "tenant rule:" in note and f"tenant {team_b}, which holds 8 GPUs of a 8-GPU share" in note, (
+            note
+        )
         assert stack.metric("gpuwarden_preemption_throttled_total", reason="tenant") >= 1
         assert running_on(cluster, b, "b1") and running_on(cluster, b, "b2")
         assert not running_on(cluster, a, "p")
@@ -115,12 +126,12 @@ def test_preempt_verb_refuses_victims_of_a_tenant_at_its_share(
 
 
 def test_preempt_verb_takes_what_a_tenant_holds_beyond_its_share(
-    cluster: Cluster, port: int, pool: Pool, tenants: tuple[str, str]
+    cluster: Cluster, port: int, pool: Pool, tenants: Tenants
 ) -> None:
-    a, b = tenants
+    a, b, team_b = tenants.a, tenants.b, tenants.team_b
     (node,) = pool.add("n")
     fill(cluster, pool, b, node)
-    with running(cluster, port, preemption=over_share(4)):  # team-b holds 8, guaranteed 4
+    with running(cluster, port, preemption=over_share(team_b, 4)):  # team-b holds 8, guaranteed 4
         cluster.apply(pool.pod(a, "p", 4, "high"))
         poll(lambda: running_on(cluster, a, "p") == node, timeout=90, what="preemptor bound")
         left = [n for n in ("b1", "b2") if running_on(cluster, b, n)]
@@ -129,12 +140,12 @@ def test_preempt_verb_takes_what_a_tenant_holds_beyond_its_share(
 
 
 def test_make_room_respects_the_share_then_takes_the_excess(
-    cluster: Cluster, port: int, pool: Pool, tenants: tuple[str, str]
+    cluster: Cluster, port: int, pool: Pool, tenants: Tenants
 ) -> None:
-    a, b = tenants
+    a, b, team_b = tenants.a, tenants.b, tenants.team_b
     (node,) = pool.add("n")
     fragment(cluster, pool, b, node, ("x", "mid"), ("y", "mid"))  # team-b holds 4 GPUs, 2 + 2
-    with running(cluster, port, preemption=over_share(4)) as stack:  # at its share: refused
+    with running(cluster, port, preemption=over_share(team_b, 4)) as stack:  # at its share: refused
         cluster.apply(pool.pod(a, "p", 4, "high"))
         wait_fragmented(cluster, a, "p")
         done = stack.pass_once()
@@ -145,13 +156,13 @@ def test_make_room_respects_the_share_then_takes_the_excess(
         assert "holds 4 GPUs of a 4-GPU share" in note, note
         assert stack.metric("gpuwarden_preemption_throttled_total", reason="tenant") == 1
         rows = {r["tenant"]: r for r in done.to_dict()["tenants"]}
-        assert (rows["team-b"]["guaranteed"], rows["team-b"]["held"], rows["team-b"]["preemptable"]) == (
+        assert (rows[team_b]["guaranteed"], rows[team_b]["held"], rows[team_b]["preemptable"]) == (
             4,
             4,
             0,
         )
         assert running_on(cluster, b, "x") and running_on(cluster, b, "y")
-    with running(cluster, port, preemption=over_share(2)) as stack:  # 2 over its share: one 2-GPU pod
+    with running(cluster, port, preemption=over_share(team_b, 2)) as stack:  # 2 over its share: one 2-GPU pod
         wait_fragmented(cluster, a, "p")  # the scheduler's verdict again, from this stack's extender
         done = stack.pass_once()
         assert len(done.evicted) == 1 and done.evicted[0].startswith(f"{b}/"), done.to_dict()
