@@ -149,7 +149,7 @@ class PreemptionThrottle:
 
     def tenancy(self) -> Tenancy | None:
         """The cross-tenant rule's snapshot now (None: rule `any`); make-room decides with it too."""
-        return self.tenants.tenancy(self._model)
+        return self.tenants.tenancy(self._model, self.clock())
 
     # --- the verb ----------------------------------------------------------------------------------------
 

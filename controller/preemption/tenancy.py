@@ -34,10 +34,17 @@ def tenancy_from_lists(
     return tenancy_from(namespaces, quotas, held, policy, resource)
 
 
+MAX_AGE_SECONDS = 1.0
+"""How long one tenancy snapshot answers (building it reads every GPU pod: ~6 ms for 20,000 of them)."""
+
+
 class TenantFeed:
-    """`await feed.run()` keeps the caches; `feed.tenancy(model)` is the snapshot (None: rule `any`)."""
+    """`await feed.run()` keeps the caches; `feed.tenancy(model, now)` is the snapshot (None: rule `any`),
+    rebuilt at most every `MAX_AGE_SECONDS`."""
 
     def __init__(self, config: Config, kube: KubeClient | None) -> None:
+        self._last: tuple[float, Tenancy] | None = None
+        self.max_age = MAX_AGE_SECONDS
         self.policy: TenantPolicy = policy_from_config(config.preemption.tenants)
         self.active = self.policy.rule is not Rule.ANY
         self.namespaces: Informer | None = None
@@ -57,11 +64,20 @@ class TenantFeed:
             return False
         return self.namespaces.synced.is_set() and self.quotas.synced.is_set()
 
-    def tenancy(self, model: ClusterModel | None) -> Tenancy | None:
+    def tenancy(self, model: ClusterModel | None, now: float | None = None) -> Tenancy | None:
         """Tenants, shares and holdings now; None when the rule is `any` (nothing to check). Without a GPU
-        model no tenant holds anything, so `over-share` refuses every other tenant's pod."""
+        model no tenant holds anything, so `over-share` refuses every other tenant's pod. With `now`, a
+        snapshot younger than `max_age` (`MAX_AGE_SECONDS`) is reused."""
         if not self.active:
             return None
+        if now is not None and self._last is not None and 0 <= now - self._last[0] < self.max_age:
+            return self._last[1]
+        built = self._build(model)
+        if now is not None:
+            self._last = (now, built)
+        return built
+
+    def _build(self, model: ClusterModel | None) -> Tenancy:
         namespaces = self.namespaces.objects() if self.namespaces is not None else []
         quotas = self.quotas.objects() if self.quotas is not None else []
         held = model.held_by_namespace() if model is not None else []

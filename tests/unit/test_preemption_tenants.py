@@ -582,3 +582,19 @@ def test_gpuwarden_plan_prints_the_tenant_table() -> None:
     )
     quiet = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, {}, {"preemptions": []})
     assert "TENANTS" not in quiet.render_table()
+
+
+def test_tenancy_snapshot_is_reused_for_a_second_then_rebuilt() -> None:
+    from controller.preemption.tenancy import MAX_AGE_SECONDS, TenantFeed
+
+    config = Config.model_validate({"preemption": {"tenants": {"rule": "within-tenant"}}})
+    feed = TenantFeed(config, object())  # type: ignore[arg-type]
+    assert feed.namespaces is not None
+    feed.namespaces.store = {"b": {"metadata": {"name": "b", "labels": {"gpuwarden.io/tenant": "b"}}}}
+    first = feed.tenancy(None, NOW)
+    assert first is not None and first.tenant("b") == "b"
+    feed.namespaces.store["b"]["metadata"]["labels"]["gpuwarden.io/tenant"] = "c"
+    assert feed.tenancy(None, NOW + MAX_AGE_SECONDS / 2) is first
+    later = feed.tenancy(None, NOW + MAX_AGE_SECONDS)
+    assert later is not None and later.tenant("b") == "c"
+    assert feed.tenancy(None) is not later  # without a clock: always fresh
