@@ -212,8 +212,12 @@ def main() -> None:
     print(f"  default config (vetoed at this rate): median {statistics.median(times) * 1e6:.0f} us, "
           f"{len(times) / sum(times):,.0f} decisions/s")  # fmt: skip
     logging.getLogger("controller.preemption.hook").setLevel(logging.ERROR)  # no Event writer runs here
-    for label, rule, rebuild in (("no rule (any)", "any", False), ("over-share, snapshot reused", "over-share",
-                              False), ("over-share, snapshot rebuilt", "over-share", True)):  # fmt: skip
+    variants = (
+        ("no rule (any)", "any", False),
+        ("over-share, snapshot reused", "over-share", False),
+        ("over-share, snapshot rebuilt", "over-share", True),
+    )
+    for label, rule, rebuild in variants:
         ruled = with_tenants(throttle(clock, {**PERMISSIVE, "tenants": {"rule": rule}}))
         for e in events:
             ruled.observer.on_event(WatchEvent(ADDED, e))
