@@ -428,6 +428,7 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.health.loop import plan_from as health_plan
     from controller.idle.loop import plan_from as idle_plan
     from controller.idle.loop import usage_now
+    from controller.makeroom.loop import list_tenancy
     from controller.makeroom.loop import plan_from as room_plan
     from controller.nominations.loop import plan_from as nominations_plan
 
@@ -436,13 +437,14 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
         nodes = (await kube.list_objects(NODES, limit=k.list_page_size)).items
         pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
         pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
+        namespaces, quotas = await list_tenancy(config, kube)
         quarantine = await health_plan(config, prom, kube, nodes)
         now = time.time()
         usage = await usage_now(prom, config, now) if config.idle.enabled else None
     gpus = model_from_lists(config, nodes, pods)
     nominations = nominations_plan(config, pods, nodes, model=gpus.model, settings=gpus.settings(), now=now)
     drain = drain_plan(config, nodes, pods, now=now)
-    room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now)
+    room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now, namespaces=namespaces, quotas=quotas)
     idle = idle_plan(config, pods, usage, now=now).to_dict() if config.idle.enabled else {}
     return ControllerPlan(
         quarantine.to_dict(),
@@ -488,6 +490,16 @@ class ControllerPlan:
     def idle_table(self) -> list[str]:
         return table_lines(self.idle) if self.idle else []  # empty: detection off (idle.enabled)
 
+    def tenants_table(self) -> list[str]:
+        rows = self.gpu_preemption.get("tenants") or []
+        if not rows:  # rule `any`: tenants play no part
+            return []
+        lines = ["", f"TENANTS (rule {rows[0]['rule']}): guaranteed / held / preemptable by others GPUs"]
+        for r in rows:
+            lines.append(f"  {r['tenant']}: {r['guaranteed']} / {r['held']} / {r['preemptable']}"
+                         f"  ({', '.join(r['namespaces']) or 'no namespace'})")  # fmt: skip
+        return lines
+
     def drain_table(self) -> list[str]:
         lines = ["", "DRAIN" + ("" if self.drain.get("nodes") else ": no quarantined node to drain")]
         for why in self.drain.get("gate_closed") or []:
@@ -515,4 +527,6 @@ class ControllerPlan:
                     + "  "
                     + str(row[4])
                 )
-        return "\n".join(lines + self.drain_table() + self.room_table() + self.idle_table())
+        return "\n".join(
+            lines + self.drain_table() + self.room_table() + self.tenants_table() + self.idle_table()
+        )

@@ -885,6 +885,25 @@ def scheduling() -> Dashboard:
                 description="The sliding window budgets and chains are computed from (0: preemptor not "
                 "known yet).",
             ),
+            Row("Tenants"),
+            Panel(
+                "GPUs by tenant: held vs guaranteed",
+                [
+                    Target(
+                        'max by (tenant, kind) (gpuwarden_tenant_gpus{kind=~"held|guaranteed"})',
+                        "{{tenant}} {{kind}}",
+                    )
+                ],
+                description="With a cross-tenant rule (preemption.tenants): GPUs each tenant holds (bound, "
+                "not terminating) against its guaranteed share (config, or its ResourceQuotas). Held above "
+                "guaranteed is what over-share lets other tenants reclaim.",
+            ),
+            Panel(
+                "GPUs other tenants may preempt now",
+                [Target('max by (tenant) (gpuwarden_tenant_gpus{kind="preemptable"})', "{{tenant}}")],
+                stack=True,
+                description="any: everything held; within-tenant: 0; over-share: held beyond the share.",
+            ),
             Row("Nominations"),
             Panel(
                 "Nominations cleared by reason",

@@ -83,6 +83,11 @@ IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
 IDLE_EXCLUDE = "gpuwarden.io/idle-exclude"
 """Pod label (the config default of `idle.exclude_label`): `true` means the pod is never judged idle."""
 
+# --- namespaces: tenants (the preemption rule across tenants) -----------------------------------------------
+TENANT = "gpuwarden.io/tenant"
+"""Namespace label: the tenant (team) the namespace belongs to; namespaces with one value form one tenant
+(the default of `preemption.tenants.namespace_label`)."""
+
 
 def gpu_id_key(gpu_id: str) -> tuple[int, int, str]:
     """The order of GPU ids everywhere: numeric ids in numeric order ("2" < "10"), then the rest

@@ -322,6 +322,14 @@ class ClusterModel:
         """Every cached pod bound to, claiming, or nominated to node `name`."""
         return [self._pods[k] for k in self._by_node.get(name, ())]
 
+    def held_by_namespace(self) -> list[tuple[str, int]]:
+        """(namespace, GPUs) per bound pod that holds GPUs and is not leaving: what tenants hold now."""
+        return [
+            (p.key.split("/", 1)[0], p.gpus)
+            for p in self._pods.values()
+            if p.node_name and p.gpus > 0 and not p.terminated and not p.terminating
+        ]
+
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
 

@@ -12,6 +12,8 @@ The choice, per node, among holders of strictly lower priority that are not alre
    beyond the budget's `disruptionsAllowed` violates it);
 2. fewest victims; 3. lowest highest-victim priority, then lowest sum of priorities;
 4. fewest GPUs disturbed; then the pods' keys (deterministic).
+Only sets the cross-tenant rule allows are considered (`tenants.refuse`: within-tenant, over-share); when it
+is what stands in the way, the reason says so (`TENANT_MARKER`).
 Sets are enumerated by size, smallest first, so the answer is exact for the pods a GPU node holds (at most
 `MAX_CANDIDATES` lowest-priority holders are considered; beyond that the rest are never chosen).
 
@@ -42,6 +44,7 @@ from controller.gpus.fit import (
 from controller.gpus.model import Holder, NodeView
 from controller.gpus.objects import PodInfo
 from controller.gpus.placement import Need, fits
+from controller.gpus.tenants import Refusal, Rule, Tenancy, Victim, refuse, taken_by
 from controller.gpus.topology import Gpu
 
 EXPLAIN_BUDGET = 16
@@ -75,6 +78,23 @@ class Budgets:
 
 
 NO_BUDGETS = Budgets()
+
+TENANT_MARKER = "tenant rule:"
+"""Starts the part of a `NoPlan.reason` that says the cross-tenant rule refused the victims it would need."""
+
+
+def as_victim(holder: Holder) -> Victim:
+    """A holder as the cross-tenant rule sees it (its GPUs: recorded ones and count-only ones)."""
+    return Victim(holder.pod, len(holder.ids) + holder.unknown)
+
+
+def tenant_refusal(
+    namespace: str, victims: Sequence[Holder], tenancy: Tenancy | None, taken: Mapping[str, int]
+) -> Refusal | None:
+    """Why the rule refuses these holders as one preemption's victims (None: allowed or no rule)."""
+    if tenancy is None or tenancy.rule is Rule.ANY:
+        return None
+    return refuse(namespace, [as_victim(v) for v in victims], tenancy, taken)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +161,16 @@ def plan_victims(
     exclude: frozenset[str] = frozenset(),
     max_victims: int = 0,
     already: Sequence[Holder] = (),
+    tenancy: Tenancy | None = None,
+    taken: Mapping[str, int] | None = None,
 ) -> VictimPlan | NoPlan:
     """The cheapest victims on this node that free a GPU set `pod` accepts, or why there are none.
 
     `exclude`: pods that must not be chosen (e.g. already promised to another preemptor this pass);
     `max_victims`: most victims in one plan (0 = no limit); `already`: holders being preempted anyway (the
     scheduler's own victims), counted as free and never returned. Holders already terminating count as
-    free."""
+    free. `tenancy`: only sets its rule allows (`taken`: GPUs per tenant other preemptions of the same
+    decision take already)."""
     if view is None:
         return NoPlan("", "node not known to the gpuwarden extender's cache")
     name = view.name
@@ -171,10 +194,19 @@ def plan_victims(
     ready = attempt(())
     if ready is not None:
         return VictimPlan(name, (), ready)
-    pool = _candidates(pod, view, leaving, exclude)
-    if not pool:
+    everyone = _candidates(pod, view, leaving, exclude)
+    if not everyone:
         return NoPlan(name, f"no lower-priority pods to preempt (priority < {pod.priority})")
+    refusal_of = _tenant_rule(pod, tenancy, taken, already)
+    # a holder refused alone is refused in every set: leave it out before the search (and the cut-off)
+    refused = {h.pod: r for h in everyone if (r := refusal_of([h])) is not None}
+    pool = everyone if not refused else _candidates(pod, view, leaving, exclude | set(refused))
     if attempt(pool) is None:
+        if refused and attempt(everyone) is not None:
+            first = next(iter(refused.values()))
+            return NoPlan(
+                name, f"{TENANT_MARKER} {len(refused)} lower-priority pod(s) refused: {first.reason}"
+            )
         return NoPlan(
             name,
             f"preempting all {len(pool)} lower-priority pods would still leave no set for policy {policy}",
@@ -182,15 +214,34 @@ def plan_victims(
     limit = len(pool) if max_victims <= 0 else min(len(pool), max_victims)
     fast = _group_check(pod, view, healthy, need, [*yielded, *leaving])
     if fast is not None:
-        combo = _search(pool, limit, budgets, fast)
+        quick = fast
+        combo = _search(pool, limit, budgets, lambda v: quick(v) and refusal_of(v) is None)
         choice = attempt(combo) if combo is not None else None
         if combo is not None and choice is not None:
             return VictimPlan(name, combo, choice, budgets.violations(combo))
-    combo = _search(pool, limit, budgets, lambda victims: attempt(victims) is not None)
+    combo = _search(pool, limit, budgets, lambda v: attempt(v) is not None and refusal_of(v) is None)
     choice = attempt(combo) if combo is not None else None
     if combo is None or choice is None:
+        if tenancy is not None and tenancy.rule is Rule.OVER_SHARE:  # is the rule what stands in the way?
+            unruled = _search(pool, limit, budgets, lambda v: attempt(v) is not None)
+            refusal = refusal_of(unruled) if unruled is not None else None
+            if refusal is not None:
+                return NoPlan(name, f"{TENANT_MARKER} {refusal.reason}")
         return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
     return VictimPlan(name, combo, choice, budgets.violations(combo))
+
+
+def _tenant_rule(
+    pod: PodInfo, tenancy: Tenancy | None, taken: Mapping[str, int] | None, already: Sequence[Holder]
+) -> Callable[[Sequence[Holder]], Refusal | None]:
+    """The cross-tenant rule for this preemptor: why a set of holders is refused (None: allowed). GPUs
+    already taken (`taken`, and the scheduler's own victims `already`) count against tenants' excess."""
+    namespace = pod.key.split("/", 1)[0]
+    took = dict(taken or {})
+    if tenancy is not None and tenancy.rule is not Rule.ANY:
+        for tenant, gpus in taken_by(map(as_victim, already), tenancy).items():
+            took[tenant] = took.get(tenant, 0) + gpus
+    return lambda victims: tenant_refusal(namespace, victims, tenancy, took)
 
 
 def _cost(victims: Sequence[Holder], budgets: Budgets) -> tuple[int, int, int, int, int, list[str]]:
@@ -312,21 +363,34 @@ def explain_room(
     return FilterResult(result.passed, result.failed, unresolvable, result.fragmented)
 
 
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """The preempt verb's victims per node, and the nodes dropped because the cross-tenant rule refused
+    the victims they would need (node -> the rule's reason)."""
+
+    victims: Mapping[str, tuple[str, ...]]
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
 def revise_candidates(
     pod: PodInfo,
     candidates: Mapping[str, Sequence[str]],
     views: Mapping[str, NodeView | None],
     settings: Settings,
     now: float,
-) -> dict[str, tuple[str, ...]]:
+    *,
+    tenancy: Tenancy | None = None,
+) -> Revision:
     """The preempt verb's victim choice: per candidate node (victim UIDs as the scheduler chose them, by
     count), the victims that free a GPU set the policy accepts, or the node omitted when none can.
 
     The scheduler's victims are always kept (they may free CPU or memory we do not model); GPU holders are
-    added when they do not free a policy set. A node sent with no victims (schedulers with kubernetes
-    PR #135486) gets our victims or is omitted: never returned empty. Nodes we know nothing about pass
-    unchanged when they have victims."""
+    added when they do not free a policy set, only ones the cross-tenant rule allows (whether the
+    scheduler's own victims are allowed is the throttle's question). A node sent with no victims
+    (schedulers with kubernetes PR #135486) gets our victims or is omitted: never returned empty. Nodes we
+    know nothing about pass unchanged when they have victims."""
     out: dict[str, tuple[str, ...]] = {}
+    refused: dict[str, str] = {}
     for node, uids in candidates.items():
         view = views.get(node)
         if view is None or pod.gpus <= 0:
@@ -335,11 +399,13 @@ def revise_candidates(
             continue
         by_uid = {h.uid: h for h in view.holders if h.uid}
         sent = [by_uid[u] for u in uids if u in by_uid]
-        plan = plan_victims(pod, view, settings, now, already=sent)
+        plan = plan_victims(pod, view, settings, now, already=sent, tenancy=tenancy)
         if isinstance(plan, NoPlan):
+            if plan.reason.startswith(TENANT_MARKER):
+                refused[node] = plan.reason.removeprefix(TENANT_MARKER).strip()
             continue
         added = tuple(v.uid for v in plan.victims if v.uid and v.uid not in uids)
         victims = (*uids, *added)
         if victims:
             out[node] = victims
-    return out
+    return Revision(out, refused)

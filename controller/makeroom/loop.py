@@ -37,7 +37,8 @@ from controller.gpus.feed import GpuModel, model_from_lists
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from controller.gpus.objects import PodInfo, pod_info
-from controller.gpus.victims import VictimPlan
+from controller.gpus.tenants import Tenancy, taken_by
+from controller.gpus.victims import TENANT_MARKER, VictimPlan, as_victim
 from controller.makeroom.plan import (
     NodeFacts,
     Pending,
@@ -49,15 +50,18 @@ from controller.makeroom.plan import (
 )
 from controller.preemption.hook import PreemptionThrottle
 from controller.preemption.signals import pod_meta
-from controller.preemption.throttle import Candidate, decide_preemption
+from controller.preemption.tenancy import tenancy_from_lists
+from controller.preemption.throttle import Candidate, Reason, TenantGate, decide_preemption
 from gpuwarden.config.preemption import MakeRoomConfig
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
     LIVE_PODS,
+    NAMESPACES,
     NODES,
     PDBS,
     PODS,
+    RESOURCE_QUOTAS,
     EventRecorder,
     EventType,
     Informer,
@@ -113,6 +117,10 @@ class RoomPass:
     throttled: dict[str, str] = field(default_factory=dict)
     evicted: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
+    tenancy: Tenancy | None = None
+    """The cross-tenant rule's snapshot the pass decided with (None: rule `any`)."""
+    taken: dict[str, int] = field(default_factory=dict)
+    """GPUs per tenant taken by the preemptions started this pass (the throttle's gate counts them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +137,27 @@ class RoomPass:
                 for d in self.decisions
             ],
             "skipped": dict(self.skipped),
+            "tenants": tenants_table(self.tenancy),
         }
+
+
+def tenants_table(tenancy: Tenancy | None) -> list[dict[str, Any]]:
+    """Per tenant holding GPUs or with a share: guaranteed GPUs, GPUs held, and how many of them other
+    tenants may preempt now (empty with the rule `any`)."""
+    if tenancy is None:
+        return []
+    return [
+        {
+            "tenant": t,
+            "rule": tenancy.rule.value,
+            "guaranteed": tenancy.share.get(t, 0),
+            "held": tenancy.held.get(t, 0),
+            "preemptable": tenancy.preemptable(t),
+            "namespaces": sorted(ns for ns, owner in tenancy.namespaces.items() if owner == t),
+        }
+        for t in tenancy.tenants()
+        if tenancy.share.get(t, 0) or tenancy.held.get(t, 0)
+    ]
 
 
 class RoomLoop:
@@ -175,6 +203,7 @@ class RoomLoop:
             self.settings(),
             self.policy,
             self.clock(),
+            tenancy=self.throttle.tenancy(),
         )
         self.metrics.candidates.set(len(result.decisions))
         self.metrics.duration.observe(time.perf_counter() - started)
@@ -206,7 +235,12 @@ class RoomLoop:
     async def _not_possible(self, obj: dict[str, Any], decision: RoomDecision) -> None:
         if decision.reason.startswith(("fits on", "limit of", "every node")):
             return
-        self.metrics.preemptions.labels("not_possible").inc()
+        tenants = TENANT_MARKER in decision.reason
+        if tenants:  # victims exist but the cross-tenant rule refuses them: the throttle's verdict
+            self.metrics.preemptions.labels("throttled").inc()
+            self.throttle.metrics.throttled.labels(Reason.TENANT.value).inc()
+        else:
+            self.metrics.preemptions.labels("not_possible").inc()
         now = self.clock()
         key = (decision.pod.uid, decision.reason)
         if now - self._said.get(key, float("-inf")) < NOT_POSSIBLE_INTERVAL:
@@ -214,6 +248,12 @@ class RoomLoop:
         self._said[key] = now
         if len(self._said) > 10_000:
             self._said.clear()
+        if tenants:
+            await self.recorder.emit(
+                _ref(obj), reason="PreemptionThrottled", action="MakeRoom", type=EventType.WARNING,
+                note=f"{self._prefix()}GPU preemption refused: {decision.reason}",
+            )  # fmt: skip
+            return
         await self.recorder.emit(
             _ref(obj), reason="GPUPreemptionNotPossible", action="MakeRoom", type=EventType.WARNING,
             note=f"{self._prefix()}gpuwarden cannot make room for this pod: {decision.reason}",
@@ -227,14 +267,21 @@ class RoomLoop:
         meta = pod_meta(obj)
         now = self.clock()
         uids = tuple(v.uid for v in plan.victims)
+        tenancy = result.tenancy
+        gate = None
+        if tenancy is not None:
+            held = {v.uid: as_victim(v).gpus for v in plan.victims}
+            gate = TenantGate(tenancy, held, dict(result.taken))
         verdict = decide_preemption(
             meta, [Candidate(plan.node, uids)], self.throttle.observer.lookup, self.throttle.graph,
-            self.throttle.policy, now,
+            self.throttle.policy, now, tenants=gate,
         )  # fmt: skip
         gpus = ",".join(plan.choice.ids)
         numa = ",".join(str(n) for n in plan.choice.numa_nodes) or "?"
         if plan.node not in verdict.kept:
             self.metrics.preemptions.labels("throttled").inc()
+            for reason in verdict.reasons():
+                self.throttle.metrics.throttled.labels(reason.value).inc()
             result.throttled[pod.key] = verdict.detail or "throttled"
             await self.recorder.emit(
                 _ref(obj), reason="PreemptionThrottled", action="MakeRoom", type=EventType.WARNING,
@@ -259,6 +306,11 @@ class RoomLoop:
             await self._withdraw(obj, pod, plan)
             return
         self.throttle.graph.reserve(meta.uid, meta.workload, {plan.node: tuple(evicted)}, now, verdict.depth)
+        if tenancy is not None:
+            gone = {uid for uid, _ in evicted}
+            victims = [as_victim(v) for v in plan.victims if v.uid in gone]
+            for tenant, n in taken_by(victims, tenancy).items():
+                result.taken[tenant] = result.taken.get(tenant, 0) + n
         self.metrics.preemptions.labels("started").inc()
         result.started.append(pod.key)
         log.info(
@@ -340,11 +392,13 @@ class RoomLoop:
         return self.policy.interval_seconds if self.policy.enabled else None
 
     def ready(self) -> bool:
-        return self.pods.synced.is_set() and self.nodes.synced.is_set() and self.model.synced
+        caches = self.pods.synced.is_set() and self.nodes.synced.is_set() and self.throttle.tenants.synced
+        return caches and self.model.synced
 
     async def wait_ready(self) -> None:
         await self.pods.synced.wait()
         await self.nodes.synced.wait()
+        await self.throttle.tenants.wait_synced()
         while not self.model.synced:  # noqa: ASYNC110 - the extender's feed sets plain flags, no Event
             await asyncio.sleep(0.2)
 
@@ -360,8 +414,11 @@ def plan_pass(
     settings: Settings,
     policy: MakeRoomConfig,
     now: float,
+    *,
+    tenancy: Tenancy | None = None,
 ) -> tuple[RoomPass, dict[str, dict[str, Any]]]:
-    """Pending pods -> preemptors (`room.candidate`), then `plan_room` over every node's view."""
+    """Pending pods -> preemptors (`room.candidate`), then `plan_room` over every node's view (victims the
+    cross-tenant rule of `tenancy` allows)."""
     resource, ttl = model.resource, settings.claim_ttl_seconds
     objs = {f"{(o.get('metadata') or {}).get('namespace')}/{(o.get('metadata') or {}).get('name')}": o
             for o in pods}  # fmt: skip
@@ -387,8 +444,9 @@ def plan_pass(
             views[name] = model.view(name)
         out.decisions = plan_room(
             pending, views, facts, settings, now, budgets=budgets_from(pdbs, objs.values()),
-            max_victims=policy.max_victims_per_pod, limit=policy.max_preemptors_per_pass,
+            max_victims=policy.max_victims_per_pod, limit=policy.max_preemptors_per_pass, tenancy=tenancy,
         )  # fmt: skip
+    out.tenancy = tenancy
     return out, objs
 
 
@@ -403,7 +461,18 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> RoomPa
         nodes = (await kube.list_objects(NODES, limit=k.list_page_size)).items
         pods = (await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)).items
         pdbs = (await kube.list_objects(PDBS, limit=k.list_page_size)).items
-    return plan_from(config, nodes, pods, pdbs, now=time.time())
+        namespaces, quotas = await list_tenancy(config, kube)
+    return plan_from(config, nodes, pods, pdbs, now=time.time(), namespaces=namespaces, quotas=quotas)
+
+
+async def list_tenancy(config: Config, kube: KubeClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Namespaces and ResourceQuotas for the cross-tenant rule (none listed with the rule `any`)."""
+    if config.preemption.tenants.rule == "any":
+        return [], []
+    page = config.kubernetes.list_page_size
+    namespaces = (await kube.list_objects(NAMESPACES, limit=page)).items
+    quotas = (await kube.list_objects(RESOURCE_QUOTAS, limit=page)).items
+    return namespaces, quotas
 
 
 def plan_from(
@@ -414,12 +483,15 @@ def plan_from(
     *,
     gpus: GpuModel | None = None,
     now: float,
+    namespaces: list[dict[str, Any]] | None = None,
+    quotas: list[dict[str, Any]] | None = None,
 ) -> RoomPass:
     """The GPU preemption plan from listed nodes, live pods and PodDisruptionBudgets (`gpus`: the model
     built from the same lists, else built here)."""
     gpus = gpus if gpus is not None else model_from_lists(config, nodes, pods)
     policy = config.preemption.make_room
-    return plan_pass(pods, nodes, gpus.model, pdbs, gpus.settings(), policy, now)[0]
+    tenancy = tenancy_from_lists(config, namespaces or [], quotas or [], gpus.model)
+    return plan_pass(pods, nodes, gpus.model, pdbs, gpus.settings(), policy, now, tenancy=tenancy)[0]
 
 
 def _ref(obj: dict[str, Any]) -> ObjectRef:

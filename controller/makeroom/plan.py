@@ -5,8 +5,9 @@ accepts, can never be freed by the scheduler's own preemption (its dry run finds
 kubernetes PR #135486 fixes that in later releases). The extender reports such nodes `fragmented`; this
 module decides, per pending pod the extender rejected so, on which node whose pods to preempt
 (`victims.plan_victims`: lower priority only, fewest PodDisruptionBudget violations, fewest and lowest-
-priority victims, fewest GPUs disturbed). The loop (room_loop.py) applies the preemption throttle, reserves
-the freed GPUs for the preemptor and evicts.
+priority victims, fewest GPUs disturbed), only victims the cross-tenant rule allows (`tenancy`; GPUs taken
+from a tenant by one preemptor of the pass count for the next). The loop (room_loop.py) applies the
+preemption throttle, reserves the freed GPUs for the preemptor and evicts.
 
 A pod is a candidate when it is unbound, pending, not being deleted, asks for GPUs, is not nominated by the
 scheduler (its own preemption is under way), holds no fresh reservation, and its PodScheduled condition has
@@ -28,7 +29,17 @@ from typing import Any
 from controller.gpus.fit import Settings
 from controller.gpus.model import NodeView
 from controller.gpus.objects import PodInfo, claim_fresh
-from controller.gpus.victims import NO_BUDGETS, Budgets, NoPlan, VictimPlan, plan_victims
+from controller.gpus.tenants import Tenancy, taken_by
+from controller.gpus.victims import (
+    NO_BUDGETS,
+    TENANT_MARKER,
+    Budgets,
+    NoPlan,
+    VictimPlan,
+    as_victim,
+    plan_victims,
+    tenant_refusal,
+)
 from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
@@ -140,13 +151,15 @@ class RoomDecision:
     reason: str = ""
 
 
-def _shape(p: Pending) -> tuple[Any, ...]:
+def _shape(p: Pending, tenancy: Tenancy | None) -> tuple[Any, ...]:
     spec = p.spec
     tol = tuple(
         sorted(repr(sorted(t.items())) for t in spec.get("tolerations") or [] if isinstance(t, Mapping))
     )
     sel = tuple(sorted((spec.get("nodeSelector") or {}).items()))
-    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel)
+    # under a cross-tenant rule whom a pod may preempt depends on its namespace
+    ns = p.pod.key.split("/", 1)[0] if tenancy is not None else ""
+    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel, ns)
 
 
 def plan_room(
@@ -159,14 +172,18 @@ def plan_room(
     budgets: Budgets = NO_BUDGETS,
     max_victims: int = 4,
     limit: int = 10,
+    tenancy: Tenancy | None = None,
 ) -> list[RoomDecision]:
     """One decision per pending pod, highest priority first (then longest waiting): the cheapest victims on
     the best node. A node gets at most one preemptor per pass and a pod is a victim at most once, so two
-    preemptors never count the same freed GPUs. Pods of one shape (GPUs, policy, priority, tolerations,
-    node selector) share one evaluation of the fleet."""
+    preemptors never count the same freed GPUs; under `over-share` the GPUs one preemptor takes from a
+    tenant count against that tenant's excess for the next. Pods of one shape (GPUs, policy, priority,
+    tolerations, node selector, and the namespace under a cross-tenant rule) share one evaluation of the
+    fleet."""
     order = sorted(pending, key=lambda p: (-p.pod.priority, p.since, p.pod.key))
     taken_nodes: set[str] = set()
     used: set[str] = set()
+    taken: dict[str, int] = {}
     ranked: dict[tuple[Any, ...], list[VictimPlan]] = {}
     why_none: dict[tuple[Any, ...], str] = {}
     out: list[RoomDecision] = []
@@ -175,18 +192,28 @@ def plan_room(
         if planned >= limit:
             out.append(RoomDecision(p.pod, reason=f"limit of {limit} preemptors per pass reached"))
             continue
-        shape = _shape(p)
+        shape = _shape(p, tenancy)
         if shape not in ranked:
-            ranked[shape], why_none[shape] = _rank(p, views, facts, settings, now, budgets, max_victims)
+            ranked[shape], why_none[shape] = _rank(
+                p, views, facts, settings, now, budgets, max_victims, tenancy
+            )
+        ns = p.pod.key.split("/", 1)[0]
         choice: VictimPlan | None = None
+        refused = ""
         for plan in ranked[shape]:
             if plan.node in taken_nodes or any(v.pod in used for v in plan.victims):
+                continue
+            refusal = tenant_refusal(ns, plan.victims, tenancy, taken)
+            if refusal is not None:  # what earlier preemptors of this pass took from that tenant
+                refused = refused or f"{TENANT_MARKER} {refusal.reason}"
                 continue
             choice = plan
             break
         if choice is None:
             reason = (
-                why_none[shape] if not ranked[shape] else "every node that could host it is taken this pass"
+                why_none[shape]
+                if not ranked[shape]
+                else refused or "every node that could host it is taken this pass"
             )
             out.append(RoomDecision(p.pod, reason=reason))
             continue
@@ -195,6 +222,9 @@ def plan_room(
             continue
         taken_nodes.add(choice.node)
         used.update(v.pod for v in choice.victims)
+        if tenancy is not None:
+            for tenant, gpus in taken_by(map(as_victim, choice.victims), tenancy).items():
+                taken[tenant] = taken.get(tenant, 0) + gpus
         out.append(RoomDecision(p.pod, plan=choice))
         planned += 1
     return out
@@ -208,6 +238,7 @@ def _rank(
     now: float,
     budgets: Budgets,
     max_victims: int,
+    tenancy: Tenancy | None = None,
 ) -> tuple[list[VictimPlan], str]:
     """Every node's plan for this pod's shape, best first (a node where it fits already ranks first: then
     nothing is to be done), and the most telling reason when no node has one."""
@@ -220,9 +251,13 @@ def _rank(
         node = facts.get(name)
         if node is None or not usable(p.spec, node):
             continue
-        plan = plan_victims(pod, view, settings, now, budgets=budgets, max_victims=max_victims)
+        plan = plan_victims(
+            pod, view, settings, now, budgets=budgets, max_victims=max_victims, tenancy=tenancy
+        )
         if isinstance(plan, NoPlan):
-            reasons[plan.reason.split(" (")[0]] = reasons.get(plan.reason.split(" (")[0], 0) + 1
+            tenants = plan.reason.startswith(TENANT_MARKER)
+            key = plan.reason if tenants else plan.reason.split(" (")[0]
+            reasons[key] = reasons.get(key, 0) + 1
             continue
         plans.append(plan)
     best_first = sorted(

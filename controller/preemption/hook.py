@@ -34,14 +34,17 @@ from controller.extenderv1 import ExtenderPreemptionArgs, ExtenderPreemptionResu
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel, NotSynced
 from controller.gpus.objects import pod_info
+from controller.gpus.tenants import Tenancy
 from controller.gpus.victims import revise_candidates
 from controller.preemption.graph import PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
 from controller.preemption.observer import PreemptionObserver
 from controller.preemption.signals import PodMeta, pod_meta
+from controller.preemption.tenancy import TenantFeed
 from controller.preemption.throttle import (
     Candidate,
     Decision,
+    TenantGate,
     ThrottlePolicy,
     decide_preemption,
     policy_from_config,
@@ -49,6 +52,7 @@ from controller.preemption.throttle import (
 from gpuwarden.config.root import Config
 from gpuwarden.kube import EventRecorder, EventType, Informer, KubeClient, ObjectRef
 from gpuwarden.kube.event_queue import EventQueue, PendingEvent
+from gpuwarden.selfmetrics import SnapshotCollector
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,19 @@ class PreemptionThrottle:
         self._last_event: dict[str, tuple[str, float]] = {}
         self._model: ClusterModel | None = None
         self._gpu_settings: Callable[[], Settings] | None = None
+        self.tenants = TenantFeed(config, kube)
+        """Namespaces and ResourceQuotas for the cross-tenant rule (watched only when it is not `any`)."""
+        if registry is not None and self.tenants.active:
+            registry.register(
+                SnapshotCollector(
+                    "gpuwarden_tenant_gpus",
+                    "GPUs per tenant (tenants holding GPUs or with a share) under the cross-tenant rule: "
+                    "kind=guaranteed (its share), held (bound, not terminating), preemptable (what other "
+                    "tenants' preemptions may take now).",
+                    ["tenant", "kind"],
+                    self._tenant_gpus,
+                )
+            )
         self.events = EventQueue(
             self.recorder,
             capacity=MAX_PENDING_EVENTS,
@@ -115,7 +132,24 @@ class PreemptionThrottle:
         return self.observer.pods
 
     def ready(self) -> bool:
-        return self.observer.synced
+        return self.observer.synced and self.tenants.synced
+
+    def _tenant_gpus(self) -> dict[tuple[str, ...], float]:
+        tenancy = self.tenancy() if self.tenants.synced else None
+        out: dict[tuple[str, ...], float] = {}
+        if tenancy is None:
+            return out
+        for t in tenancy.tenants():
+            share, held = tenancy.share.get(t, 0), tenancy.held.get(t, 0)
+            if share or held:
+                out[(t, "guaranteed")] = float(share)
+                out[(t, "held")] = float(held)
+                out[(t, "preemptable")] = float(tenancy.preemptable(t))
+        return out
+
+    def tenancy(self) -> Tenancy | None:
+        """The cross-tenant rule's snapshot now (None: rule `any`); make-room decides with it too."""
+        return self.tenants.tenancy(self._model, self.clock())
 
     # --- the verb ----------------------------------------------------------------------------------------
 
@@ -133,45 +167,68 @@ class PreemptionThrottle:
         self._model, self._gpu_settings = model, settings
 
     def _revise(
-        self, args: ExtenderPreemptionArgs, candidates: dict[str, MetaVictims]
-    ) -> dict[str, MetaVictims]:
+        self, args: ExtenderPreemptionArgs, candidates: dict[str, MetaVictims], tenancy: Tenancy | None
+    ) -> tuple[dict[str, MetaVictims], dict[str, str]]:
+        """The candidates with GPU victims chosen by the model, and the nodes the cross-tenant rule left
+        without allowed victims (node -> why)."""
         model = self._model
         if model is None or self._gpu_settings is None or not model.synced:
-            return candidates
+            return candidates, {}
         pod = pod_info(args.pod, model.resource)
         if pod.gpus <= 0:
-            return candidates
+            return candidates, {}
         sent = {node: [p.uid for p in mv.pods] for node, mv in candidates.items()}
         views = {node: model.view(node) for node in sent}
-        revised = revise_candidates(pod, sent, views, self._gpu_settings(), self.clock())
+        revised = revise_candidates(pod, sent, views, self._gpu_settings(), self.clock(), tenancy=tenancy)
         out: dict[str, MetaVictims] = {}
-        for node, uids in revised.items():
+        for node, uids in revised.victims.items():
             given = candidates[node]
             if list(uids) == sent[node]:
                 out[node] = given
             else:
                 pods = [MetaPod(uid=u) for u in uids]
                 out[node] = MetaVictims(pods=pods, num_pdb_violations=given.num_pdb_violations)
+        return out, dict(revised.refused)
+
+    def _victim_gpus(self, candidates: dict[str, MetaVictims]) -> dict[str, int]:
+        """Victim UID -> GPUs it holds, from the GPU model (victims it does not know hold none)."""
+        model = self._model
+        if model is None:
+            return {}
+        out: dict[str, int] = {}
+        for node in candidates:
+            view = model.view(node)
+            for h in view.holders if view is not None else ():
+                if h.uid:
+                    out[h.uid] = len(h.ids) + h.unknown
         return out
 
     def decide(self, args: ExtenderPreemptionArgs) -> tuple[PodMeta, Decision, dict[str, MetaVictims]]:
         """The decision for one request, without side effects (what `__call__` and the bench run)."""
         now = self.clock()
-        candidates = self._revise(args, args.meta_victims())
         preemptor = pod_meta(args.pod)
+        floor = self.policy.exempt_min_priority
+        exempt = floor is not None and preemptor.priority >= floor
+        tenancy = None if exempt else self.tenancy()  # exempt preemptors skip every throttle rule
+        candidates, refused = self._revise(args, args.meta_victims(), tenancy)
         lookup = self._lookup(args)
+        gate = TenantGate(tenancy, self._victim_gpus(candidates)) if tenancy is not None else None
         decision = decide_preemption(
             preemptor,
-            [Candidate(node, tuple(p.uid for p in mv.pods)) for node, mv in candidates.items()],
+            [
+                *(Candidate(node, tuple(p.uid for p in mv.pods)) for node, mv in candidates.items()),
+                *(Candidate(node, (), refused=why) for node, why in refused.items()),
+            ],
             lookup,
             self.graph,
             self.policy,
             now,
+            tenants=gate,
         )
         return preemptor, decision, candidates
 
     async def __call__(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        if not self.observer.synced:
+        if not self.ready():
             raise NotSynced
         started = time.perf_counter()
         preemptor, decision, candidates = self.decide(args)
@@ -223,9 +280,11 @@ class PreemptionThrottle:
         """Keep the graph current and write Events (flushing batched series) until cancelled; on the way
         out, queued Events get a short last chance (`EventQueue.run`)."""
         writer = asyncio.create_task(self.events.run(), name="preemption-events")
+        tenants = asyncio.create_task(self.tenants.run(), name="preemption-tenants")
         try:
             await self.observer.run()
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
+            for task in (writer, tenants):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

@@ -13,7 +13,10 @@ is where cascades and storms are bounded:
   (A<->B), or when a victim pod itself recently preempted (undoing work that just displaced others);
 * **back-off** — per (preemptor workload, node), after Kueue's reclaim back-off: a new round of preemption
   on a node waits `base * 2**(round-1)`; within one burst (preemptions seconds apart, of pods that were
-  already there) the round continues, so one job taking a node is a single round.
+  already there) the round continues, so one job taking a node is a single round;
+* **tenants** — whom: a node whose victims the cross-tenant rule refuses (`controller.gpus.tenants`:
+  within-tenant, over-share) is dropped, and so is one the GPU victim choice found no allowed victims on
+  (`Candidate.refused`).
 
 Victims already being preempted (the scheduler retrying while they terminate, or the ones this preemptor
 was just allowed to take) cost nothing and pass every check. Kept candidates are returned exactly as given
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from controller.gpus.tenants import Rule, Tenancy, Victim, refuse
 from controller.preemption.graph import BackoffSpec, BackoffState
 from controller.preemption.signals import PodMeta, Workload
 from gpuwarden.config.preemption import Budget, PreemptionConfig
@@ -39,6 +43,7 @@ class Reason(StrEnum):
     """Why a candidate node (or the whole preemption) was throttled; the `reason` label of the metric."""
 
     CHAIN_DEPTH = "chain-depth"
+    TENANT = "tenant"
     BUDGET_GLOBAL = "budget-global"
     BUDGET_NAMESPACE = "budget-namespace"
     BUDGET_WORKLOAD = "budget-workload"
@@ -124,6 +129,19 @@ class Candidate:
 
     node: str
     victims: tuple[str, ...]
+    refused: str = ""
+    """Set when the GPU victim choice found only victims the cross-tenant rule refuses (its reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantGate:
+    """The cross-tenant rule as the decision applies it: who is in which tenant with which share and
+    holdings, and the GPUs each victim UID holds (absent: none known)."""
+
+    tenancy: Tenancy
+    gpus: Mapping[str, int] = field(default_factory=dict)
+    taken: Mapping[str, int] = field(default_factory=dict)
+    """GPUs per tenant already taken by preemptions decided with this gate (one make-room pass)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +214,7 @@ def _judge(
     depth: int,
     budgets: list[tuple[Reason, int, str]],
     notes: dict[Reason, str],
+    tenants: TenantGate | None = None,
 ) -> Reason | None:
     """Why preempting `fresh` (not yet preempted) victims on `node` is throttled; None when it is not."""
     if depth > policy.max_chain_depth:
@@ -205,6 +224,11 @@ def _judge(
         )
         return Reason.CHAIN_DEPTH
     victims = [lookup(uid) for uid in fresh]
+    if tenants is not None and tenants.tenancy.rule is not Rule.ANY:
+        why = _tenant_note(preemptor, fresh, victims, tenants)
+        if why:
+            notes.setdefault(Reason.TENANT, f"tenant rule: {why} on {node}")
+            return Reason.TENANT
     if policy.prevent_ping_pong:
         for uid, victim in zip(fresh, victims, strict=True):
             if victim is not None and ledger.preempted(victim.workload, preemptor.workload, now):
@@ -224,6 +248,19 @@ def _judge(
     return None
 
 
+def _tenant_note(
+    preemptor: PodMeta, fresh: Sequence[str], victims: Sequence[PodMeta | None], gate: TenantGate
+) -> str:
+    """Why the cross-tenant rule refuses these victims ("" when it allows them all)."""
+    known: list[Victim] = []
+    for uid, victim in zip(fresh, victims, strict=True):
+        if victim is None:  # unknown pod: its tenant cannot be told, and unknown is never preemptable
+            return f"victim {uid} unknown, so is its tenant"
+        known.append(Victim(victim.key, gate.gpus.get(uid, 0)))
+    refusal = refuse(preemptor.namespace, known, gate.tenancy, gate.taken)
+    return refusal.reason if refusal is not None else ""
+
+
 def decide_preemption(
     preemptor: PodMeta,
     candidates: Sequence[Candidate],
@@ -231,24 +268,35 @@ def decide_preemption(
     ledger: Ledger,
     policy: ThrottlePolicy,
     now: float,
+    *,
+    tenants: TenantGate | None = None,
 ) -> Decision:
-    """Which candidates may be preempted now; `lookup` resolves victim UIDs (None = unknown pod)."""
-    empty = {c.node: Reason.NO_VICTIMS for c in candidates if not c.victims}
-    usable = [c for c in candidates if c.victims]
+    """Which candidates may be preempted now; `lookup` resolves victim UIDs (None = unknown pod);
+    `tenants`: the cross-tenant rule (None: no rule, as `any`)."""
+    empty = {c.node: Reason.NO_VICTIMS for c in candidates if not c.victims and not c.refused}
+    usable = [c for c in candidates if c.victims and not c.refused]
+    refused = [c for c in candidates if c.refused]
     depth = ledger.depth_as_victim(preemptor.workload, now) + 1
     exempt = policy.exempt_min_priority is not None and preemptor.priority >= policy.exempt_min_priority
     if exempt or not policy.enabled:
+        usable = [c for c in candidates if c.victims]
         kept = tuple(c.node for c in usable)
+        empty = {c.node: Reason.NO_VICTIMS for c in candidates if not c.victims}
         return Decision(kept, empty, None if kept else Reason.NO_VICTIMS, depth, exempt=exempt)
     dropped: dict[str, Reason] = dict(empty)
     notes: dict[Reason, str] = {}
+    for cand in refused:
+        dropped[cand.node] = Reason.TENANT
+        notes.setdefault(Reason.TENANT, f"tenant rule: {cand.refused} on {cand.node}")
     budgets = _remaining(preemptor, ledger, policy, now)
     for cand in usable:
         # victims the scheduler is already preempting (a retry while they terminate) cost nothing new
         fresh = tuple(uid for uid in cand.victims if not ledger.is_victim(uid, preemptor.uid))
         if not fresh:
             continue
-        reason = _judge(preemptor, cand.node, fresh, lookup, ledger, policy, now, depth, budgets, notes)
+        reason = _judge(
+            preemptor, cand.node, fresh, lookup, ledger, policy, now, depth, budgets, notes, tenants
+        )
         if reason is not None:
             dropped[cand.node] = reason
     kept = tuple(c.node for c in usable if c.node not in dropped)
@@ -259,7 +307,8 @@ def decide_preemption(
     if veto is not None and veto in notes:
         detail = f"preemption vetoed: {notes[veto]}"
     elif present:
-        detail = f"narrowed to {len(kept)} of {len(usable)} candidate nodes: " + "; ".join(
+        total = len(usable) + len(refused)
+        detail = f"narrowed to {len(kept)} of {total} candidate nodes: " + "; ".join(
             notes[r] for r in present
         )
     else:

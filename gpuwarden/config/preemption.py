@@ -9,10 +9,21 @@ throttled while a fleet-wide cascade is.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from gpuwarden.config.base import Section
-from gpuwarden.config.fieldtypes import FieldError, Integer, PositiveCount, Seconds
+from gpuwarden.config.fieldtypes import (
+    Count,
+    DnsLabel,
+    FieldError,
+    Integer,
+    PositiveCount,
+    QualifiedName,
+    Seconds,
+)
+from gpuwarden.wellknown import TENANT
 
 
 class Budget(Section):
@@ -106,6 +117,55 @@ class MakeRoomConfig(Section):
     )
 
 
+class Tenant(Section):
+    """A tenant named in config: the namespaces it owns (globs) and, optionally, its guaranteed GPUs."""
+
+    name: DnsLabel = Field(description="The tenant's name (in Events, metrics and `gpuwarden plan`).")
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespace globs (fnmatch: `team-a-*`, `ml-?`) owned by this tenant, for namespaces "
+        "that carry no tenant label. A namespace matching several tenants belongs to the first listed.",
+    )
+    guaranteed_gpus: Count | None = Field(
+        default=None,
+        description="GPUs guaranteed to the tenant (Kueue's nominal quota). null: the sum of the "
+        "`requests.<gpu resource>` hard limits of its namespaces' ResourceQuotas (0 when none).",
+    )
+
+
+class TenantsConfig(Section):
+    """Whom a preemption may take GPUs from across tenants (docs/preemption.md, *Tenants*)."""
+
+    rule: Literal["any", "within-tenant", "over-share"] = Field(
+        default="any",
+        description="`any`: victims from every tenant (kube-scheduler's behaviour; the default, so that "
+        "upgrading changes nothing). `within-tenant`: victims only from the preemptor's tenant. "
+        "`over-share`: a victim in another tenant only while that tenant holds more GPUs than its "
+        "guaranteed share, and only as many GPUs as bring it back to the share (Kueue's reclaim of "
+        "borrowed quota). Applied by the preempt verb and by GPU preemption (make-room).",
+    )
+    namespace_label: QualifiedName = Field(
+        default=TENANT,
+        description="Namespace label naming the namespace's tenant; it wins over `tenants[].namespaces`.",
+    )
+    tenants: list[Tenant] = Field(
+        default_factory=list,
+        description="Tenants by namespace glob, with guaranteed shares. A namespace with neither the label "
+        "nor a matching glob is a tenant of its own, named after it, with the share of its own quotas: a "
+        "namespace is Kubernetes' unit of ownership, and pooling unrelated namespaces into one default "
+        "tenant would let them preempt each other under `within-tenant`.",
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TenantsConfig:
+        seen: set[str] = set()
+        for i, tenant in enumerate(self.tenants):
+            if tenant.name in seen:
+                raise FieldError(f"tenants.{i}.name", f"tenant {tenant.name!r} is listed twice")
+            seen.add(tenant.name)
+        return self
+
+
 class PreemptionConfig(Section):
     """The preemption throttle: budgets, chain and ping-pong detection, back-off; GPU preemption."""
 
@@ -155,6 +215,10 @@ class PreemptionConfig(Section):
         default_factory=MakeRoomConfig,
         description="GPU preemption by the controller for pods rejected only because the free GPUs are "
         "fragmented (kube-scheduler v1.35 cannot preempt for them).",
+    )
+    tenants: TenantsConfig = Field(
+        default_factory=TenantsConfig,
+        description="The cross-tenant rule: which tenants' pods a preemption may take (default `any`).",
     )
     event_interval_seconds: Seconds = Field(
         default=60.0,

@@ -82,6 +82,7 @@ CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True)
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 """Field selector for the pods that still hold (or may hold) resources: every cache of live pods uses it."""

@@ -10,6 +10,9 @@ Prints numbers, asserts nothing about time. Parts:
    at once at this rate, which is cheaper; measured too).
 3. live: the same decisions while Events keep arriving at 1,000 per minute of simulated time, with pruning.
 4. HTTP: the preempt verb through the extender's aiohttp edge on loopback (client cost included).
+5. tenants: the same decisions with `preemption.tenants.rule: over-share` (40 namespaces as 8 tenants with
+   quotas, every pod holding a GPU in the GPU model): the tenancy is rebuilt per request and every victim
+   judged, against the same run without the rule.
 
 Goal (issue 7): decisions fast enough to be invisible next to the scheduler's 5 s extender timeout.
 Run: `python -m tests.bench preemption`.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import statistics
 import time
@@ -115,6 +119,33 @@ def throttle(clock: list[float], preemption: dict[str, Any]) -> PreemptionThrott
     return t
 
 
+def with_tenants(t: PreemptionThrottle) -> PreemptionThrottle:
+    """`t` deciding with a GPU model of every pod (1 GPU each) and, when its rule is not `any`, 40 labelled
+    namespaces as 8 tenants with a 400-GPU quota each."""
+    m = ClusterModel()
+    for n in range(NODES):
+        m.upsert_node({"metadata": {"name": f"gpu-{n}"}, "status": {"allocatable": {"nvidia.com/gpu": "16"}}})
+    for i in range(PODS):
+        obj = pod(i)
+        obj["spec"]["containers"] = [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        m.upsert_pod(obj)
+    m.nodes_synced = m.pods_synced = True
+    t.use_gpu_model(m, Settings)
+    if t.tenants.namespaces is not None and t.tenants.quotas is not None:
+        t.tenants.namespaces.store = {
+            f"team-{k}": {"metadata": {"name": f"team-{k}", "labels": {"gpuwarden.io/tenant": f"t{k % 8}"}}}
+            for k in range(40)
+        }
+        t.tenants.quotas.store = {
+            f"team-{k}/gpus": {"metadata": {"name": "gpus", "namespace": f"team-{k}"},
+                               "spec": {"hard": {"requests.nvidia.com/gpu": "400"}}}
+            for k in range(40)
+        }  # fmt: skip
+        t.tenants.namespaces.synced.set()
+        t.tenants.quotas.synced.set()
+    return t
+
+
 def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
@@ -180,6 +211,22 @@ def main() -> None:
     times = decide_loop(strict, bodies[:2000], clock, rng, live=False)
     print(f"  default config (vetoed at this rate): median {statistics.median(times) * 1e6:.0f} us, "
           f"{len(times) / sum(times):,.0f} decisions/s")  # fmt: skip
+    logging.getLogger("controller.preemption.hook").setLevel(logging.ERROR)  # no Event writer runs here
+    variants = (
+        ("no rule (any)", "any", False),
+        ("over-share, snapshot reused", "over-share", False),
+        ("over-share, snapshot rebuilt", "over-share", True),
+    )
+    for label, rule, rebuild in variants:
+        ruled = with_tenants(throttle(clock, {**PERMISSIVE, "tenants": {"rule": rule}}))
+        for e in events:
+            ruled.observer.on_event(WatchEvent(ADDED, e))
+        if rebuild:  # every request builds a new snapshot
+            ruled.tenants.max_age = 0.0
+        times = decide_loop(ruled, bodies[:2000], clock, rng, live=False)
+        print(f"  tenants {label}, {PODS:,} GPU pods, 10 candidates: median "
+              f"{statistics.median(times) * 1e6:.0f} us, p99 {pct(times, 0.99) * 1e6:.0f} us, "
+              f"{len(times) / sum(times):,.0f} decisions/s")  # fmt: skip
     http = asyncio.run(over_http(t, bodies[:1000]))
     print(f"  HTTP preempt verb, 10 candidates: median {statistics.median(http) * 1000:.2f} ms, "
           f"p99 {pct(http, 0.99) * 1000:.2f} ms")  # fmt: skip

@@ -88,6 +88,7 @@ GROUPS: dict[tuple[str, str], dict[str, tuple[str, bool]]] = {
         "pods": ("Pod", True),
         "configmaps": ("ConfigMap", True),
         "namespaces": ("Namespace", False),
+        "resourcequotas": ("ResourceQuota", True),
     },
     ("coordination.k8s.io", "v1"): {"leases": ("Lease", True)},
     ("events.k8s.io", "v1"): {"events": ("Event", True)},
@@ -655,6 +656,8 @@ def stack_config(prom_url: str) -> Config:
         "breaker": {"max_absolute": 3},
     }
     data["nominations"] = {"loop_interval_seconds": 2, "ttl_seconds": 60}
+    # tenants: the preempt requests below stay within one namespace, so the rule changes none of them
+    data.setdefault("preemption", {})["tenants"] = {"rule": "over-share"}
     return Config.model_validate(data)
 
 
@@ -668,6 +671,13 @@ async def until(check: Callable[[], bool], what: str, limit: float = 60.0) -> No
 def populate(api: FakeApiServer, sim_pods: list[Obj]) -> None:
     for name in NODES:
         api.put("", "nodes", node_obj(name))
+    for ns, tenant in (("inference", "serving"), ("training", "research"), ("batch", "research")):
+        api.put("", "namespaces", {"metadata": {"name": ns, "labels": {"gpuwarden.io/tenant": tenant}}})
+    quota = {
+        "metadata": {"name": "gpus", "namespace": "training"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "8"}},
+    }
+    api.put("", "resourcequotas", quota)
     for p in sim_pods:
         api.put(
             "",

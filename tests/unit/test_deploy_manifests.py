@@ -251,6 +251,8 @@ CONTROLLER_CLUSTER = {
     ("", "pods/binding", ""): "create",
     ("", "pods/eviction", ""): "create",
     ("policy", "poddisruptionbudgets", ""): "list",
+    ("", "namespaces", ""): "list watch",
+    ("", "resourcequotas", ""): "list watch",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
 }
