@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client lint unit integration rules-test e2e test bench demo clean
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test bench demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/prom
 keda-client: ## build KEDA's external-scaler client (tests/keda, KEDA's pkg/scalers) into .cache/kedaclient
 	bash tests/keda/build.sh
 
+keda: ## build the KEDA operator and metrics server (tests/keda/build-keda.sh) into .cache/keda (e2e)
+	bash tests/keda/build-keda.sh
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -87,7 +90,7 @@ integration: deps prometheus promql-check keda-client ## against a real Promethe
 rules-test: prometheus ## promtool check + test of rules/
 	bash rules/test.sh
 
-e2e: deps prometheus node-runtime testbed helm ## against the real control plane and a real kubelet node
+e2e: deps prometheus node-runtime testbed helm keda ## against the real control plane and a real kubelet node
 	$(PYTEST) -q tests/e2e
 
 test: lint unit integration rules-test e2e ## every tier (what CI runs)
