@@ -123,7 +123,7 @@ class KedaStack:
         return "\n".join(p.tail() for p in self.processes)
 
 
-def _write_keda_pki(directory: Path) -> bytes:
+def write_keda_pki(directory: Path) -> bytes:
     """ca.crt, tls.crt, tls.key for the operator's gRPC metrics service and the metrics server's client
     (KEDA reads all three from one --cert-dir); returns the CA PEM."""
     ca = make_ca("keda-e2e-ca")
@@ -197,7 +197,7 @@ def keda(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[KedaStack
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
         ensure_namespace(cluster, KEDA_NS)
         certs = tmp_path / "keda-certs"
-        _write_keda_pki(certs)
+        write_keda_pki(certs)
         grpc_port = free_port()
         env = {
             **os.environ,
