@@ -96,7 +96,7 @@ e2e: deps prometheus node-runtime testbed helm keda ## against the real control 
 test: lint unit integration rules-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
 
-bench: deps prometheus testbed helm upstream-adapter keda-client ## benchmarks, printed numbers
+bench: deps prometheus testbed helm upstream-adapter keda-client keda ## benchmarks, printed numbers
 	$(PY) -m tests.bench
 
 demo: deps prometheus testbed ## the main job on a local kwok GPU fleet, with a report
