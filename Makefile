@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client lint unit integration rules-test e2e test bench demo clean image-tools image-lock wheelhouse image image-test
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test bench demo clean image-tools image-lock wheelhouse image image-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ image: deps image-tools ## build deploy/Dockerfile into an OCI archive under .ca
 image-test: deps image ## the built image: product only (no harness, tests, pip, compiler), every --help runs
 	$(PYTEST) -q tests/image
 
+keda: ## build the KEDA operator and metrics server (tests/keda/build-keda.sh) into .cache/keda (e2e)
+	bash tests/keda/build-keda.sh
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -115,14 +118,14 @@ rules-test: prometheus ## promtool check + test of rules/
 
 # test_installed_image runs in a pytest process of its own: it needs the machine's one real kubelet node (with
 # kube-proxy and the image), which the other modules' session-wide node cluster holds until their session ends.
-e2e: deps prometheus node-runtime testbed helm image ## against the real control plane and a real kubelet node
+e2e: deps prometheus node-runtime testbed helm keda image ## against the real control plane and a real kubelet node
 	$(PYTEST) -q tests/e2e --ignore=tests/e2e/test_installed_image.py
 	$(PYTEST) -q tests/e2e/test_installed_image.py
 
 test: lint unit integration rules-test image-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
 
-bench: deps prometheus testbed helm upstream-adapter keda-client ## benchmarks, printed numbers
+bench: deps prometheus testbed helm upstream-adapter keda-client keda ## benchmarks, printed numbers
 	$(PY) -m tests.bench
 
 demo: deps prometheus testbed ## the main job on a local kwok GPU fleet, with a report
