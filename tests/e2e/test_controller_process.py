@@ -175,5 +175,5 @@ def test_plan_prints_every_loop_as_json(cluster: Cluster, controller_config: tup
     doc = json.loads(proc.stdout)
     assert set(doc) == {"quarantine", "nominations", "drain", "gpu_preemption", "idle"}
     assert set(doc["drain"]) == {"gate_closed", "nodes"}
-    assert set(doc["gpu_preemption"]) == {"preemptions", "skipped"}
+    assert set(doc["gpu_preemption"]) == {"preemptions", "skipped", "tenants"}
     assert doc["nominations"]["clear"] == []
