@@ -326,7 +326,8 @@ def _chart_scheduler_config(inst: Installed) -> Obj:
 
 def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Installed) -> None:
     cluster = installed.cluster
-    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8)])
+    gpus = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": f"GPU-installed-{i}"} for i in range(8)}
+    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8, topology=gpus)])
     config = _chart_scheduler_config(installed)
     assert config["extenders"][0]["bindVerb"] == "bind"
     original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
@@ -342,7 +343,17 @@ def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Inst
             doc = cluster.get_json("pod", "gpu-job", "-n", ns)
             return doc if doc["spec"].get("nodeName") else None
 
-        placed = poll(bound, timeout=60, what="the GPU pod bound")
+        try:
+            placed = poll(bound, timeout=60, what="the GPU pod bound")
+        except TimeoutError as exc:
+            events = cluster.kubectl("get", "events", "-n", ns, check=False)
+            logs = cluster.kubectl(
+                "logs", "-n", NS, "-l", "app.kubernetes.io/component=controller", check=False
+            )
+            sched = cluster.logs("kube-scheduler").read_text(errors="replace").splitlines()[-15:]
+            raise AssertionError(
+                f"{exc}\nevents:\n{events}\ncontroller:\n{logs[-3000:]}\nscheduler:\n{sched}"
+            ) from exc
         installed.numbers["gpu_pod_create_to_bound_s"] = round(time.monotonic() - t0, 1)
         assert placed["spec"]["nodeName"] == "gpu-kwok-0"
         # Only the extender's bind writes the GPU set before binding (the default binder never does).
