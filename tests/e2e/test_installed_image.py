@@ -481,7 +481,7 @@ def _kustomize_overlay(inst: Installed, directory: Path) -> Path:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [str(base)],
+        "resources": [os.path.relpath(base, directory)],  # kustomize refuses an absolute base
         "patches": patches,
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
