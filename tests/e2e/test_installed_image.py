@@ -11,6 +11,7 @@ that node, and everything else is what a cluster does with them:
   through the node IP (a relay to the loopback-only test Prometheus);
 - the chart's APIServices become Available through the aggregator dialling the adapter Service, i.e. the
   adapter *pods* (kube-proxy again), and serve discovery and a metric read;
+- the real HPA scales a Deployment on the external metric the adapter pods serve;
 - kube-scheduler, configured from the chart's scheduler config, calls the extender in the controller pods
   through its Service and binds a GPU pod (the extender's bind records the GPU set);
 - deleting the controller's leader pod hands the Lease to the other replica (time printed) while the
@@ -299,6 +300,85 @@ def test_apiservices_available_through_the_adapter_pods(installed: Installed) ->
     assert values["items"][0]["metricName"] == "http_requests_per_second"
 
 
+@pytest.fixture(scope="module")
+def kwok_node(installed: Installed) -> str:
+    """One kwok GPU node (8 GPUs, 2 NUMA nodes) for workloads that never run: GPU jobs, HPA targets."""
+    gpus = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": f"GPU-installed-{i}"} for i in range(8)}
+    add_gpu_nodes(installed.cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8, topology=gpus)])
+    return "gpu-kwok-0"
+
+
+def test_the_hpa_scales_on_a_metric_the_adapter_pod_serves(installed: Installed, kwok_node: str) -> None:
+    """kube-controller-manager's HPA reads http_requests_per_second through the aggregator from the adapter
+    pods and scales a Deployment (on the kwok node; its pods never run)."""
+    cluster = installed.cluster
+    restricted = {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    web = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "nodeName": kwok_node,
+                    "containers": [
+                        {"name": "web", "image": "registry.invalid/web:1", "securityContext": restricted}
+                    ],
+                },
+            },
+        },
+    }
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {"name": "http_requests_per_second"},
+                        "target": {"type": "Value", "value": "1m"},
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply(web, hpa)
+    t0 = time.monotonic()
+    try:
+
+        def scaled() -> Obj | None:
+            doc = cluster.get_json("hpa", "web", "-n", NS)
+            return doc if (doc.get("status") or {}).get("desiredReplicas") == 3 else None
+
+        status = poll(scaled, timeout=90, interval=1, what="the HPA at 3 replicas")["status"]
+        installed.numbers["hpa_scaled_after_s"] = round(time.monotonic() - t0, 1)
+        value = status["currentMetrics"][0]["external"]["current"]["value"]
+        print(
+            f"\n[installed] HPA desired 3 replicas on http_requests_per_second={value} from the adapter pods"
+        )
+        poll(
+            lambda: cluster.get_json("deployment", "web", "-n", NS)["spec"]["replicas"] == 3,
+            timeout=30,
+            what="the Deployment scaled to 3",
+        )
+    finally:
+        cluster.kubectl("delete", "hpa,deployment", "web", "-n", NS, "--wait=false", check=False)
+
+
 def _chart_scheduler_config(inst: Installed) -> Obj:
     """The chart's KubeSchedulerConfiguration (scheduler.enabled) for the test bed's kube-scheduler.
 
@@ -324,10 +404,10 @@ def _chart_scheduler_config(inst: Installed) -> Obj:
     return config
 
 
-def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Installed) -> None:
+def test_kube_scheduler_calls_the_extender_in_the_controller_pod(
+    installed: Installed, kwok_node: str
+) -> None:
     cluster = installed.cluster
-    gpus = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": f"GPU-installed-{i}"} for i in range(8)}
-    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8, topology=gpus)])
     config = _chart_scheduler_config(installed)
     assert config["extenders"][0]["bindVerb"] == "bind"
     original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
@@ -355,7 +435,7 @@ def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Inst
                 f"{exc}\nevents:\n{events}\ncontroller:\n{logs[-3000:]}\nscheduler:\n{sched}"
             ) from exc
         installed.numbers["gpu_pod_create_to_bound_s"] = round(time.monotonic() - t0, 1)
-        assert placed["spec"]["nodeName"] == "gpu-kwok-0"
+        assert placed["spec"]["nodeName"] == kwok_node
         # Only the extender's bind writes the GPU set before binding (the default binder never does).
         ids = placed["metadata"].get("annotations", {}).get("gpuwarden.io/gpu-ids", "")
         assert len(ids.split(",")) == 2, placed["metadata"].get("annotations")
