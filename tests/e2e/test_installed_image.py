@@ -161,7 +161,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     config = ClusterConfig(
         name=f"gw-installed-{os.getpid()}",
         workdir=workdir / "kwok",
-        real_nodes=[RealNodeSpec(name=NODE, images=[image.archive])],
+        real_nodes=[RealNodeSpec(name=NODE, images=[image.archive], standard_pod_resources_path=True)],
         pod_network=True,
     )
     cluster = Cluster.create(config, Binaries.locate())
@@ -505,6 +505,62 @@ def test_helm_upgrade_with_a_changed_value_rolls_the_pods(installed: Installed) 
     after = {p["metadata"]["name"] for p in pods}
     assert before.isdisjoint(after), (before, after)
     assert all(p["metadata"]["annotations"].get("gpuwarden-e2e/rolled") == "yes" for p in pods)
+
+
+NODE_NS = "gw-installed-node"
+UUIDS = [f"GPU-1a5a11ed-0000-0000-0000-00000000000{i}" for i in range(8)]
+
+
+def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_path: Path) -> None:
+    """`helm upgrade` turning on the node agent in enforce mode: its pod on the real node publishes the GPU
+    topology (from the chart's topology value: this machine has no GPU) and registers with the kubelet as the
+    device plugin for nvidia.com/gpu, so the Node offers those GPUs."""
+    cluster = installed.cluster
+    topology = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": UUIDS[i]} for i in range(8)}
+    values = {
+        "nodeAgent": {
+            "enabled": True,
+            "devicePlugin": True,
+            "namespace": NODE_NS,
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "topology": topology,
+        }
+    }
+    (tmp_path / "node-agent.yaml").write_text(yaml.safe_dump(values))
+    t0 = time.monotonic()
+    done = helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "-f", str(tmp_path / "node-agent.yaml"),
+        cluster=cluster,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def agent_ready() -> Obj | None:
+        pods = cluster.get_json("pods", "-n", NODE_NS)["items"]
+        return pods[0] if len(pods) == 1 and _ready(pods[0]) else None
+
+    try:
+        pod = poll(agent_ready, timeout=120, interval=1, what="the node agent pod Ready")
+    except TimeoutError as exc:
+        logs = cluster.kubectl(
+            "logs", "-n", NODE_NS, "-l", "app.kubernetes.io/component=node-agent", check=False
+        )
+        events = cluster.kubectl("get", "events", "-n", NODE_NS, check=False)
+        raise AssertionError(f"{exc}\nlogs:\n{logs[-3000:]}\nevents:\n{events[-3000:]}") from exc
+    assert pod["spec"]["nodeName"] == NODE
+    assert pod["status"]["containerStatuses"][0]["image"] == installed.image.ref
+
+    def offered() -> Obj | None:
+        node = cluster.get_json("node", NODE)
+        return node if (node["status"].get("allocatable") or {}).get("nvidia.com/gpu") == "8" else None
+
+    node = poll(offered, timeout=60, interval=1, what="nvidia.com/gpu: 8 allocatable on the real node")
+    installed.numbers["node_agent_upgrade_to_gpus_offered_s"] = round(time.monotonic() - t0, 1)
+    created, _ = _start_to_ready(pod)
+    installed.numbers["node_agent_pod_created_to_ready_s"] = round(created, 1)
+    installed.numbers["node_agent_rss_mib"] = round(_pod_rss_mib(pod["metadata"]["uid"]), 1)
+    published = json.loads(node["metadata"]["annotations"]["gpuwarden.io/gpu-topology"])
+    assert {a["uuid"] for a in published.values()} == set(UUIDS)
 
 
 CLUSTER_SCOPED = (
