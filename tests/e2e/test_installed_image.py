@@ -14,12 +14,15 @@ that node, and everything else is what a cluster does with them:
 - the real HPA scales a Deployment on the external metric the adapter pods serve;
 - kube-scheduler, configured from the chart's scheduler config, calls the extender in the controller pods
   through its Service and binds a GPU pod (the extender's bind records the GPU set);
+- ``helm upgrade`` turning on the node agent: its pod registers its device plugin with the kubelet and a
+  GPU pod placed through the extender gets exactly the recorded GPUs in its container;
 - deleting the controller's leader pod hands the Lease to the other replica (time printed) while the
   extender, called through its Service, keeps answering;
 - ``helm upgrade`` with a changed value rolls the pods; ``helm uninstall`` leaves no cluster-wide object.
 
 Timings (pod start -> Ready, handover) and the pods' RSS are printed, never asserted. RSS is read from the
-node's /proc for the processes in each pod's cgroup, not through metrics.k8s.io (not proven here).
+node's /proc for the processes in each pod's cgroup, not through metrics.k8s.io (not proven here). The
+node agent's topology comes from the chart's ``nodeAgent.topology`` value: this machine has no GPU.
 
 Runs in a pytest process of its own (Makefile ``e2e``): it needs the machine's one real kubelet node with
 pod networking, which the session-wide ``node_cluster`` of the other modules also takes.
@@ -56,8 +59,11 @@ from harness.testbed import (
 from harness.testbed.product_image import ProductImage, ProductImageError, archive_path
 from harness.testbed.realnode import REAL_NODE_LABEL, RealNodeSpec
 from harness.testbed.relay import Relay
+from nodeagent.reconcile import GPU_IDS_ANNOTATION
 from tests.e2e.conftest import pod_manifest
 from tests.e2e.test_helm_chart import CHART, helm
+from tests.e2e.test_kubelet_node import create, tool_pod, wait_phase
+from tests.e2e.test_node_agent import visible_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -514,7 +520,8 @@ UUIDS = [f"GPU-1a5a11ed-0000-0000-0000-00000000000{i}" for i in range(8)]
 def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_path: Path) -> None:
     """`helm upgrade` turning on the node agent in enforce mode: its pod on the real node publishes the GPU
     topology (from the chart's topology value: this machine has no GPU) and registers with the kubelet as the
-    device plugin for nvidia.com/gpu, so the Node offers those GPUs."""
+    device plugin for nvidia.com/gpu, so the Node offers those GPUs; a GPU pod placed through the extender
+    gets exactly the GPUs the extender recorded."""
     cluster = installed.cluster
     topology = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": UUIDS[i]} for i in range(8)}
     values = {
@@ -560,7 +567,25 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
     installed.numbers["node_agent_pod_created_to_ready_s"] = round(created, 1)
     installed.numbers["node_agent_rss_mib"] = round(_pod_rss_mib(pod["metadata"]["uid"]), 1)
     published = json.loads(node["metadata"]["annotations"]["gpuwarden.io/gpu-topology"])
-    assert {a["uuid"] for a in published.values()} == set(UUIDS)
+    assert sorted(published) == sorted(UUIDS)  # ids are the device plugin's ids (uuid strategy)
+
+    # A 2-GPU pod placed by the chart's scheduler configuration: the extender in the controller pods records
+    # the GPU set, the node agent pod (the kubelet's device plugin) hands the container exactly that set.
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    cluster.restart_scheduler(_chart_scheduler_config(installed))
+    ns = "gw-installed-gpu"
+    ensure_namespace(cluster, ns)
+    try:
+        job = tool_pod("two", ["--env", "NVIDIA_VISIBLE_DEVICES", "--sleep", "0"], gpus=2)
+        job["spec"]["schedulerName"] = "gpuwarden-scheduler"
+        create(cluster, ns, job)
+        wait_phase(cluster, ns, "two", "Running", "Succeeded")
+        seen = visible_devices(cluster, ns, "two")
+        recorded = cluster.get_json("pod", "two", "-n", ns)["metadata"]["annotations"][GPU_IDS_ANNOTATION]
+        assert len(seen) == 2 and sorted(seen) == sorted(recorded.split(",")), (seen, recorded)
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.restart_scheduler(original)
 
 
 CLUSTER_SCOPED = (
