@@ -523,7 +523,17 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
     device plugin for nvidia.com/gpu, so the Node offers those GPUs; a GPU pod placed through the extender
     gets exactly the GPUs the extender recorded."""
     cluster = installed.cluster
-    topology = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": UUIDS[i]} for i in range(8)}
+    gpus = [
+        {
+            "index": i,
+            "uuid": uuid,
+            "pciBusId": f"0000:{0x10 + i:02x}:00.0",
+            "numa": i // 4,
+            "pcieSwitch": f"sw{i // 2}",
+            "nvlinkPeers": [f"0000:{0x10 + j:02x}:00.0" for j in range(8) if j // 4 == i // 4 and j != i],
+        }
+        for i, uuid in enumerate(UUIDS)
+    ]
     values = {
         "nodeAgent": {
             "enabled": True,
@@ -531,7 +541,7 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
             "namespace": NODE_NS,
             "nodeSelector": {REAL_NODE_LABEL: "true"},
             "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-            "topology": topology,
+            "topology": {"gpus": gpus},
         }
     }
     (tmp_path / "node-agent.yaml").write_text(yaml.safe_dump(values))
