@@ -523,6 +523,7 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
     device plugin for nvidia.com/gpu, so the Node offers those GPUs; a GPU pod placed through the extender
     gets exactly the GPUs the extender recorded."""
     cluster = installed.cluster
+    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     gpus = [
         {
             "index": i,
@@ -539,12 +540,16 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
             "enabled": True,
             "devicePlugin": True,
             "namespace": NODE_NS,
-            "nodeSelector": {REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [
+                *chart_defaults["nodeAgent"]["tolerations"],
+                {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"},
+            ],
             "topology": {"gpus": gpus},
         }
     }
     (tmp_path / "node-agent.yaml").write_text(yaml.safe_dump(values))
+    # The real node is a GPU node now, labelled as gpu-operator labels one (the chart's default nodeSelector).
+    cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
     t0 = time.monotonic()
     done = helm(
         "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "-f", str(tmp_path / "node-agent.yaml"),
