@@ -445,7 +445,10 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_pa
     assert done.returncode == 0, done.stderr
 
     def agent_ready() -> Obj | None:
-        pods = cluster.get_json("pods", "-n", NODE_NS)["items"]
+        # The DaemonSet also places a pod on the kwok GPU node (kwok plays it); ours is the real node's.
+        pods = [
+            p for p in cluster.get_json("pods", "-n", NODE_NS)["items"] if p["spec"].get("nodeName") == NODE
+        ]
         return pods[0] if len(pods) == 1 and ready(pods[0]) else None
 
     try:
