@@ -376,7 +376,9 @@ def test_leader_pod_deletion_hands_over_and_the_extender_keeps_answering(install
     installed.numbers["extender_answers_during_handover"] = f"{answered} ok / {failed} failed"
     print(f"\n[installed] leader {leader} deleted -> {taken} leads after {handover:.1f}s")
     print(f"[installed] extender through its Service during the handover: {answered} ok, {failed} failed")
-    assert any(p in taken for p in pods if p != leader), (taken, pods)
+    # Any live controller pod may win: the other replica, or the replacement the ReplicaSet starts at once.
+    live = [p["metadata"]["name"] for p in installed.pods("controller")]
+    assert any(p in taken for p in live if p != leader), (taken, live)
     assert answered > 0 and failed == 0, f"extender answered {answered}, failed {failed} during the handover"
     wait_release_ready(installed)
 
