@@ -55,6 +55,7 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Fixed by the kubelet (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 ``DevicePluginPath``)."""
 KUBELET_SOCKET = DEVICE_PLUGIN_DIR / "kubelet.sock"
 LOCK_PATH = Path("/var/lib/kubelet/gpuwarden-testbed.lock")
+STANDARD_POD_RESOURCES = Path("/var/lib/kubelet/pod-resources")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 """Debian's containernetworking-plugins install location."""
 REAL_NODE_LABEL = "gpuwarden.io/real-kubelet"
@@ -80,6 +81,9 @@ class RealNodeSpec:
     subnet: str = "10.244.250.0/24"
     ready_timeout: float = 120.0
     kubelet_verbosity: int = 2
+    standard_pod_resources_path: bool = False
+    """Also offer the PodResources socket at ``/var/lib/kubelet/pod-resources`` (a symlink to this node's),
+    where a DaemonSet's hostPath expects it (the chart's node agent); removed on stop."""
     images: Sequence[Path] = ()
     """OCI image archives imported beside the test bed's own two (e.g. the product image of ``make image``),
     each under the reference its ``index.json`` names."""
@@ -326,6 +330,8 @@ class RealNode:
             for d in (self.logs_dir, self.pod_logs_dir, self.kubelet_root):
                 d.mkdir(parents=True, exist_ok=True)
             self.node_ip = node_ip()
+            if self.spec.standard_pod_resources_path:
+                self._link_pod_resources()
             self._start_containerd()
             self.timings["containerd_s"] = time.monotonic() - t0
             p(f"containerd up in {self.timings['containerd_s']:.1f}s (socket {self.containerd_socket})")
@@ -346,6 +352,15 @@ class RealNode:
             self.stop()
             raise
         return self
+
+    def _link_pod_resources(self) -> None:
+        link = STANDARD_POD_RESOURCES
+        if link.is_symlink():
+            link.unlink()  # a stale one of an earlier node (we hold the machine's lock)
+        if link.exists():
+            raise RealNodeError(f"{link} exists and is not a test bed symlink; refusing to replace it")
+        (self.kubelet_root / "pod-resources").mkdir(parents=True, exist_ok=True)
+        link.symlink_to(self.kubelet_root / "pod-resources")
 
     def _take_lock(self) -> None:
         LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
@@ -750,6 +765,10 @@ class RealNode:
             (DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").unlink()
         with contextlib.suppress(OSError):
             KUBELET_SOCKET.unlink()
+        if STANDARD_POD_RESOURCES.is_symlink() and str(os.readlink(STANDARD_POD_RESOURCES)).startswith(
+            str(self.run_dir)
+        ):
+            STANDARD_POD_RESOURCES.unlink()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         self._lock = None

@@ -11,14 +11,18 @@ that node, and everything else is what a cluster does with them:
   through the node IP (a relay to the loopback-only test Prometheus);
 - the chart's APIServices become Available through the aggregator dialling the adapter Service, i.e. the
   adapter *pods* (kube-proxy again), and serve discovery and a metric read;
+- the real HPA scales a Deployment on the external metric the adapter pods serve;
 - kube-scheduler, configured from the chart's scheduler config, calls the extender in the controller pods
   through its Service and binds a GPU pod (the extender's bind records the GPU set);
+- ``helm upgrade`` turning on the node agent: its pod registers its device plugin with the kubelet and a
+  GPU pod placed through the extender gets exactly the recorded GPUs in its container;
 - deleting the controller's leader pod hands the Lease to the other replica (time printed) while the
   extender, called through its Service, keeps answering;
 - ``helm upgrade`` with a changed value rolls the pods; ``helm uninstall`` leaves no cluster-wide object.
 
 Timings (pod start -> Ready, handover) and the pods' RSS are printed, never asserted. RSS is read from the
-node's /proc for the processes in each pod's cgroup, not through metrics.k8s.io (not proven here).
+node's /proc for the processes in each pod's cgroup, not through metrics.k8s.io (not proven here). The
+node agent's topology comes from the chart's ``nodeAgent.topology`` value: this machine has no GPU.
 
 Runs in a pytest process of its own (Makefile ``e2e``): it needs the machine's one real kubelet node with
 pod networking, which the session-wide ``node_cluster`` of the other modules also takes.
@@ -29,14 +33,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -55,99 +54,30 @@ from harness.testbed import (
 from harness.testbed.product_image import ProductImage, ProductImageError, archive_path
 from harness.testbed.realnode import REAL_NODE_LABEL, RealNodeSpec
 from harness.testbed.relay import Relay
+from nodeagent.reconcile import GPU_IDS_ANNOTATION
 from tests.e2e.conftest import pod_manifest
+from tests.e2e.installed import (
+    APISERVICES,
+    NODE,
+    NS,
+    RELEASE,
+    Installed,
+    Obj,
+    chart_scheduler_config,
+    extender_answers,
+    kustomize_overlay,
+    lease_holder,
+    pod_rss_mib,
+    ready,
+    release_objects,
+    start_to_ready,
+    wait_release_ready,
+)
 from tests.e2e.test_helm_chart import CHART, helm
+from tests.e2e.test_kubelet_node import create, tool_pod, wait_phase
+from tests.e2e.test_node_agent import visible_devices
 
 pytestmark = pytest.mark.e2e
-
-NS = "gw-installed"
-RELEASE = "gpuwarden"
-NODE = "real-node-0"
-APISERVICES = (
-    "v1beta1.custom.metrics.k8s.io",
-    "v1beta2.custom.metrics.k8s.io",
-    "v1beta1.external.metrics.k8s.io",
-)
-Obj = dict[str, Any]
-
-
-@dataclass
-class Installed:
-    cluster: Cluster
-    image: ProductImage
-    prometheus_url: str
-    install_output: str
-    values: Path
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-    def kubectl_json(self, *args: str) -> Obj:
-        doc: Obj = json.loads(self.cluster.kubectl(*args, "-o", "json"))
-        return doc
-
-    def pods(self, component: str | None = None) -> list[Obj]:
-        selector = ["-l", f"app.kubernetes.io/component={component}"] if component else []
-        items = self.kubectl_json("get", "pods", "-n", NS, *selector)["items"]
-        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
-def _ready(pod: Obj) -> bool:
-    conds = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
-    return bool(conds.get("Ready", {}).get("status") == "True") and not pod["metadata"].get(
-        "deletionTimestamp"
-    )
-
-
-def _ts(value: str) -> float:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def _start_to_ready(pod: Obj) -> tuple[float, float]:
-    """(pod created -> Ready, container started -> Ready) in seconds, from the API's own timestamps."""
-    conds = {c["type"]: c for c in pod["status"]["conditions"]}
-    ready = _ts(conds["Ready"]["lastTransitionTime"])
-    started = _ts(pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
-    return ready - _ts(pod["metadata"]["creationTimestamp"]), ready - started
-
-
-def _pod_rss_mib(uid: str) -> float:
-    """Sum of VmRSS of the node's processes whose cgroup path names the pod (cgroupfs: pod<uid>)."""
-    total = 0
-    needle = f"pod{uid}"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle not in (entry / "cgroup").read_text():
-                continue
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-        total += int(m.group(1)) if m else 0
-    return total / 1024
-
-
-def _wait_release_ready(inst: Installed, timeout: float = 240) -> list[Obj]:
-    def all_ready() -> list[Obj] | None:
-        pods = inst.pods()
-        deployments = inst.kubectl_json("get", "deployments", "-n", NS)["items"]
-        want = sum(int(d["spec"]["replicas"]) for d in deployments)
-        updated = all(
-            (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"]
-            and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"]
-            for d in deployments
-        )
-        return pods if updated and len(pods) == want and all(_ready(p) for p in pods) else None
-
-    try:
-        return poll(all_ready, timeout=timeout, interval=1.0, what=f"every pod of release {RELEASE} Ready")
-    except TimeoutError as exc:
-        summary = [
-            (p["metadata"]["name"], p["status"].get("phase"), p["status"].get("containerStatuses"))
-            for p in inst.pods()
-        ]
-        events = inst.cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False)
-        raise AssertionError(f"{exc}\npods: {summary}\nevents:\n{events[-4000:]}") from exc
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +90,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     config = ClusterConfig(
         name=f"gw-installed-{os.getpid()}",
         workdir=workdir / "kwok",
-        real_nodes=[RealNodeSpec(name=NODE, images=[image.archive])],
+        real_nodes=[RealNodeSpec(name=NODE, images=[image.archive], standard_pod_resources_path=True)],
         pod_network=True,
     )
     cluster = Cluster.create(config, Binaries.locate())
@@ -210,7 +140,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         done = helm("install", RELEASE, str(CHART), "-n", NS, "-f", str(values), cluster=cluster, timeout=120)
         assert done.returncode == 0, done.stderr
         inst = Installed(cluster, image, relay.url, done.stdout + done.stderr, values)
-        _wait_release_ready(inst)
+        wait_release_ready(inst)
         inst.numbers["install_to_all_ready_s"] = round(time.monotonic() - t0, 1)
         yield inst
         print(f"\n[installed] numbers: {json.dumps(inst.numbers, sort_keys=True)}")
@@ -235,8 +165,8 @@ def test_pods_run_our_image_and_become_ready_through_their_probes(installed: Ins
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert container["livenessProbe"]["httpGet"]
     for component in ("adapter", "controller"):
-        times = [_start_to_ready(p) for p in installed.pods(component)]
-        rss = [_pod_rss_mib(p["metadata"]["uid"]) for p in installed.pods(component)]
+        times = [start_to_ready(p) for p in installed.pods(component)]
+        rss = [pod_rss_mib(p["metadata"]["uid"]) for p in installed.pods(component)]
         installed.numbers[f"{component}_pod_created_to_ready_s"] = [round(a, 1) for a, _ in times]
         installed.numbers[f"{component}_container_started_to_ready_s"] = [round(b, 1) for _, b in times]
         installed.numbers[f"{component}_rss_mib"] = [round(r, 1) for r in rss]
@@ -299,35 +229,90 @@ def test_apiservices_available_through_the_adapter_pods(installed: Installed) ->
     assert values["items"][0]["metricName"] == "http_requests_per_second"
 
 
-def _chart_scheduler_config(inst: Installed) -> Obj:
-    """The chart's KubeSchedulerConfiguration (scheduler.enabled) for the test bed's kube-scheduler.
-
-    Two changes, both because that kube-scheduler is a host process and not the chart's pod: the extender's
-    Service is dialled at its ClusterIP (kube-proxy routes it to a controller pod; the host has no cluster
-    DNS), and the default profile is kept beside gpuwarden-scheduler (it schedules everything else here).
-    """
-    done = helm(
-        "template", RELEASE, str(CHART), "-n", NS, "-f", str(inst.values), "--set", "scheduler.enabled=true"
-    )
-    assert done.returncode == 0, done.stderr
-    configmap = next(
-        d
-        for d in yaml.safe_load_all(done.stdout)
-        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuwarden-scheduler-config"
-    )
-    config: Obj = yaml.safe_load(configmap["data"]["config.yaml"])
-    ip = inst.cluster.get_json("service", "gpuwarden-controller", "-n", NS)["spec"]["clusterIP"]
-    for ext in config["extenders"]:
-        ext["urlPrefix"] = ext["urlPrefix"].replace(f"gpuwarden-controller.{NS}.svc", ip)
-    config["leaderElection"] = {"leaderElect": False}
-    config["profiles"] = [{"schedulerName": "default-scheduler"}, *config["profiles"]]
-    return config
+@pytest.fixture(scope="module")
+def kwok_node(installed: Installed) -> str:
+    """One kwok GPU node (8 GPUs, 2 NUMA nodes) for workloads that never run: GPU jobs, HPA targets."""
+    gpus = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "uuid": f"GPU-installed-{i}"} for i in range(8)}
+    add_gpu_nodes(installed.cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8, topology=gpus)])
+    return "gpu-kwok-0"
 
 
-def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Installed) -> None:
+def test_the_hpa_scales_on_a_metric_the_adapter_pod_serves(installed: Installed, kwok_node: str) -> None:
+    """kube-controller-manager's HPA reads http_requests_per_second through the aggregator from the adapter
+    pods and scales a Deployment (on the kwok node; its pods never run)."""
     cluster = installed.cluster
-    add_gpu_nodes(cluster, [GpuNodeSpec(name="gpu-kwok-0", gpus=8)])
-    config = _chart_scheduler_config(installed)
+    restricted = {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    web = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "nodeName": kwok_node,
+                    "containers": [
+                        {"name": "web", "image": "registry.invalid/web:1", "securityContext": restricted}
+                    ],
+                },
+            },
+        },
+    }
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {"name": "http_requests_per_second"},
+                        "target": {"type": "Value", "value": "1m"},
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply(web, hpa)
+    t0 = time.monotonic()
+    try:
+
+        def scaled() -> Obj | None:
+            doc = cluster.get_json("hpa", "web", "-n", NS)
+            return doc if (doc.get("status") or {}).get("desiredReplicas") == 3 else None
+
+        status = poll(scaled, timeout=90, interval=1, what="the HPA at 3 replicas")["status"]
+        installed.numbers["hpa_scaled_after_s"] = round(time.monotonic() - t0, 1)
+        value = status["currentMetrics"][0]["external"]["current"]["value"]
+        print(
+            f"\n[installed] HPA desired 3 replicas on http_requests_per_second={value} from the adapter pods"
+        )
+        poll(
+            lambda: cluster.get_json("deployment", "web", "-n", NS)["spec"]["replicas"] == 3,
+            timeout=30,
+            what="the Deployment scaled to 3",
+        )
+    finally:
+        cluster.kubectl("delete", "hpa,deployment", "web", "-n", NS, "--wait=false", check=False)
+
+
+def test_kube_scheduler_calls_the_extender_in_the_controller_pod(
+    installed: Installed, kwok_node: str
+) -> None:
+    cluster = installed.cluster
+    config = chart_scheduler_config(installed)
     assert config["extenders"][0]["bindVerb"] == "bind"
     original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
     cluster.restart_scheduler(config)
@@ -342,9 +327,19 @@ def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Inst
             doc = cluster.get_json("pod", "gpu-job", "-n", ns)
             return doc if doc["spec"].get("nodeName") else None
 
-        placed = poll(bound, timeout=60, what="the GPU pod bound")
+        try:
+            placed = poll(bound, timeout=60, what="the GPU pod bound")
+        except TimeoutError as exc:
+            events = cluster.kubectl("get", "events", "-n", ns, check=False)
+            logs = cluster.kubectl(
+                "logs", "-n", NS, "-l", "app.kubernetes.io/component=controller", check=False
+            )
+            sched = cluster.logs("kube-scheduler").read_text(errors="replace").splitlines()[-15:]
+            raise AssertionError(
+                f"{exc}\nevents:\n{events}\ncontroller:\n{logs[-3000:]}\nscheduler:\n{sched}"
+            ) from exc
         installed.numbers["gpu_pod_create_to_bound_s"] = round(time.monotonic() - t0, 1)
-        assert placed["spec"]["nodeName"] == "gpu-kwok-0"
+        assert placed["spec"]["nodeName"] == kwok_node
         # Only the extender's bind writes the GPU set before binding (the default binder never does).
         ids = placed["metadata"].get("annotations", {}).get("gpuwarden.io/gpu-ids", "")
         assert len(ids.split(",")) == 2, placed["metadata"].get("annotations")
@@ -353,39 +348,26 @@ def test_kube_scheduler_calls_the_extender_in_the_controller_pod(installed: Inst
         cluster.restart_scheduler(original)
 
 
-def _lease_holder(cluster: Cluster) -> str:
-    lease = cluster.get_json("lease", "gpuwarden-controller", "-n", NS)
-    return str((lease.get("spec") or {}).get("holderIdentity") or "")
-
-
-def _extender_answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-            return int(resp.status) == 200
-    except OSError:
-        return False
-
-
 def test_leader_pod_deletion_hands_over_and_the_extender_keeps_answering(installed: Installed) -> None:
     cluster = installed.cluster
-    holder = poll(lambda: _lease_holder(cluster), timeout=60, what="a controller leader")
+    holder = poll(lambda: lease_holder(cluster), timeout=60, what="a controller leader")
     pods = [p["metadata"]["name"] for p in installed.pods("controller")]
     leader = next((p for p in pods if p in holder), None)
     assert leader is not None, (holder, pods)
     service = cluster.get_json("service", "gpuwarden-controller", "-n", NS)
     url = f"http://{service['spec']['clusterIP']}:8888"
-    assert _extender_answers(url), "the extender Service does not answer before the handover"
+    assert extender_answers(url), "the extender Service does not answer before the handover"
     t0 = time.monotonic()
     cluster.kubectl("delete", "pod", "-n", NS, leader, "--wait=false")
     answered, failed = 0, 0
 
     def new_holder() -> str | None:
         nonlocal answered, failed
-        if _extender_answers(url):
+        if extender_answers(url):
             answered += 1
         else:
             failed += 1
-        h = _lease_holder(cluster)
+        h = lease_holder(cluster)
         return h if h and leader not in h else None
 
     taken = poll(new_holder, timeout=90, interval=0.2, what="the Lease held by another controller pod")
@@ -394,9 +376,11 @@ def test_leader_pod_deletion_hands_over_and_the_extender_keeps_answering(install
     installed.numbers["extender_answers_during_handover"] = f"{answered} ok / {failed} failed"
     print(f"\n[installed] leader {leader} deleted -> {taken} leads after {handover:.1f}s")
     print(f"[installed] extender through its Service during the handover: {answered} ok, {failed} failed")
-    assert any(p in taken for p in pods if p != leader), (taken, pods)
+    # Any live controller pod may win: the other replica, or the replacement the ReplicaSet starts at once.
+    live = [p["metadata"]["name"] for p in installed.pods("controller")]
+    assert any(p in taken for p in live if p != leader), (taken, live)
     assert answered > 0 and failed == 0, f"extender answered {answered}, failed {failed} during the handover"
-    _wait_release_ready(installed)
+    wait_release_ready(installed)
 
 
 def test_helm_upgrade_with_a_changed_value_rolls_the_pods(installed: Installed) -> None:
@@ -409,89 +393,134 @@ def test_helm_upgrade_with_a_changed_value_rolls_the_pods(installed: Installed) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     t0 = time.monotonic()
-    pods = _wait_release_ready(installed)
+    pods = wait_release_ready(installed)
     installed.numbers["upgrade_roll_s"] = round(time.monotonic() - t0, 1)
     after = {p["metadata"]["name"] for p in pods}
     assert before.isdisjoint(after), (before, after)
     assert all(p["metadata"]["annotations"].get("gpuwarden-e2e/rolled") == "yes" for p in pods)
 
 
-CLUSTER_SCOPED = (
-    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations"
-)
+NODE_NS = "gw-installed-node"
 
 
-def _release_objects(cluster: Cluster) -> list[str]:
-    out = cluster.kubectl(
-        "get", CLUSTER_SCOPED, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name", check=False
-    )
-    return out.split()
+UUIDS = [f"GPU-1a5a11ed-0000-0000-0000-00000000000{i}" for i in range(8)]
+
+
+def test_node_agent_pod_registers_its_device_plugin(installed: Installed, tmp_path: Path) -> None:
+    """`helm upgrade` turning on the node agent in enforce mode: its pod on the real node publishes the GPU
+    topology (from the chart's topology value: this machine has no GPU) and registers with the kubelet as the
+    device plugin for nvidia.com/gpu, so the Node offers those GPUs; a GPU pod placed through the extender
+    gets exactly the GPUs the extender recorded."""
+    cluster = installed.cluster
+    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    gpus = [
+        {
+            "index": i,
+            "uuid": uuid,
+            "pciBusId": f"0000:{0x10 + i:02x}:00.0",
+            "numa": i // 4,
+            "pcieSwitch": f"sw{i // 2}",
+            "nvlinkPeers": [f"0000:{0x10 + j:02x}:00.0" for j in range(8) if j // 4 == i // 4 and j != i],
+        }
+        for i, uuid in enumerate(UUIDS)
+    ]
+    values = {
+        "nodeAgent": {
+            "enabled": True,
+            "devicePlugin": True,
+            "namespace": NODE_NS,
+            "tolerations": [
+                *chart_defaults["nodeAgent"]["tolerations"],
+                {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"},
+            ],
+            "topology": {"gpus": gpus},
+        }
+    }
+    (tmp_path / "node-agent.yaml").write_text(yaml.safe_dump(values))
+    # The real node is a GPU node now, labelled as gpu-operator labels one (the chart's default nodeSelector).
+    cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
+    t0 = time.monotonic()
+    done = helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "-f", str(tmp_path / "node-agent.yaml"),
+        cluster=cluster,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def agent_ready() -> Obj | None:
+        # The DaemonSet also places a pod on the kwok GPU node (kwok plays it); ours is the real node's.
+        pods = [
+            p for p in cluster.get_json("pods", "-n", NODE_NS)["items"] if p["spec"].get("nodeName") == NODE
+        ]
+        return pods[0] if len(pods) == 1 and ready(pods[0]) else None
+
+    try:
+        pod = poll(agent_ready, timeout=120, interval=1, what="the node agent pod Ready")
+    except TimeoutError as exc:
+        logs = cluster.kubectl(
+            "logs", "-n", NODE_NS, "-l", "app.kubernetes.io/component=node-agent", check=False
+        )
+        events = cluster.kubectl("get", "events", "-n", NODE_NS, check=False)
+        raise AssertionError(f"{exc}\nlogs:\n{logs[-3000:]}\nevents:\n{events[-3000:]}") from exc
+    assert pod["spec"]["nodeName"] == NODE
+    assert pod["status"]["containerStatuses"][0]["image"] == installed.image.ref
+
+    def offered() -> Obj | None:
+        node = cluster.get_json("node", NODE)
+        return node if (node["status"].get("allocatable") or {}).get("nvidia.com/gpu") == "8" else None
+
+    node = poll(offered, timeout=60, interval=1, what="nvidia.com/gpu: 8 allocatable on the real node")
+    installed.numbers["node_agent_upgrade_to_gpus_offered_s"] = round(time.monotonic() - t0, 1)
+    created, _ = start_to_ready(pod)
+    installed.numbers["node_agent_pod_created_to_ready_s"] = round(created, 1)
+    installed.numbers["node_agent_rss_mib"] = round(pod_rss_mib(pod["metadata"]["uid"]), 1)
+    published = json.loads(node["metadata"]["annotations"]["gpuwarden.io/gpu-topology"])
+    assert sorted(published) == sorted(UUIDS)  # ids are the device plugin's ids (uuid strategy)
+
+    # A 2-GPU pod placed by the chart's scheduler configuration: the extender in the controller pods records
+    # the GPU set, the node agent pod (the kubelet's device plugin) hands the container exactly that set.
+    original = yaml.safe_load(Path(cluster.scheduler_config_path()).read_text())
+    cluster.restart_scheduler(chart_scheduler_config(installed))
+    ns = "gw-installed-gpu"
+    ensure_namespace(cluster, ns)
+    try:
+        job = tool_pod("two", ["--env", "NVIDIA_VISIBLE_DEVICES", "--sleep", "0"], gpus=2)
+        job["spec"]["schedulerName"] = "gpuwarden-scheduler"
+        create(cluster, ns, job)
+        wait_phase(cluster, ns, "two", "Running", "Succeeded")
+        seen = visible_devices(cluster, ns, "two")
+        recorded = cluster.get_json("pod", "two", "-n", ns)["metadata"]["annotations"][GPU_IDS_ANNOTATION]
+        assert len(seen) == 2 and sorted(seen) == sorted(recorded.split(",")), (seen, recorded)
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.restart_scheduler(original)
 
 
 def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed) -> None:
     cluster = installed.cluster
-    before = _release_objects(cluster)
+    before = release_objects(cluster)
     assert any(o.startswith("apiservice") for o in before), before
     assert any(o.startswith("clusterrole") for o in before), before
     done = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s", cluster=cluster, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert _release_objects(cluster) == []
+    assert release_objects(cluster) == []
     poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
-
-
-def _kustomize_overlay(inst: Installed, directory: Path) -> Path:
-    """deploy/base as a user would adapt it: their Prometheus URL, and the test bed's real node."""
-    base = CHART.parent.parent / "base"
-    configmap = yaml.safe_load((base / "configmap.yaml").read_text())
-    config = yaml.safe_load(configmap["data"]["config.yaml"])
-    config["prometheus"]["url"] = inst.prometheus_url
-    configmap["data"]["config.yaml"] = yaml.safe_dump(config, sort_keys=False)
-    placement = {
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeSelector": {REAL_NODE_LABEL: "true"},
-                    "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                }
-            }
-        }
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "configmap.yaml").write_text(yaml.safe_dump(configmap))
-    patches = [{"path": "configmap.yaml"}]
-    for name in ("gpuwarden-adapter", "gpuwarden-controller"):
-        doc = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": "gpuwarden"},
-        }
-        (directory / f"{name}.yaml").write_text(yaml.safe_dump({**doc, **placement}))
-        patches.append({"path": f"{name}.yaml"})
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [str(base)],
-        "patches": patches,
-    }
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return directory
 
 
 def test_kustomize_base_installs_the_same_image(installed: Installed, tmp_path: Path) -> None:
     """After the Helm release is gone: `kubectl apply -k` of deploy/base (the user's Prometheus, our node)."""
     cluster = installed.cluster
-    assert _release_objects(cluster) == [], "run after the helm uninstall test (same APIService names)"
-    overlay = _kustomize_overlay(installed, tmp_path / "overlay")
+    assert release_objects(cluster) == [], "run after the helm uninstall test (same APIService names)"
+    overlay = kustomize_overlay(installed, tmp_path / "overlay")
     t0 = time.monotonic()
     out = cluster.kubectl("apply", "-k", str(overlay), timeout=120)
     assert "apiservice.apiregistration.k8s.io/v1beta1.custom.metrics.k8s.io" in out, out
 
-    def ready() -> list[Obj] | None:
+    def all_four_ready() -> list[Obj] | None:
         pods = cluster.get_json("pods", "-n", "gpuwarden")["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        return live if len(live) == 4 and all(_ready(p) for p in live) else None
+        return live if len(live) == 4 and all(ready(p) for p in live) else None
 
-    pods = poll(ready, timeout=240, interval=1.0, what="the kustomize base's 4 pods Ready")
+    pods = poll(all_four_ready, timeout=240, interval=1.0, what="the kustomize base's 4 pods Ready")
     installed.numbers["kustomize_apply_to_ready_s"] = round(time.monotonic() - t0, 1)
     assert {p["status"]["containerStatuses"][0]["image"] for p in pods} == {installed.image.ref}
     for name in APISERVICES:
