@@ -266,6 +266,7 @@ class RealNode:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._cmds: dict[str, list[str]] = {}
         self._netns_before: set[str] = set()
+        self._kubelet_chains_before: set[tuple[str, str]] = set()
         self._stopped = False
         self.timings: dict[str, float] = {}
         self.node_ip = ""
@@ -327,6 +328,7 @@ class RealNode:
                 raise RealNodeError("cannot run a real kubelet node here: " + "; ".join(problems))
             self._take_lock()
             self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+            self._kubelet_chains_before = _kubelet_chains()
             for d in (self.logs_dir, self.pod_logs_dir, self.kubelet_root):
                 d.mkdir(parents=True, exist_ok=True)
             self.node_ip = node_ip()
@@ -759,6 +761,7 @@ class RealNode:
                 if ns.startswith("cni-"):
                     subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", self.spec.bridge], capture_output=True, check=False)
+        _remove_kubelet_chains(_kubelet_chains() - self._kubelet_chains_before)
         self._remove_pod_cgroups()
         # The kubelet's checkpoint of device allocations would be restored by the next test bed kubelet.
         with contextlib.suppress(OSError):
@@ -825,3 +828,39 @@ class RealNode:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+"""iptables chains the kubelet itself creates (its localnet firewall and canaries); kube-proxy --cleanup
+leaves them."""
+
+
+def _kubelet_chains() -> set[tuple[str, str]]:
+    """(table, chain) of the kubelet's chains present now; empty where iptables is missing."""
+    found: set[tuple[str, str]] = set()
+    for table in ("filter", "nat", "mangle"):
+        try:
+            out = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False)
+        except OSError:
+            return set()
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "-N" and parts[1] in KUBELET_CHAINS:
+                found.add((table, parts[1]))
+    return found
+
+
+def _remove_kubelet_chains(chains: set[tuple[str, str]]) -> None:
+    """Unhook, flush and delete the chains this node's kubelet created (none that existed before it)."""
+    for table, chain in sorted(chains):
+        for hook in ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"):
+            while (
+                subprocess.run(
+                    ["iptables", "-t", table, "-D", hook, "-j", chain], capture_output=True, check=False
+                ).returncode
+                == 0
+            ):
+                pass
+        subprocess.run(["iptables", "-t", table, "-F", chain], capture_output=True, check=False)
+    for table, chain in sorted(chains):
+        subprocess.run(["iptables", "-t", table, "-X", chain], capture_output=True, check=False)
