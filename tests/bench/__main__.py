@@ -1,7 +1,9 @@
 """`make bench`: run every `tests/bench/bench_*.py` module's `main()` in turn and print its numbers.
 
 Benchmarks print numbers; they never assert on time. Select some with `python -m tests.bench NAME ...`
-(e.g. `simulator`). Each benchmark bounds its own loops and talks only to loopback.
+(e.g. `simulator`). Each benchmark bounds its own loops and talks only to loopback. The run ends with one
+summary table of what the benchmarks recorded (`tests.bench.summary`): printed, and written as Markdown with
+the date and the machine to `.cache/bench/summary.md` for the README.
 """
 
 from __future__ import annotations
@@ -9,10 +11,17 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 import pkgutil
+import platform
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+
+from tests.bench import summary
+
+SUMMARY_MD = Path(__file__).resolve().parents[2] / ".cache" / "bench" / "summary.md"
 
 
 def _modules(selected: list[str]) -> list[str]:
@@ -21,6 +30,34 @@ def _modules(selected: list[str]) -> list[str]:
     if selected:
         names = [n for n in names if any(s in n for s in selected)]
     return names
+
+
+def _memory_bytes() -> int | None:
+    """MemTotal from /proc/meminfo; None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _write_summary(names: list[str]) -> None:
+    """Print the run's summary table and write its Markdown version with the date and machine."""
+    rows = summary.COLLECTOR.rows
+    print("\n=== summary ===", flush=True)
+    print(summary.render_text(rows), flush=True)
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    machine = summary.machine_line(date, platform.machine(), os.cpu_count(), _memory_bytes())
+    heading = [f"`make bench` summary, {machine} (benchmarks run: {', '.join(names)})"]
+    try:
+        SUMMARY_MD.parent.mkdir(parents=True, exist_ok=True)
+        SUMMARY_MD.write_text(summary.render_markdown(rows, heading))
+    except OSError as exc:
+        print(f"summary not written to {SUMMARY_MD}: {exc!r}", file=sys.stderr)
+        return
+    print(f"(Markdown for the README: {SUMMARY_MD})", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -32,15 +69,21 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== {name} ===", flush=True)
         start = time.perf_counter()
-        module = importlib.import_module(f"tests.bench.{name}")
+        bench = name.removeprefix("bench_")
         try:
+            module = importlib.import_module(f"tests.bench.{name}")
             result = module.main()
             if inspect.iscoroutine(result):
                 asyncio.run(result)
         except Exception as exc:  # a broken benchmark is reported, the others still run
             print(f"!!! {name} failed: {exc!r}", flush=True)
             failed.append(name)
+            summary.record_failure(bench, repr(exc))
+        else:
+            if bench not in summary.COLLECTOR.benches():
+                summary.record(bench, "ran, recorded no summary row", None, "")
         print(f"--- {name}: {time.perf_counter() - start:.1f}s", flush=True)
+    _write_summary(names)
     if failed:
         print(f"\nfailed benchmarks: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ from adapter.objects import LabelIndex
 from adapter.resources import PODS
 from gpuwarden.config.root import Config
 from harness.localprom import LocalPrometheus, backfill_openmetrics
+from tests.bench.summary import record
 
 POD_COUNT = int(os.environ.get("GPUWARDEN_BENCH_PODS", "10000"))
 HPAS = int(os.environ.get("GPUWARDEN_BENCH_HPAS", "1000"))
@@ -263,9 +264,40 @@ async def main() -> None:
     cache_q, direct_q = results[0]["prom_queries_per_min"], results[1]["prom_queries_per_min"]
     if cache_q:
         print(f"Prometheus queries: {direct_q / cache_q:.0f}x fewer with the cache")
+    summarize(results)
     if MEMORY_PODS:
         rss, peak, ready, count = await memory_at_50k()
         print(
             f"memory: the real adapter process holding {count} testbed pods: RSS {rss:.0f} MiB,"
             f" peak {peak:.0f} MiB (ready, pod cache synced, {ready:.1f}s after start)"
         )
+        record(
+            "adapter",
+            f"adapter process RSS holding {count:,} testbed pods",
+            rss,
+            "MiB",
+            goal="≤ 150 MiB (README)",
+            met=rss <= 150,
+        )
+
+
+def summarize(results: list[dict[str, Any]]) -> None:
+    """The cache mode against the per-request mode (a query per request, as prometheus-adapter does)."""
+    cache, direct = results
+    anchor = "per-request mode, same app"
+    record(
+        "adapter",
+        f"HPA rounds in-process, {POD_COUNT:,} pods: Prometheus queries/min",
+        cache["prom_queries_per_min"],
+        "queries/min",
+        anchor=anchor,
+        anchor_value=direct["prom_queries_per_min"],
+    )
+    record(
+        "adapter",
+        "HPA rounds in-process: request p99",
+        cache["round_p99_ms"],
+        "ms",
+        anchor=anchor,
+        anchor_value=direct["round_p99_ms"],
+    )

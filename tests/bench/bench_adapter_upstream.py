@@ -80,6 +80,7 @@ from harness.localprom import LocalPrometheus, backfill_openmetrics
 from harness.testbed import Cluster, ClusterConfig
 from harness.testbed.binaries import repo_root
 from tests.bench.bench_adapter import HPAS, NAMESPACES, POD_COUNT, WORKERS, pct, pods
+from tests.bench.summary import record
 
 ROUNDS = int(os.environ.get("GPUWARDEN_BENCH_ROUNDS", "4"))
 HORIZON_MIN = int(os.environ.get("GPUWARDEN_BENCH_HORIZON_MIN", "60"))
@@ -676,6 +677,54 @@ def report(results: list[Result], fleet: Fleet) -> None:
     print(f"requests/s: gpuwarden {ours.rps:.0f} vs prometheus-adapter {upstream.rps:.0f}")
 
 
+def summarize(results: list[Result], bench: str, what: str, queries_goal: float, source: str) -> None:
+    """The rows for the run summary, ours against prometheus-adapter in the same run (shared with
+    bench_resource_upstream). Goals: `queries_goal` x fewer queries (stated in `source`); p99 and RSS
+    from issue 29."""
+    ours, upstream = results
+    anchor = f"prometheus-adapter {UPSTREAM_VERSION}"
+    q_ours, q_up = ours.queries_per_min, upstream.queries_per_min
+    record(
+        bench,
+        f"{what}: Prometheus queries/min",
+        q_ours,
+        "queries/min",
+        anchor=anchor,
+        anchor_value=q_up,
+        goal=f"≥ {queries_goal:.0f}x fewer ({source})",
+        met=q_ours * queries_goal <= q_up,
+    )
+    p99_ours, p99_up = pct(ours.latencies, 0.99), pct(upstream.latencies, 0.99)
+    record(
+        bench,
+        f"{what}: request p99",
+        p99_ours,
+        "ms",
+        anchor=anchor,
+        anchor_value=p99_up,
+        goal="≤ 1/5 of the anchor's (issue 29)",
+        met=p99_ours * 5 <= p99_up,
+    )
+    record(
+        bench,
+        f"{what}: requests/s, {WORKERS} workers",
+        ours.rps,
+        "req/s",
+        anchor=anchor,
+        anchor_value=upstream.rps,
+    )
+    record(
+        bench,
+        f"{what}: adapter RSS after the load",
+        ours.rss_mib,
+        "MiB",
+        anchor=anchor,
+        anchor_value=upstream.rss_mib,
+        goal="≤ the anchor's (issue 29)",
+        met=ours.rss_mib <= upstream.rss_mib,
+    )
+
+
 async def main() -> None:
     fleet = pods()
     now = int(time.time())
@@ -734,3 +783,4 @@ async def main() -> None:
         )
     print(f"prometheus-adapter {UPSTREAM_VERSION} binary: {binary}")
     report(results, fleet)
+    summarize(results, "adapter_upstream", f"custom metrics, {len(fleet):,} pods", 500, "issue 29")

@@ -38,6 +38,7 @@ from gpuwarden.errors import KubeNotFound
 from gpuwarden.kube import EventRecorder, KubeClient
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import parse_scenario, start
+from tests.bench.summary import record
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
 GPUS = 8
@@ -122,6 +123,7 @@ def bench_decide() -> None:
     med, low = statistics.median(times) * 1000, min(times) * 1000
     print(f"decide: {NODES} nodes x {GPUS} GPUs: plan_quarantine median {med:.0f} ms (min {low:.0f}); "
           f"{len(plan.actions)} actions, {len(plan.skips)} skips")  # fmt: skip
+    record("health", f"plan_quarantine median, {NODES:,} nodes x {GPUS} GPUs (synthetic)", med, "ms")
 
 
 async def bench_observe_act(workdir: Path) -> None:
@@ -155,6 +157,10 @@ async def bench_observe_act(workdir: Path) -> None:
             f"observe: {NODES} nodes: {snap.queries} Prometheus queries per pass (constant), median "
             f"{statistics.median(times) * 1000:.0f} ms; {gpus} GPUs joined, ok={snap.prometheus_ok}"
         )
+        record(
+            "health", f"observe, real Prometheus, {NODES:,} nodes: queries per pass", snap.queries, "queries"
+        )
+        record("health", "observe median", statistics.median(times) * 1000, "ms")
         t0 = time.perf_counter()
         plan = plan_quarantine(snap, policy_from_config(cfg), snap.taken_at)
         decide_ms = (time.perf_counter() - t0) * 1000
@@ -218,6 +224,14 @@ async def bench_latency(workdir: Path, trials: int = 5) -> None:
         print(f"detection latency (first sample in Prometheus -> taint write), loop interval {interval:g}s: "
               f"median {statistics.median(latencies):.1f}s, max {max(latencies):.1f}s over {len(latencies)} "
               f"faults (goal <= {interval + 2:g}s)")  # fmt: skip
+        record(
+            "health",
+            f"detection latency, worst of {len(latencies)} faults",
+            max(latencies),
+            "s",
+            goal=f"≤ {interval + 2:g} s (loop interval + 2 s)",
+            met=max(latencies) <= interval + 2,
+        )
 
 
 async def main() -> None:

@@ -35,6 +35,7 @@ from gpuwarden.config.health_signals import SignalsConfig
 from gpuwarden.promtypes import Vector
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import parse_scenario, start
+from tests.bench.summary import record
 
 NODES = int(os.environ.get("GPUWARDEN_BENCH_NODES", "5000"))
 GPUS = 8
@@ -93,6 +94,7 @@ def bench_decide() -> None:
     now = time.time()
     base = synthetic(NODES, now)
     off = SignalsConfig.model_validate(OFF)
+    third: list[float] = []  # the third pass's median (debounce confirmed), before and after
     for label, policy in (
         ("before (signals off)", HealthPolicy(signals=off, breaker_max_absolute=500)),
         ("after (every signal on)", HealthPolicy(breaker_max_absolute=500)),
@@ -113,6 +115,15 @@ def bench_decide() -> None:
         print(f"decide {label}: {NODES} nodes x {GPUS} GPUs: plan_quarantine median per pass "
               f"{med[0]:.0f} / {med[1]:.0f} / {med[2]:.0f} ms; third pass: {quarantines} quarantines, "
               f"{degrades} degrades, {len(plan.skips)} skips")  # fmt: skip
+        third.append(med[2])
+    record(
+        "health_signals",
+        f"plan_quarantine, third pass, {NODES:,} nodes, every signal on",
+        third[1],
+        "ms",
+        anchor="same, every signal off",
+        anchor_value=third[0],
+    )
 
 
 def node_obj(name: str) -> dict[str, Any]:
@@ -139,6 +150,7 @@ async def bench_observe(workdir: Path) -> None:
             (await http.post(f"{sim.url}/control/faults", json=faults)).raise_for_status()
         await asyncio.sleep(35)  # two scrapes with the faults (rates need two samples)
         nodes = [node_obj(f"gpu-node-{i:03d}") for i in range(NODES)]
+        passes: list[tuple[int, float]] = []  # (queries per pass, median ms), before and after
         for label, cfg in (
             ("before (signals off)", HealthConfig.model_validate({"signals": OFF})),
             ("after (every signal on)", HealthConfig()),
@@ -167,6 +179,18 @@ async def bench_observe(workdir: Path) -> None:
                   f"{med:.0f} ms (min {low:.0f}); ok={snap.prometheus_ok}; decide {decide_ms:.0f} ms; "
                   f"signals holding: {held or 'none'}")  # fmt: skip
             print(f"  one query at a time (ms/series answered): {', '.join(each)}")
+            passes.append((snap.queries, med))
+        (q_off, ms_off), (q_on, ms_on) = passes
+        anchor = "same pass, every signal off"
+        record(
+            "health_signals",
+            f"observe, {NODES:,} nodes: queries per pass",
+            q_on,
+            "queries",
+            anchor=anchor,
+            anchor_value=q_off,
+        )
+        record("health_signals", "observe median", ms_on, "ms", anchor=anchor, anchor_value=ms_off)
         async with prom.client(timeout_seconds=60, retries=0) as client:
             for label, promql in ALTERNATIVES.items():  # cheaper forms of the rate query, measured
                 t0 = time.perf_counter()

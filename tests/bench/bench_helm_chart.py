@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from harness.testbed.binaries import repo_root
+from tests.bench.summary import record
 
 ROOT = repo_root()
 CHART = ROOT / "deploy" / "helm" / "gpuwarden"
@@ -50,3 +51,11 @@ def main() -> None:
     for name, args in cases.items():
         ms, n = _median_ms([str(helm), "template", "gpuwarden", str(CHART), "-n", "gpuwarden", *args])
         print(f"helm template, {name}: {ms:.0f} ms median, {n} objects, {ms / anchor:.2f}x the anchor")
+        record(
+            "helm_chart",
+            f"helm template, {name} ({n} objects): median",
+            ms,
+            "ms",
+            anchor=f"kubectl kustomize overlays/monitoring ({anchor_n} objects)",
+            anchor_value=anchor,
+        )

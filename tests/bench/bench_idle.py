@@ -30,6 +30,7 @@ from controller.idle.snapshot import build_snapshot
 from gpuwarden.config.root import Config
 from gpuwarden.promtypes import Sample, Vector
 from gpuwarden.wellknown import GPU_IDS
+from tests.bench.summary import record
 
 PODS = int(os.environ.get("GPUWARDEN_BENCH_IDLE_PODS", "40000"))
 NOW = 1_800_000_000.0
@@ -116,6 +117,22 @@ async def main() -> None:
           f"answer + decide + act), states {plan.counts}")  # fmt: skip
     budget = CONFIG.idle.max_marks_per_pass
     print(f"  {len(plan.marks)} reported (budget {budget}), {len(plan.deferred)} deferred")
+    record(
+        "idle",
+        f"one pass over {len(pods):,} GPU pods: Prometheus queries",
+        prom.queries,
+        "queries",
+        goal="exactly 1 (this bench)",
+        met=prom.queries == 1,
+    )
+    record(
+        "idle",
+        "one dry-run pass (in-memory answer)",
+        took,
+        "ms",
+        anchor="default pass interval",
+        anchor_value=CONFIG.idle.loop_interval_seconds * 1000,
+    )
 
     usage = read_usage(answer, CONFIG.idle.metric_labels)
     print(f"read_usage: {median_ms(lambda: read_usage(answer, CONFIG.idle.metric_labels)):.0f} ms median")

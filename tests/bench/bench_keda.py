@@ -37,6 +37,7 @@ from adapter.resources import PODS
 from gpuwarden.config.root import Config
 from gpuwarden.ports import free_port
 from harness.localprom import LocalPrometheus, scrape_target
+from tests.bench.summary import record
 
 ROOT = Path(__file__).resolve().parents[2]
 KEDACLIENT = Path(os.environ.get("GPUWARDEN_KEDACLIENT", ROOT / ".cache" / "kedaclient" / "kedaclient"))
@@ -242,6 +243,14 @@ async def main() -> None:
     print(
         f"  gpuwarden cache entries {entries}; Prometheus queries/min while they are kept fresh: {steady:.1f}"
     )
+    record(
+        "keda",
+        "GetMetricsAndActivity p99 (KEDA's scaler code)",
+        ours["p99Millis"],
+        "ms",
+        anchor="KEDA prometheus scaler",
+        anchor_value=theirs["p99Millis"],
+    )
     print(f"derived at KEDA's defaults for {SCALED_OBJECTS} ScaledObjects (Prometheus queries/min):")
     per_call = their_queries / max(theirs["calls"], 1)
     for label, calls in CALLS_PER_MIN.items():
@@ -249,6 +258,14 @@ async def main() -> None:
         print(
             f"  KEDA prometheus trigger, {label:<25} {theirs_per_min:>8.0f}   gpuwarden {steady:>6.1f}   "
             f"ratio {theirs_per_min / max(steady, 1e-9):,.0f}x"
+        )
+        record(
+            "keda",
+            f"{SCALED_OBJECTS:,} ScaledObjects: Prometheus queries/min (at KEDA's defaults)",
+            steady,
+            "queries/min",
+            anchor=f"KEDA prometheus trigger, {label} (derived)",
+            anchor_value=theirs_per_min,
         )
         their_cpu = SCALED_OBJECTS * calls * theirs["cpuSeconds"] / max(theirs["calls"], 1)
         our_cpu = SCALED_OBJECTS * calls * ours["cpuSeconds"] / max(ours["calls"], 1)

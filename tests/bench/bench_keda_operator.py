@@ -53,6 +53,7 @@ from harness.testbed import (
 from harness.testbed.nodes import GpuNodeSpec, add_gpu_nodes
 from harness.testbed.pki import make_ca, serving_cert_for_service
 from tests.bench.scheduler_e2e import cpu_seconds
+from tests.bench.summary import record
 from tests.e2e.conftest import BackgroundServer
 from tests.e2e.test_adapter_hpa import AdapterThread
 from tests.e2e.test_keda_e2e import KEDA_BIN, KEDA_NS, SERVICE, Process, keda_module_dir, write_keda_pki
@@ -255,6 +256,38 @@ def run_way(
     }
 
 
+def summarize(results: dict[str, dict[str, Any]]) -> None:
+    """The run summary's rows: each gpuwarden way against KEDA's prometheus trigger (with and without
+    useCachedMetrics) in Prometheus queries/min, as printed; operator CPU and read p99 for the preset."""
+    for ours in WAYS[2:]:
+        for way in WAYS[:2]:
+            record(
+                "keda_operator",
+                f"{OBJECTS:,} ScaledObjects, {ours}: Prometheus queries/min",
+                results[ours]["queries_per_min"],
+                "queries/min",
+                anchor=f"KEDA {way} trigger",
+                anchor_value=results[way]["queries_per_min"],
+            )
+    preset, theirs = results["gpuwarden preset"], results["prometheus"]
+    record(
+        "keda_operator",
+        "gpuwarden preset: KEDA operator CPU",
+        preset["operator_cpu_per_min"],
+        "s/min",
+        anchor="KEDA prometheus trigger",
+        anchor_value=theirs["operator_cpu_per_min"],
+    )
+    record(
+        "keda_operator",
+        "gpuwarden preset: external-metrics read p99",
+        preset["p99_ms"],
+        "ms",
+        anchor="KEDA prometheus trigger",
+        anchor_value=theirs["p99_ms"],
+    )
+
+
 def main() -> None:
     for binary in ("keda-operator", "keda-adapter"):
         if not (KEDA_BIN / binary).is_file():
@@ -411,6 +444,7 @@ def main() -> None:
                         f"  Prometheus load ratio {way} / {ours}: "
                         f"{results[way]['queries_per_min'] / max(g, 1e-9):,.1f}x"
                     )
+            summarize(results)
         finally:
             for p in processes:
                 p.stop()

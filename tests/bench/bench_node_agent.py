@@ -38,6 +38,7 @@ from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeagent.podresources import PodResourcesReader
 from nodeagent.reconcile import Allocation, PodRecord, decide
+from tests.bench.summary import record
 
 CALLS = int(os.environ.get("GPUWARDEN_BENCH_DP_CALLS", "2000"))
 PODS = 110
@@ -129,6 +130,14 @@ async def device_plugin_part(tmp: Path) -> None:
         g50, g99 = percentile(gw[call], 0.5) * 1e3, percentile(gw[call], 0.99) * 1e3
         n50, n99 = percentile(floor[call], 0.5) * 1e3, percentile(floor[call], 0.99) * 1e3
         print(f"  {call:24} {g50:14.3f} {g99:8.3f} {n50:10.3f} {n99:8.3f} {g99 / n99:9.2f}x")
+        record(
+            "node_agent",
+            f"device plugin {call}, unix-socket gRPC: p99",
+            g99,
+            "ms",
+            anchor="null device plugin, same transport",
+            anchor_value=n99,
+        )
 
 
 class FakePodResources(pr_grpc.PodResourcesListerServicer):
@@ -196,6 +205,12 @@ async def reconcile_part(tmp: Path) -> None:
     print(f"  decide (pure):        p50 {d50:8.1f} us, p99 {d99:8.1f} us")
     print(f"  full pass (List + GetAllocatable + decide): p50 {statistics.median(passes) * 1e3:.3f} ms, "
           f"p99 {percentile(passes, 0.99) * 1e3:.3f} ms, CPU {per_pass_cpu * 1e3:.3f} ms")  # fmt: skip
+    record(
+        "node_agent",
+        f"reconcile pass (List + GetAllocatable + decide), {PODS} pods: p99",
+        percentile(passes, 0.99) * 1e3,
+        "ms",
+    )
     # 100 pod events/s: the loop reads at most every min_read_interval (0.2 s) -> 5 passes/s.
     per_second = 5 * per_pass_cpu
     print(f"  at 100 pod events/s: 5 passes/s = {per_second * 1e3:.2f} ms CPU per second "
@@ -238,6 +253,9 @@ def process_idle(tmp: Path) -> None:
         proc.wait(timeout=10)
     print(f"node-agent process idle (API unreachable, topology from a file): alive={alive}, RSS {rss} MiB, "
           f"CPU {cpu * 1000 / 10:.1f} ms/s over 10 s")  # fmt: skip
+    record(
+        "node_agent", "node-agent process idle: RSS", rss, "MiB", goal="≤ 40 MiB (issue 29)", met=rss <= 40
+    )
 
 
 async def amain() -> None:

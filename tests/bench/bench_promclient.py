@@ -22,6 +22,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from harness.localprom import LocalPrometheus
+from tests.bench.summary import record
 
 PROMQL = "vector(1)"
 ROUND = 50  # queries per variant before switching to the next one
@@ -85,6 +86,14 @@ async def _run(queries: int) -> None:
         extra_mean = statistics.fmean(timings[name]) - base_mean
         extra_p50 = statistics.median(timings[name]) - base_p50
         print(f"overhead {name:<21} mean={extra_mean:+8.0f} µs  p50={extra_p50:+8.0f} µs")
+        record(
+            "promclient",
+            f"{name}, `{PROMQL}` over loopback: p50",
+            statistics.median(timings[name]),
+            "µs",
+            anchor="bare httpx GET + json",
+            anchor_value=base_p50,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

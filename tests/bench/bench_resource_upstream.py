@@ -54,6 +54,7 @@ from tests.bench.bench_adapter_upstream import (
     prom_scalar,
     quantity,
     running,
+    summarize,
     upstream_adapter,
     upstream_binary,
 )
@@ -348,3 +349,4 @@ async def main() -> None:
         )
     print(f"prometheus-adapter {UPSTREAM_VERSION} binary: {binary}")
     report(results, fleet)
+    summarize(results, "resource_upstream", f"metrics.k8s.io, {len(fleet):,} pods", 100, "this bench")

@@ -16,6 +16,7 @@ import aiohttp
 
 from harness.simulator import Simulator, build_app, load_scenario
 from harness.simulator.compression import gzip_chunks
+from tests.bench.summary import record
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "fleet-5000.yaml"
 
@@ -84,7 +85,15 @@ async def main() -> None:
                     t = time.perf_counter()
                     async with http.get(url, headers={"Accept-Encoding": encoding}) as resp:
                         size = len(await resp.read())
-                    _timed(f"HTTP /metrics {encoding}, {kind}", time.perf_counter() - t, _mb(size))
+                    took = time.perf_counter() - t
+                    _timed(f"HTTP /metrics {encoding}, {kind}", took, _mb(size))
+                    if encoding == "gzip" and kind == "new step":
+                        record(
+                            "simulator",
+                            f"HTTP /metrics gzip, new step, {len(fleet.nodes):,} nodes x 8 GPUs",
+                            took * 1000,
+                            "ms",
+                        )
             node = next(iter(fleet.nodes))
             node_url = str(server.make_url(f"/nodes/{node}/metrics"))
             times = []
