@@ -1,4 +1,4 @@
-"""`plan_quarantine(snapshot, policy, now) -> Plan`: the whole quarantine decision, as a pure function.
+"""`plan_quarantine(snapshot, policy, now) -> HealthPlan`: the whole quarantine decision, as a pure function.
 
 Why pure: the rules that keep a fleet safe — unknown data changes nothing, the circuit breaker, the healthy
 period, operator overrides — are exactly the rules that must be table-tested row by row, and replayed by
@@ -48,7 +48,7 @@ class _Work:
         self.skips.append(p.Skip(node, reason, message))
 
 
-def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.Plan:
+def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.HealthPlan:
     """Decide every quarantine, release, bookkeeping update and skip for this loop."""
     work = _Work()
     nodes = sorted(snapshot.nodes, key=lambda n: n.name)
@@ -72,7 +72,7 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
     for node, findings, keep in admitted:
         work.actions.append(_quarantine(node, findings, keep, policy, now))
     stats = Counter(a.kind for a in work.actions) + Counter(f"skip:{s.reason}" for s in work.skips)
-    return p.Plan(
+    return p.HealthPlan(
         now=now,
         dry_run=policy.dry_run,
         actions=tuple(sorted(work.actions, key=lambda a: (a.node, a.kind))),
