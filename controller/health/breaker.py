@@ -1,10 +1,10 @@
 """The quarantine circuit breaker: how many of this loop's candidates may be tainted, and its next state.
 
 Why it exists: a bad exporter rollout, a Prometheus relabelling mistake or a fleet-wide driver bug looks like
-a mass hardware fault. Safety rule 3 caps quarantines at `max(absolute, percent of GPU nodes)` at once and
-at N new per window; past that the breaker opens, nothing new is tainted, and it stays open until the trip
-condition has been clear for a hold time or an operator resets it. Its state lives in the API (see act.py),
-so a restart or a new leader does not silently close it.
+a mass hardware fault. Safety rule 3 (docs/architecture.md) caps quarantines at `max(absolute, percent of GPU
+nodes)` at once and at N new per window; past that the breaker opens, nothing new is tainted, and it stays
+open until the trip condition has been clear for a hold time or an operator resets it. Its state lives in the
+API (see act.py), so a restart or a new leader does not silently close it.
 
 What it must not do: no I/O, no clock reads, no knowledge of nodes — only counts in, a verdict out.
 Releases are never limited: lifting a quarantine is the safe direction.
