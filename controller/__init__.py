@@ -1,4 +1,5 @@
-"""The controller process: health quarantine, nominations, preemption throttle, extender (issues 5-7).
+"""The controller process: health quarantine, drain, nominations, make-room, idle GPUs, preemption throttle,
+extender (the rooms and floors: docs/architecture.md).
 
 Never imports `adapter`.
 """

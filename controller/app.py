@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from controller.drain.loop import DrainLoop
 from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
-from controller.gpus.feed import build_gpu_model
+from controller.gpus.feed import GpuModel, build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
 from controller.idle.decide import table_lines
 from controller.idle.loop import IdleLoop
@@ -225,6 +225,15 @@ def _ended(task: asyncio.Future[Any]) -> BaseException:
     return error if error is not None else RuntimeError("a cache or loop ended unexpectedly")
 
 
+async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel every task, then wait for each to end, however it ends."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
 async def run_loops(
     leading: asyncio.Event, stop: asyncio.Event, *, grace: float = PASS_GRACE_SECONDS, **loops: PeriodicLoop
 ) -> None:
@@ -253,11 +262,186 @@ async def run_loops(
         stopped.cancel()
         starting.cancel()
         await passes.stop()
-        for task in caches:
-            task.cancel()
-        for task in caches:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(caches)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the controller process runs, each built once: the shared node and live-pod informers, the GPU
+    model, the preemption throttle, the extender (None when it is off) and the leader-gated loops by pass
+    name, in the order their passes are scheduled."""
+
+    nodes: Informer
+    pods: Informer
+    gpus: GpuModel
+    throttle: PreemptionThrottle
+    extender: Extender | None
+    loops: dict[str, PeriodicLoop]
+
+    def jobs(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs on every replica, leader or not, until cancelled: the informers, the model's feed, the
+        throttle's observer and the extender."""
+        jobs = [self.nodes.run(), self.pods.run(), self.gpus.run(), self.throttle.run()]
+        if self.extender is not None:
+            jobs.append(self.extender.run())
+        return jobs
+
+
+def build_capabilities(
+    config: Config,
+    kube: KubeClient,
+    prom: PrometheusClient,
+    *,
+    registry: CollectorRegistry,
+    dry_run: bool | None,
+    identity: str,
+) -> Capabilities:
+    """One node informer and one live-pod informer (one list+watch stream each) serve every capability: the
+    GPU model (built once, whether or not the extender is on), quarantine, drain, nominations, make-room, the
+    idle loop and the preemption observer."""
+    k = config.kubernetes
+    page, timeout = k.list_page_size, int(k.watch_timeout_seconds)
+    nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
+    pods = Informer(kube, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
+    gpus = build_gpu_model(config, kube, prometheus=prom, nodes=nodes, pods=pods)
+    throttle = PreemptionThrottle(
+        config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods
+    )
+    if config.preemption.enabled:  # the preempt verb chooses victims with the GPU model
+        throttle.use_gpu_model(gpus.model, gpus.settings)
+    extender: Extender | None = None
+    if config.extender.enabled:
+        hook = throttle if config.preemption.enabled else passthrough_preemption
+        extender = build_extender(
+            config,
+            kube,
+            prometheus=prom,
+            registry=registry,
+            dry_run=bool(dry_run),
+            preempt_hook=hook,
+            instance=identity,
+            gpus=gpus,
+        )
+    loops = _build_loops(
+        config, kube, prom, gpus, throttle, nodes, pods, registry=registry, dry_run=dry_run, identity=identity
+    )
+    return Capabilities(nodes, pods, gpus, throttle, extender, loops)
+
+
+def _build_loops(
+    config: Config,
+    kube: KubeClient,
+    prom: PrometheusClient,
+    gpus: GpuModel,
+    throttle: PreemptionThrottle,
+    nodes: Informer,
+    pods: Informer,
+    *,
+    registry: CollectorRegistry,
+    dry_run: bool | None,
+    identity: str,
+) -> dict[str, PeriodicLoop]:
+    """The leader-gated loops by pass name, every one reading the shared `nodes` and `pods` informers. A
+    loop that is off in the config is built anyway; `PassScheduler.add` schedules nothing for it."""
+    room = RoomLoop(
+        config,
+        kube,
+        throttle=throttle,
+        model=gpus.model,
+        settings=gpus.settings,
+        nodes=nodes,
+        registry=registry,
+        dry_run=dry_run,
+        instance=identity,
+    )
+    health = HealthLoop(
+        config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes
+    )
+    nominations = NominationLoop(
+        config,
+        kube,
+        registry=registry,
+        dry_run=dry_run,
+        instance=identity,
+        pods=pods,
+        nodes=nodes,
+        model=gpus.model,
+        settings=gpus.settings,
+    )
+    idle = IdleLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods)
+    drain = DrainLoop(
+        config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods, nodes=nodes
+    )
+    # make-room's pass keeps the name it shipped with, `gpu-preemption` (docs/architecture.md)
+    return {
+        "health": health,
+        "nominations": nominations,
+        "drain": drain,
+        "gpu-preemption": room,
+        "idle": idle,
+    }
+
+
+def _leadership(
+    config: Config, kube: KubeClient, identity: str, registry: CollectorRegistry
+) -> tuple[asyncio.Event, LeaderElector | None]:
+    """The event the mutating passes are gated on, and the elector to run for it: the Lease's `is_leader`
+    when leader election is on; else an event set now (this replica always leads) and no elector."""
+    le = config.kubernetes.leader_election
+    if not le.enabled:
+        leading = asyncio.Event()
+        leading.set()
+        return leading, None
+    elector = LeaderElector(
+        kube,
+        name=le.lease_name,
+        namespace=le.lease_namespace or controller_namespace(config),
+        identity=identity,
+        durations=LeaseDurations(
+            le.lease_duration_seconds, le.renew_deadline_seconds, le.retry_period_seconds
+        ),
+        registry=registry,
+    )
+    return elector.is_leader, elector
+
+
+async def _serve(
+    config: Config,
+    registry: CollectorRegistry,
+    extender: Extender | None,
+    *,
+    identity: str,
+    dry_run: bool | None,
+) -> web.AppRunner:
+    """Start the one listener (the extender's routes when it is on, `/metrics`, the health probes); the
+    caller cleans the returned runner up."""
+    runner = web.AppRunner(
+        build_app(registry, extender),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=HTTP_GRACE_SECONDS,
+    )
+    await runner.setup()
+    ext = config.extender
+    await web.TCPSite(runner, ext.bind_address, ext.port, ssl_context=_tls_context(config)).start()
+    log.info(
+        "controller serving",
+        extra={"address": ext.bind_address, "port": ext.port, "identity": identity, "dry_run": dry_run},
+    )
+    return runner
+
+
+async def _until_stopped(stop: asyncio.Event, running: Sequence[asyncio.Future[Any]]) -> None:
+    """Return once `stop` is set; raise the error of any `running` job that ends first (they run until
+    cancelled, so one that ends has failed)."""
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait([*running, stopped], return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task is stopped:
+            continue
+        error = _ended(task)
+        log.error("controller loop failed; stopping", exc_info=error)
+        raise error
 
 
 async def run_controller(
@@ -270,134 +454,28 @@ async def run_controller(
 ) -> None:
     """Run every controller loop and the listener until `stop` is set or the task is cancelled.
 
-    One node informer and one live-pod informer (one list+watch stream each) serve every capability: the
-    GPU model (built once, whether or not the extender is on), quarantine, drain, nominations, make-room and
-    the preemption observer. Every replica runs them and the model: the extender answers on every replica.
+    Every replica runs the shared informers, the GPU model and the extender (`Capabilities.jobs`: the
+    extender answers on every replica); the mutating passes run only while this replica leads.
     """
     registry = registry if registry is not None else new_registry("controller")
     stop = stop or asyncio.Event()
-    le = config.kubernetes.leader_election
-    k = config.kubernetes
-    identity = le.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    identity = config.kubernetes.leader_election.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     async with (
         PrometheusClient(config.prometheus, registry=registry) as prom,
         kube_client(config, kubeconfig, registry) as kube,
     ):
-        page, timeout = k.list_page_size, int(k.watch_timeout_seconds)
-        nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
-        pods = Informer(kube, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
-        gpus = build_gpu_model(config, kube, prometheus=prom, nodes=nodes, pods=pods)
-        throttle = PreemptionThrottle(
-            config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods
-        )
-        if config.preemption.enabled:  # the preempt verb chooses victims with the GPU model
-            throttle.use_gpu_model(gpus.model, gpus.settings)
-        extender: Extender | None = None
-        if config.extender.enabled:
-            hook = throttle if config.preemption.enabled else passthrough_preemption
-            extender = build_extender(
-                config,
-                kube,
-                prometheus=prom,
-                registry=registry,
-                dry_run=bool(dry_run),
-                preempt_hook=hook,
-                instance=identity,
-                gpus=gpus,
-            )
-        room = RoomLoop(
-            config,
-            kube,
-            throttle=throttle,
-            model=gpus.model,
-            settings=gpus.settings,
-            nodes=nodes,
-            registry=registry,
-            dry_run=dry_run,
-            instance=identity,
-        )
-        health = HealthLoop(
-            config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, informer=nodes
-        )
-        nominations = NominationLoop(
-            config,
-            kube,
-            registry=registry,
-            dry_run=dry_run,
-            instance=identity,
-            pods=pods,
-            nodes=nodes,
-            model=gpus.model,
-            settings=gpus.settings,
-        )
-
-        idle = IdleLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods)
-        drain = DrainLoop(
-            config,
-            kube,
-            registry=registry,
-            dry_run=dry_run,
-            instance=identity,
-            pods=pods,
-            nodes=nodes,
-        )
-
-        leading = asyncio.Event()
-        elector: LeaderElector | None = None
-        election: asyncio.Future[None] | None = None
-        if le.enabled:
-            elector = LeaderElector(
-                kube,
-                name=le.lease_name,
-                namespace=le.lease_namespace or controller_namespace(config),
-                identity=identity,
-                durations=LeaseDurations(
-                    le.lease_duration_seconds, le.renew_deadline_seconds, le.retry_period_seconds
-                ),
-                registry=registry,
-            )
-            leading = elector.is_leader
-            election = asyncio.ensure_future(elector.run())
-        else:
-            leading.set()
-
+        built = build_capabilities(config, kube, prom, registry=registry, dry_run=dry_run, identity=identity)
+        leading, elector = _leadership(config, kube, identity, registry)
+        election = asyncio.ensure_future(elector.run()) if elector is not None else None
         passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS, registry=registry)
-        passes.add("health", health)  # every loop reads the shared `nodes` and `pods` caches run here
-        passes.add("nominations", nominations)
-        passes.add("drain", drain)  # nothing scheduled when drain is off
-        passes.add("gpu-preemption", room)  # make-room: nothing scheduled when it is off
-        passes.add("idle", idle)  # idle GPUs: nothing scheduled when it is off
-        jobs: list[Coroutine[Any, Any, None]] = [nodes.run(), pods.run(), gpus.run(), throttle.run()]
-        if extender is not None:
-            jobs.append(extender.run())
-
-        runner = web.AppRunner(
-            build_app(registry, extender),
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=HTTP_GRACE_SECONDS,
-        )
-        await runner.setup()
-        ext = config.extender
-        await web.TCPSite(runner, ext.bind_address, ext.port, ssl_context=_tls_context(config)).start()
-        log.info(
-            "controller serving",
-            extra={"address": ext.bind_address, "port": ext.port, "identity": identity, "dry_run": dry_run},
-        )
+        for name, loop in built.loops.items():
+            passes.add(name, loop)  # nothing scheduled for a loop that is off
+        jobs = built.jobs()
+        runner = await _serve(config, registry, built.extender, identity=identity, dry_run=dry_run)
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(job) for job in jobs]
         starting = asyncio.ensure_future(passes.start_when_ready())
         try:
-            stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-            watched: list[asyncio.Future[Any]] = [*tasks, stopped]
-            if election is not None:
-                watched.append(election)
-            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is stopped:
-                    continue
-                error = _ended(task)
-                log.error("controller loop failed; stopping", exc_info=error)
-                raise error
+            await _until_stopped(stop, tasks if election is None else [*tasks, election])
         finally:
             # In this order: mutations end first (passes finish, bounded) while the Lease is still held;
             # then the listener, so no bind queues another Event; then the Events writer drains; then the
@@ -406,13 +484,9 @@ async def run_controller(
             starting.cancel()
             await passes.stop()
             await runner.cleanup()
-            if extender is not None:
-                await extender.close_events(EVENTS_GRACE_SECONDS)
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            if built.extender is not None:
+                await built.extender.close_events(EVENTS_GRACE_SECONDS)
+            await _cancel(tasks)
             if elector is not None and election is not None:
                 elector.stop()  # the mutating loops are stopped: release the Lease so a standby takes over
                 with contextlib.suppress(asyncio.CancelledError, Exception):

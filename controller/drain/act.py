@@ -19,7 +19,15 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controller.drain.plan import DrainPlan, Eviction, NodePlan, PodAction, PodHistory, Verdict, prune_ledger
+from controller.drain.plan import (
+    DrainPlan,
+    DrainVerdict,
+    Eviction,
+    NodePlan,
+    PodAction,
+    PodHistory,
+    prune_ledger,
+)
 from controller.drain.state import DrainState
 from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, KubeClient, ObjectRef
@@ -113,7 +121,9 @@ class DrainActuator:
                 return DrainState(started=now, scope=plan.scope, done=now)
             state = DrainState(started=now, scope=plan.scope)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
-            moving = ", ".join(a.pod.key for a in plan.actions if a.verdict is not Verdict.REPORT) or "none"
+            moving = (
+                ", ".join(a.pod.key for a in plan.actions if a.verdict is not DrainVerdict.REPORT) or "none"
+            )
             note = f"draining the {what}: {moving}"
             await self._emit(node_ref, "GPUDrainStarted", note, dry_run, once=plan.quarantined_at)
         history = dict(state.history)
@@ -126,11 +136,11 @@ class DrainActuator:
                     ledger[owed.pod] = replace(owed, evented=True)
         for action in plan.actions:
             key = action.pod.key
-            if action.verdict is Verdict.REPORT:
+            if action.verdict is DrainVerdict.REPORT:
                 blocked[key] = action.reason
                 continue
             pending.append(key)
-            if action.verdict in (Verdict.WAIT, Verdict.BACKOFF):
+            if action.verdict in (DrainVerdict.WAIT, DrainVerdict.BACKOFF):
                 if key in state.blocked:
                     blocked[key] = state.blocked[key]
                 continue
@@ -174,7 +184,7 @@ class DrainActuator:
 
     @staticmethod
     def _note(action: PodAction) -> str:
-        verb = "delete" if action.verdict is Verdict.DELETE else "evict"
+        verb = "delete" if action.verdict is DrainVerdict.DELETE else "evict"
         return f"{verb}: {action.reason} (mode {action.mode}, rule {action.rule})"
 
     async def _evicted_event(self, e: Eviction, note: str) -> bool:
@@ -188,7 +198,7 @@ class DrainActuator:
 
     async def _move(self, action: PodAction, dry_run: bool, result: ActResult) -> str:
         pod = action.pod
-        verb = "delete" if action.verdict is Verdict.DELETE else "evict"
+        verb = "delete" if action.verdict is DrainVerdict.DELETE else "evict"
         ref = ObjectRef(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid)
         note = self._note(action)
         if dry_run:

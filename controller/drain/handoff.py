@@ -16,7 +16,13 @@ import yaml
 
 from controller.drain.observe import DrainSnapshot
 from controller.drain.plan import DrainNode
-from controller.drain.remediation import Decision, NodeRemediation, RemediationState, decode, render_template
+from controller.drain.remediation import (
+    NodeRemediation,
+    RemediationDecision,
+    RemediationState,
+    decode,
+    render_template,
+)
 from gpuwarden.config.remediation import RemediationConfig, RemediationStep
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, EventRecorder, EventType, KubeClient, ObjectRef
@@ -81,7 +87,9 @@ class Handoff:
                 return {"True": True, "False": False}.get(str(cond.get("status")))
         return None
 
-    async def apply(self, d: Decision, node_obj: Mapping[str, Any] | None, *, dry_run: bool) -> None:
+    async def apply(
+        self, d: RemediationDecision, node_obj: Mapping[str, Any] | None, *, dry_run: bool
+    ) -> None:
         ref = (
             ObjectRef.of(dict(node_obj))
             if node_obj
@@ -119,7 +127,7 @@ class Handoff:
             log.warning("remediation state not written", extra={"node": d.node, "error": str(exc)})
 
     async def _start(
-        self, d: Decision, step: RemediationStep, labels: dict[str, str | None],
+        self, d: RemediationDecision, step: RemediationStep, labels: dict[str, str | None],
         annotations: dict[str, str | None], state: RemediationState | None,
     ) -> RemediationState | None:  # fmt: skip
         if step.action == "label":

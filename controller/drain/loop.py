@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from controller.drain.act import DrainActuator, DrainMetrics
 from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot
-from controller.drain.plan import DrainPlan, Verdict, evictions_in_window, plan_drains
+from controller.drain.plan import DrainPlan, DrainVerdict, evictions_in_window, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
@@ -138,7 +138,7 @@ class DrainLoop:
         for node in plan.nodes:
             key = "held" if node.held else "done" if node.done else "draining"
             states[key] += 1
-            blocked += sum(1 for a in node.actions if a.verdict is Verdict.BACKOFF)
+            blocked += sum(1 for a in node.actions if a.verdict is DrainVerdict.BACKOFF)
         for state, count in states.items():
             self.metrics.nodes.labels(state).set(count)
         self.metrics.blocked_pods.set(blocked)

@@ -24,7 +24,7 @@ from enum import StrEnum
 from gpuwarden.config.drain import DrainConfig, DrainMode
 
 
-class Verdict(StrEnum):
+class DrainVerdict(StrEnum):
     EVICT = "evict"
     WAIT = "wait-completion"
     DELETE = "delete"  # a rule's delete_after_seconds passed for a pod Evictions could not move
@@ -124,7 +124,7 @@ class DrainNode:
 @dataclass(frozen=True, slots=True)
 class PodAction:
     pod: DrainPod
-    verdict: Verdict
+    verdict: DrainVerdict
     mode: DrainMode
     rule: str
     reason: str
@@ -200,36 +200,42 @@ def pod_actions(
             continue
         if pod.terminating:
             # Within its grace period: nothing to do, but the drain is not done until it is gone.
-            out.append(PodAction(pod, Verdict.WAIT, "immediate", "", "terminating"))
+            out.append(PodAction(pod, DrainVerdict.WAIT, "immediate", "", "terminating"))
             continue
         mode, rule = mode_of(pod, policy)
         if pod.namespace in policy.exclude_namespaces or pod.labels.get(policy.exclude_label) == "true":
-            out.append(PodAction(pod, Verdict.REPORT, mode, rule, "excluded"))
+            out.append(PodAction(pod, DrainVerdict.REPORT, mode, rule, "excluded"))
             continue
         if mode == "never":
-            out.append(PodAction(pod, Verdict.REPORT, mode, rule, f"rule {rule}: mode never"))
+            out.append(PodAction(pod, DrainVerdict.REPORT, mode, rule, f"rule {rule}: mode never"))
             continue
         delete_after, deadline = _rule(policy, rule)
         if mode == "allow-completion" and now - started < deadline:
-            out.append(PodAction(pod, Verdict.WAIT, mode, rule, f"waits to finish (deadline {deadline:g}s)"))
+            out.append(
+                PodAction(pod, DrainVerdict.WAIT, mode, rule, f"waits to finish (deadline {deadline:g}s)")
+            )
             continue
         hist = node.history.get(pod.key, PodHistory())
         if hist.last_attempt is not None and hist.attempts > 0:
             # Capped exponent: a pod refused for days must not overflow the float (and stop every pass).
             backoff = min(120.0, policy.retry_backoff_seconds * 2 ** min(hist.attempts - 1, 16))
             if now - hist.last_attempt < backoff:
-                out.append(PodAction(pod, Verdict.BACKOFF, mode, rule, f"refused; retry in {backoff:g}s"))
+                out.append(
+                    PodAction(pod, DrainVerdict.BACKOFF, mode, rule, f"refused; retry in {backoff:g}s")
+                )
                 continue
         if (
             hist.first_refused is not None
             and delete_after is not None
             and now - hist.first_refused >= delete_after
         ):
-            out.append(PodAction(pod, Verdict.DELETE, mode, rule, f"eviction refused for {delete_after:g}s"))
+            out.append(
+                PodAction(pod, DrainVerdict.DELETE, mode, rule, f"eviction refused for {delete_after:g}s")
+            )
             continue
         out.append(
             PodAction(
-                pod, Verdict.EVICT, mode, rule, "holds a faulty GPU" if scope == "gpu" else "node fault"
+                pod, DrainVerdict.EVICT, mode, rule, "holds a faulty GPU" if scope == "gpu" else "node fault"
             )
         )
     return scope, out
@@ -254,7 +260,7 @@ def plan_drains(
     plans: list[NodePlan] = []
     for node in sorted(nodes, key=lambda n: (n.started is None, n.started or 0.0, n.name)):
         scope, actions = pod_actions(node, pods_by_node.get(node.name, ()), policy, now)
-        moving = [a for a in actions if a.verdict is not Verdict.REPORT]
+        moving = [a for a in actions if a.verdict is not DrainVerdict.REPORT]
         if node.started is None:
             why = ""
             if not moving:
@@ -280,9 +286,11 @@ def plan_drains(
                 continue
         limited: list[PodAction] = []
         for a in actions:
-            if a.verdict in (Verdict.EVICT, Verdict.DELETE):
+            if a.verdict in (DrainVerdict.EVICT, DrainVerdict.DELETE):
                 if budget <= 0:
-                    limited.append(PodAction(a.pod, Verdict.BACKOFF, a.mode, a.rule, "eviction rate limit"))
+                    limited.append(
+                        PodAction(a.pod, DrainVerdict.BACKOFF, a.mode, a.rule, "eviction rate limit")
+                    )
                     if f"eviction rate limit ({gate.max_evictions_per_minute}/min)" not in held:
                         held.append(f"eviction rate limit ({gate.max_evictions_per_minute}/min)")
                     continue
@@ -302,9 +310,9 @@ def plan_drains(
 
 
 def _hold(a: PodAction) -> PodAction:
-    if a.verdict is Verdict.REPORT:
+    if a.verdict is DrainVerdict.REPORT:
         return a
-    return PodAction(a.pod, Verdict.BACKOFF, a.mode, a.rule, "drain held by the gate")
+    return PodAction(a.pod, DrainVerdict.BACKOFF, a.mode, a.rule, "drain held by the gate")
 
 
 def plan_to_dict(plan: DrainPlan) -> dict[str, object]:

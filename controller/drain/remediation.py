@@ -79,7 +79,7 @@ class NodeRemediation:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class RemediationDecision:
     node: str
     state: RemediationState | None
     """The state to write (None: remove the annotation)."""
@@ -98,7 +98,7 @@ def _marker(step: RemediationStep) -> bool:
     return step.action in ("label", "annotation")
 
 
-def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decision | None:
+def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> RemediationDecision | None:
     """What to do for one node now; None: nothing."""
     if not policy.enabled or not policy.steps or not n.readable:
         return None
@@ -108,14 +108,16 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
     if st is None:
         if n.quarantined and n.drain_done:
             first = steps[0]
-            return Decision(
+            return RemediationDecision(
                 n.node, RemediationState(0, now), apply=first, context={**ctx, "step": first.name},
                 event=("GPURemediationStarted", f"step {first.name} ({first.action})"),
             )  # fmt: skip
         return None
     if st.final:
         if not n.quarantined:
-            return Decision(n.node, None)  # the node was released after the hand-off ended: forget it
+            return RemediationDecision(
+                n.node, None
+            )  # the node was released after the hand-off ended: forget it
         return None
     current = steps[min(st.step, len(steps) - 1)]
     if not n.quarantined:
@@ -123,7 +125,7 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
             *st.history,
             StepOutcome(current.name, "succeeded", now, "node released by the health controller"),
         )
-        return Decision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
+        return RemediationDecision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
                         remove=tuple(s for s in steps[: st.step + 1] if _marker(s)),
                         delete_object=st.object_path,
                         event=("GPURemediationSucceeded", f"step {current.name}: node released"))  # fmt: skip
@@ -132,7 +134,7 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
             *st.history,
             StepOutcome(current.name, "succeeded", now, f"{current.complete_condition}=True"),
         )
-        return Decision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
+        return RemediationDecision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
                         event=("GPURemediationSucceeded",
                                f"step {current.name}: {current.complete_condition}=True; the node is "
                                "released once healthy for the healthy period"))  # fmt: skip
@@ -145,14 +147,14 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Decisio
         return None
     history = (*st.history, StepOutcome(current.name, outcome, now, why))
     if st.step + 1 >= len(steps):
-        return Decision(n.node, RemediationState(st.step, st.started, history, "exhausted"),
+        return RemediationDecision(n.node, RemediationState(st.step, st.started, history, "exhausted"),
                         remove=tuple(s for s in steps if _marker(s)), delete_object=st.object_path,
                         event=("GPURemediationExhausted",
                                f"every step failed (last: {current.name} {outcome}); the node stays "
                                "quarantined for an operator"))  # fmt: skip
     nxt = steps[st.step + 1]
     note = f"step {current.name} {outcome} ({why}); next: {nxt.name}"
-    return Decision(n.node, RemediationState(st.step + 1, now, history), apply=nxt,
+    return RemediationDecision(n.node, RemediationState(st.step + 1, now, history), apply=nxt,
                     remove=(current,) if _marker(current) else (), context={**ctx, "step": nxt.name},
                     delete_object=st.object_path,
                     event=("GPURemediationEscalated", note))  # fmt: skip

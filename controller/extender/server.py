@@ -65,7 +65,7 @@ class Encodable(Protocol):
 
 
 async def passthrough_preemption(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-    """The preempt verb until the preemption issue adds throttling: the scheduler's candidates, as UIDs."""
+    """The preempt verb when the preemption throttle is off: the scheduler's candidates, as UIDs."""
     return ExtenderPreemptionResult(node_name_to_meta_victims=args.meta_victims())
 
 

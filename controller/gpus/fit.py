@@ -117,7 +117,7 @@ class Choice:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class FitVerdict:
     """The outcome for one node: a `choice`, or a rejection `reason` that is `resolvable` or not."""
 
     node: str
@@ -333,10 +333,10 @@ class Fit:
     unknown: int
 
 
-def assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: str) -> Verdict | Fit:
+def assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: str) -> FitVerdict | Fit:
     """A rejection, or the free GPUs among which a set satisfying the policy is guaranteed to exist."""
     if view is None:
-        return Verdict(name, reason="node not (yet) known to the gpuwarden extender's cache")
+        return FitVerdict(name, reason="node not (yet) known to the gpuwarden extender's cache")
     key = _memo_key("assess", pod, view)
     if key is not None:
         hit = view.memo.get(key)
@@ -348,15 +348,15 @@ def assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: s
     return result
 
 
-def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: str) -> Verdict | Fit:
+def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: str) -> FitVerdict | Fit:
     policy = policy_of(pod, s)
     if not isinstance(policy, Policy):
-        return Verdict(name, reason=policy)
+        return FitVerdict(name, reason=policy)
     healthy = healthy_gpus(view)
     need = need_for(pod.gpus, policy, healthy, s)
     why = unresolvable_reason(pod, view, need, policy, healthy, s)
     if why:
-        return Verdict(name, reason=why)
+        return FitVerdict(name, reason=why)
     free, unknown, note = free_gpus(pod, view, healthy, s, now)
     if fits(free, unknown, need):
         return Fit(need, healthy, free, unknown)
@@ -372,7 +372,7 @@ def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: st
             f"fragmented: {len(free) - unknown} free, {where} "
             f"({_summary(free, level)}; {pod.gpus} requested with policy {policy}){note}"
         )
-        return Verdict(name, reason=why, fragmented=True)
+        return FitVerdict(name, reason=why, fragmented=True)
     if need.level is None:
         why = f"{max(0, len(free) - unknown)} healthy GPUs free; {pod.gpus} requested{note}"
     elif need.span > 1:
@@ -381,7 +381,7 @@ def _assess_view(pod: PodInfo, view: NodeView, s: Settings, now: float, name: st
         lvl = _LEVEL_NAME[need.level]
         why = f"no {lvl} with {pod.gpus} free GPUs ({_summary(free, need.level)}){note}"
     # enough by count (quarantined or unseen GPUs): the scheduler's dry run would find no victim here
-    return Verdict(name, reason=why, resolvable=counted < pod.gpus)
+    return FitVerdict(name, reason=why, resolvable=counted < pod.gpus)
 
 
 def _score(chosen: list[Gpu], fit: Fit, view: NodeView, s: Settings) -> int:
@@ -410,13 +410,13 @@ def _score(chosen: list[Gpu], fit: Fit, view: NodeView, s: Settings) -> int:
 
 def choose_gpus(
     pod: PodInfo, view: NodeView | None, settings: Settings, now: float, node: str = ""
-) -> Verdict:
+) -> FitVerdict:
     """The exact GPU set for `pod` on this node, with its score; or why there is none."""
     name = view.name if view is not None else node
     if pod.gpus <= 0:
-        return Verdict(name, Choice((), (), "none", 0))
+        return FitVerdict(name, Choice((), (), "none", 0))
     fit = assess(pod, view, settings, now, name)
-    if isinstance(fit, Verdict):
+    if isinstance(fit, FitVerdict):
         return fit
     assert view is not None
     key = _memo_key("choose", pod, view)
@@ -430,17 +430,17 @@ def choose_gpus(
     return verdict
 
 
-def choose_from(pod: PodInfo, view: NodeView, fit: Fit, settings: Settings) -> Verdict:
+def choose_from(pod: PodInfo, view: NodeView, fit: Fit, settings: Settings) -> FitVerdict:
     name = view.name
     picked = place(fit.free, fit.unknown, fit.need)
     if picked is None:  # not expected: assess checked `fits` for the same need
-        return Verdict(name, reason=f"no GPU set of {pod.gpus} found", resolvable=True)
+        return FitVerdict(name, reason=f"no GPU set of {pod.gpus} found", resolvable=True)
     numa = tuple(sorted({g.numa for g in picked if g.numa is not None}))
     span = fit.need.span if fit.need.level == "numa" else 1
     choice = Choice(
         tuple(g.id for g in picked), numa, alignment(picked, span), _score(picked, fit, view, settings)
     )
-    return Verdict(name, choice)
+    return FitVerdict(name, choice)
 
 
 def filter_nodes(
@@ -469,7 +469,7 @@ def filter_nodes(
             verdict = hit[1]
         else:
             verdict = assess(pod, view, settings, now, name)
-        if not isinstance(verdict, Verdict):
+        if not isinstance(verdict, FitVerdict):
             passed.append(name)
         elif verdict.resolvable:
             failed[name] = verdict.reason

@@ -1,4 +1,4 @@
-"""Act: apply a quarantine `Plan` to the cluster — our taint, our annotations, our condition, Events.
+"""Act: apply a quarantine `HealthPlan` to the cluster — our taint, our annotations, our condition, Events.
 
 Why it exists: the plan says *what*; this module is the only place that writes Nodes for the health loop, so
 the rules of docs/architecture.md safety rule 2 live here once. Each node write re-reads the Node and
@@ -24,7 +24,7 @@ from typing import Any
 
 from controller.health.metrics import HealthMetrics
 from controller.health.observe import BREAKER_DATA_KEY, JOBS, encode_breaker
-from controller.health.plan import Action, ConditionUpdate, EventSpec, Plan
+from controller.health.plan import Action, ConditionUpdate, EventSpec, HealthPlan
 from controller.health.snapshot import BreakerState
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
@@ -154,7 +154,7 @@ class Actuator:
         self._sem = asyncio.Semaphore(concurrency)
         self._wall = wall
 
-    async def apply(self, plan: Plan) -> ActResult:
+    async def apply(self, plan: HealthPlan) -> ActResult:
         """Apply every action (bounded concurrency), then the breaker state; never raises on a KubeError."""
         result = ActResult()
         await asyncio.gather(*(self._apply_one(a, plan.dry_run, result) for a in plan.actions))
@@ -262,7 +262,7 @@ class Actuator:
             )
             result.writes += int(cond_wrote)
 
-    async def _apply_breaker(self, plan: Plan, result: ActResult) -> None:
+    async def _apply_breaker(self, plan: HealthPlan, result: ActResult) -> None:
         decision = plan.breaker
         ref = ObjectRef("v1", "ConfigMap", self.breaker_configmap, self.namespace)
         if decision.event is not None:

@@ -1,10 +1,10 @@
 """The quarantine circuit breaker: how many of this loop's candidates may be tainted, and its next state.
 
 Why it exists: a bad exporter rollout, a Prometheus relabelling mistake or a fleet-wide driver bug looks like
-a mass hardware fault. Safety rule 3 caps quarantines at `max(absolute, percent of GPU nodes)` at once and
-at N new per window; past that the breaker opens, nothing new is tainted, and it stays open until the trip
-condition has been clear for a hold time or an operator resets it. Its state lives in the API (see act.py),
-so a restart or a new leader does not silently close it.
+a mass hardware fault. Safety rule 3 (docs/architecture.md) caps quarantines at `max(absolute, percent of GPU
+nodes)` at once and at N new per window; past that the breaker opens, nothing new is tainted, and it stays
+open until the trip condition has been clear for a hold time or an operator resets it. Its state lives in the
+API (see act.py), so a restart or a new leader does not silently close it.
 
 What it must not do: no I/O, no clock reads, no knowledge of nodes — only counts in, a verdict out.
 Releases are never limited: lifting a quarantine is the safe direction.
@@ -38,7 +38,7 @@ class Budget:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class BreakerVerdict:
     """The breaker after this loop, how many candidates (in priority order) may be quarantined, an event."""
 
     after: BreakerState
@@ -48,7 +48,7 @@ class Verdict:
 
 def evaluate(
     before: BreakerState, budget: Budget, demand: int, *, hold: float, now: float, data_ok: bool = True
-) -> Verdict:
+) -> BreakerVerdict:
     """Decide the breaker for `demand` new quarantine candidates.
 
     Closed and the demand fits: admit all. Closed and it does not: admit what fits, open. Open: admit none;
@@ -62,24 +62,26 @@ def evaluate(
         f"{budget.new_in_window}+{demand} new in window vs {budget.new_limit}"
     )
     if not data_ok:
-        return Verdict(state, 0)
+        return BreakerVerdict(state, 0)
     fits = budget.fits(demand)
     if state.open and not fits:
-        return Verdict(BreakerState(True, state.opened_at, None, state.reason), 0)
+        return BreakerVerdict(BreakerState(True, state.opened_at, None, state.reason), 0)
     if state.open:
         clear_since = state.clear_since if state.clear_since is not None else now
         if now - clear_since < hold:
-            return Verdict(BreakerState(True, state.opened_at, clear_since, state.reason), 0)
+            return BreakerVerdict(BreakerState(True, state.opened_at, clear_since, state.reason), 0)
         note = f"trip condition clear for {hold:.0f}s; quarantines resume ({numbers})"
-        return Verdict(BreakerState(), demand, EventSpec(EVENT_BREAKER_CLOSED, "Normal", note, "Close"))
+        return BreakerVerdict(
+            BreakerState(), demand, EventSpec(EVENT_BREAKER_CLOSED, "Normal", note, "Close")
+        )
     if fits:
-        return Verdict(state, demand)
+        return BreakerVerdict(state, demand)
     room = budget.room()
     reason = f"would exceed the quarantine budget ({numbers})"
     note = (
         f"circuit breaker open: {reason}; {demand - room} node(s) not quarantined; it closes after the "
         f"condition has been clear for {hold:.0f}s, or when an operator resets it"
     )
-    return Verdict(
+    return BreakerVerdict(
         BreakerState(True, now, None, reason), room, EventSpec(EVENT_BREAKER_OPEN, "Warning", note, "Trip")
     )

@@ -6,8 +6,8 @@ debounce (PR #1715); its power-brake watch needs 3 consecutive polls (PR #1668).
 `<node>/<signal>/<gpu>` counts the consecutive evaluations in which the signal held.
 
 The streaks are carried between passes in the controller's memory (`FleetSnapshot.streaks` in,
-`Plan.streaks` out). Losing them (restart, new leader) only restarts the count: the action comes N passes
-later, never earlier, so nothing unsafe follows from not persisting them.
+`HealthPlan.streaks` out). Losing them (restart, new leader) only restarts the count: the action comes N
+passes later, never earlier, so nothing unsafe follows from not persisting them.
 
 What it must not do: no I/O, no clock reads (`now` is passed in). A node that could not be evaluated this
 pass (unknown telemetry) keeps its streaks as they were: unknown neither confirms nor clears a signal.

@@ -1,4 +1,4 @@
-"""`plan_quarantine(snapshot, policy, now) -> Plan`: the whole quarantine decision, as a pure function.
+"""`plan_quarantine(snapshot, policy, now) -> HealthPlan`: the whole quarantine decision, as a pure function.
 
 Why pure: the rules that keep a fleet safe — unknown data changes nothing, the circuit breaker, the healthy
 period, operator overrides — are exactly the rules that must be table-tested row by row, and replayed by
@@ -48,7 +48,7 @@ class _Work:
         self.skips.append(p.Skip(node, reason, message))
 
 
-def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.Plan:
+def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -> p.HealthPlan:
     """Decide every quarantine, release, bookkeeping update and skip for this loop."""
     work = _Work()
     nodes = sorted(snapshot.nodes, key=lambda n: n.name)
@@ -72,7 +72,7 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
     for node, findings, keep in admitted:
         work.actions.append(_quarantine(node, findings, keep, policy, now))
     stats = Counter(a.kind for a in work.actions) + Counter(f"skip:{s.reason}" for s in work.skips)
-    return p.Plan(
+    return p.HealthPlan(
         now=now,
         dry_run=policy.dry_run,
         actions=tuple(sorted(work.actions, key=lambda a: (a.node, a.kind))),
@@ -291,6 +291,8 @@ def _plan_free(
     now: float,
     work: _Work,
 ) -> None:
+    """A node without our taint: finish a release whose Event is owed, honour an operator's untaint or
+    release request; otherwise, on known data, weigh its evidence (`_plan_evidence`)."""
     known = assessment is not None and assessment.status != "unknown"
     current = assessment.quarantining if assessment is not None and known else ()
     if record is not None and record.state == "released" and record.event_pending:
@@ -301,63 +303,88 @@ def _plan_free(
     if record is not None and record.state == "quarantined":
         # Our record says quarantined but our taint is gone: an operator removed it. Respect that and
         # remember the evidence so the same evidence does not re-taint the node.
-        dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
-        released = record.with_(
-            state="released",
-            released_at=float(int(now)),
-            released_by="operator-untaint",
-            healthy_since=None,
-            suppressed=dismissed,
-        )
-        work.actions.append(
-            p.Action(
-                "release",
-                node.name,
-                "operator-untaint",
-                "our taint was removed by hand; not re-tainting for the same evidence",
-                record=released.with_(event_pending=True),
-                remove_release_request=node.release_requested,
-                condition=p.ConditionUpdate("True", "ReleasedByOperator", "quarantine taint removed by hand"),
-                event=p.EventSpec(
-                    EVENT_RELEASED,
-                    "Normal",
-                    f"taint {TAINT_KEY} removed by an operator; "
-                    f"evidence {', '.join(dismissed) or 'none'} dismissed",
-                    "Untaint",
-                    name=release_event_name(node.name, released),
-                ),
-                after_event=released,
-            )
-        )
+        work.actions.append(_operator_untaint(node, record, current, now))
         return
     if node.release_requested:
-        dismissed = tuple(sorted({*(record.suppressed if record else ()), *(f.fingerprint for f in current)}))
-        rec = (
-            QuarantineRecord(
-                "released",
-                "dismissed",
-                released_at=now,
-                released_by="operator-annotation",
-                suppressed=dismissed,
-            )
-            if dismissed
-            else None
-        )
-        work.actions.append(
-            p.Action(
-                "update-record",
-                node.name,
-                "release-request",
-                "not quarantined; release request "
-                f"acknowledged, evidence dismissed: {', '.join(dismissed) or 'none'}",
-                record=rec,
-                remove_release_request=True,
-            )
-        )
+        work.actions.append(_release_request(node, record, current, now))
         return
     if _unknown(node, assessment, snap, work):
         return
     assert assessment is not None
+    _plan_evidence(node, record, assessment, current, work)
+
+
+def _operator_untaint(
+    node: NodeState, record: QuarantineRecord, current: tuple[Finding, ...], now: float
+) -> p.Action:
+    """Release a node whose taint an operator removed, dismissing the record's and the current evidence."""
+    dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
+    released = record.with_(
+        state="released",
+        released_at=float(int(now)),
+        released_by="operator-untaint",
+        healthy_since=None,
+        suppressed=dismissed,
+    )
+    return p.Action(
+        "release",
+        node.name,
+        "operator-untaint",
+        "our taint was removed by hand; not re-tainting for the same evidence",
+        record=released.with_(event_pending=True),
+        remove_release_request=node.release_requested,
+        condition=p.ConditionUpdate("True", "ReleasedByOperator", "quarantine taint removed by hand"),
+        event=p.EventSpec(
+            EVENT_RELEASED,
+            "Normal",
+            f"taint {TAINT_KEY} removed by an operator; evidence {', '.join(dismissed) or 'none'} dismissed",
+            "Untaint",
+            name=release_event_name(node.name, released),
+        ),
+        after_event=released,
+    )
+
+
+def _release_request(
+    node: NodeState, record: QuarantineRecord | None, current: tuple[Finding, ...], now: float
+) -> p.Action:
+    """Acknowledge `gpuwarden.io/release=now` on a node not quarantined: the evidence dismissed before and
+    the current evidence are dismissed (kept in a released record, none when there is nothing to dismiss)
+    and the request is removed."""
+    dismissed = tuple(sorted({*(record.suppressed if record else ()), *(f.fingerprint for f in current)}))
+    rec = (
+        QuarantineRecord(
+            "released",
+            "dismissed",
+            released_at=now,
+            released_by="operator-annotation",
+            suppressed=dismissed,
+        )
+        if dismissed
+        else None
+    )
+    return p.Action(
+        "update-record",
+        node.name,
+        "release-request",
+        "not quarantined; release request "
+        f"acknowledged, evidence dismissed: {', '.join(dismissed) or 'none'}",
+        record=rec,
+        remove_release_request=True,
+    )
+
+
+def _plan_evidence(
+    node: NodeState,
+    record: QuarantineRecord | None,
+    assessment: Assessment,
+    current: tuple[Finding, ...],
+    work: _Work,
+) -> None:
+    """Known data on a node without our taint: quarantining evidence an operator has not dismissed makes it
+    a candidate (the breaker decides how many are quarantined). Otherwise the node is skipped with why, or
+    counted healthy, and a `GPUHealthy=False` left behind is set back; dismissed evidence no longer seen is
+    dropped from the record."""
     suppressed = set(record.suppressed) if record is not None else set()
     released_at = record.released_at if record is not None else None
     live: list[Finding] = []

@@ -3,8 +3,8 @@
 Why: PCIe replays, HW slowdown, thermal and power-brake clock events and a shrinking thermal margin make a
 node slower, not broken; peers warn on them rather than cordon (EKS: Warning events; NVSentinel: store-only
 watches). Schedulers, dashboards and humans can read `GPUDegraded=True` (message: which signal on which
-GPU) while work keeps landing there. The condition is ours alone (safety rule 2) and moves only on known
-data: an unknown node keeps whatever it had.
+GPU) while work keeps landing there. The condition is ours alone (docs/architecture.md, safety rule 2) and
+moves only on known data: an unknown node keeps whatever it had.
 
 What it must not do: no I/O, no clock reads; it never plans a taint. The message lists signals and GPUs but
 no live values, so an unchanged degradation is never re-patched.

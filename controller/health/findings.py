@@ -102,6 +102,18 @@ def _xid_findings(gpu: GpuTelemetry, policy: HealthPolicy) -> list[Finding]:
 
 
 def _memory_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> list[Finding]:
+    """One GPU's memory findings, in this order: ECC error counts, retired pages, remapped rows, and the
+    recovery action the driver asks for."""
+    return [
+        *_ecc_findings(gpu, policy, now),
+        *_retired_page_findings(gpu, policy),
+        *_row_remap_findings(gpu, policy),
+        *_recovery_action_findings(gpu, policy),
+    ]
+
+
+def _ecc_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> list[Finding]:
+    """Double-bit ECC errors rising within the window; a single-bit ECC rate at or over its limit."""
     out: list[Finding] = []
     u = gpu.uuid
     if gpu.dbe_volatile_increase is not None and gpu.dbe_volatile_increase >= policy.dbe_increase_threshold:
@@ -130,6 +142,14 @@ def _memory_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> lis
                 recovery="none",
             )
         )
+    return out
+
+
+def _retired_page_findings(gpu: GpuTelemetry, policy: HealthPolicy) -> list[Finding]:
+    """Retired pages at or over DCGM's limit; double-bit retired pages over the soft limit and still growing
+    within a week; pages pending retirement."""
+    out: list[Finding] = []
+    u = gpu.uuid
     retired = (gpu.retired_sbe or 0.0) + (gpu.retired_dbe or 0.0)
     if (gpu.retired_sbe is not None or gpu.retired_dbe is not None) and retired >= policy.retired_pages_limit:
         out.append(
@@ -171,6 +191,13 @@ def _memory_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> lis
                 value=gpu.retired_pending,
             )
         )
+    return out
+
+
+def _row_remap_findings(gpu: GpuTelemetry, policy: HealthPolicy) -> list[Finding]:
+    """Uncorrectable remapped rows at or over their limit; a failed row remapping."""
+    out: list[Finding] = []
+    u = gpu.uuid
     rows = gpu.uncorrectable_remapped_rows
     rows_limit = policy.uncorrectable_remapped_rows_limit
     if rows is not None and rows_limit is not None and rows >= rows_limit:
@@ -197,6 +224,13 @@ def _memory_findings(gpu: GpuTelemetry, policy: HealthPolicy, now: float) -> lis
                 recovery="none",
             )
         )
+    return out
+
+
+def _recovery_action_findings(gpu: GpuTelemetry, policy: HealthPolicy) -> list[Finding]:
+    """The driver asking for a recovery action (anything but NONE)."""
+    out: list[Finding] = []
+    u = gpu.uuid
     action = gpu.recovery_action
     if action is not None and action != 0:
         name = RECOVERY_ACTIONS.get(action, str(action))

@@ -27,7 +27,7 @@ from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
 from controller.health.observe import JOBS, Observer
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy, policy_from_config
 from controller.health.series import absent_series, presence_query
 from controller.health.snapshot import Streak
@@ -99,10 +99,10 @@ class HealthLoop:
             breaker_configmap=config.health.breaker.configmap_name,
             job_namespace=config.health.validation.namespace,
         )
-        self.last_plan: Plan | None = None
+        self.last_plan: HealthPlan | None = None
         self.streaks: dict[str, Streak] = {}  # debounce state between passes (see debounce.py)
 
-    async def plan(self, nodes: list[JsonObject] | None = None) -> Plan:
+    async def plan(self, nodes: list[JsonObject] | None = None) -> HealthPlan:
         """Observe and decide at `clock()` — no writes (what `gpuwarden plan` prints).
 
         `nodes` defaults to the informer's cache.
@@ -154,7 +154,7 @@ class HealthLoop:
         )
         return listed.items
 
-    async def run_once(self, leading: asyncio.Event | None = None) -> Plan:
+    async def run_once(self, leading: asyncio.Event | None = None) -> HealthPlan:
         """One full pass: observe, decide, act (act honours dry-run). Acts only if still `leading`.
 
         The debounce streaks advance on every pass, applied or not (they describe what was observed).
@@ -205,7 +205,7 @@ def _kube(config: Config, kubeconfig: Path | None, registry: CollectorRegistry |
     )
 
 
-async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> HealthPlan:
     """`gpuwarden plan`: list nodes once, observe, decide; changes nothing (not even Events)."""
     async with PrometheusClient(config.prometheus) as prom, _kube(config, kubeconfig, None) as kube:
         nodes = await kube.list_objects(NODES, limit=config.kubernetes.list_page_size)
@@ -222,6 +222,6 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
 
 async def plan_from(
     config: Config, prom: PrometheusClient, kube: KubeClient, nodes: list[JsonObject]
-) -> Plan:
+) -> HealthPlan:
     """The quarantine plan for listed nodes: Prometheus and the breaker's state read, nothing written."""
     return await HealthLoop(config, prom, kube, registry=CollectorRegistry()).plan(nodes)

@@ -15,7 +15,7 @@ from collections import Counter
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.snapshot import FleetSnapshot
 from gpuwarden.selfmetrics import SnapshotCollector
 
@@ -128,7 +128,7 @@ class HealthMetrics:
             registry=registry,
         )
 
-    def observe_pass(self, snapshot: FleetSnapshot, plan: Plan) -> None:
+    def observe_pass(self, snapshot: FleetSnapshot, plan: HealthPlan) -> None:
         """Record what one pass saw and decided (before acting)."""
         reasons = Counter(t.value for node in snapshot.nodes if (t := node.our_taint) is not None)
         self._quarantined = {(r,): float(n) for r, n in reasons.items()}

@@ -178,7 +178,7 @@ class SignalStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class HealthPlan:
     """Everything one loop decided. `healthy` counts nodes that needed nothing."""
 
     now: float

@@ -1,4 +1,4 @@
-"""The GPU preemption loop (leader-gated): observe pending pods and the GPU model, plan (room.py), act.
+"""The GPU preemption loop (leader-gated): observe pending pods and the GPU model, plan (plan.py), act.
 
 Why it exists: the shell around `plan_room`. Per planned preemptor it asks the preemption throttle first
 (budgets, chain depth, ping-pong, back-off: the same `decide_preemption` the scheduler's preemptions pass),

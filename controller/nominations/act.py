@@ -1,4 +1,4 @@
-"""Act: apply a nomination `Plan` — clear `status.nominatedNodeName`, evict, write our record, emit Events.
+"""Act: apply a `NominationPlan` — clear `status.nominatedNodeName`, evict, write our record, emit Events.
 
 Why it exists: the plan says *what*; this is the only place the nomination loop writes, so the write-side
 safety lives here once:
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from controller.nominations.metrics import NominationMetrics
-from controller.nominations.plan import Clear, Evict, Forget, Plan, Stamp, cleared_event_name
+from controller.nominations.plan import Clear, Evict, Forget, NominationPlan, Stamp, cleared_event_name
 from controller.nominations.snapshot import NominationRecord, PendingPod
 from controller.preemption.signals import terminating_by_preemption
 from gpuwarden.errors import KubeError, KubeNotFound
@@ -108,7 +108,7 @@ class NominationActuator:
         self.client, self.events, self.metrics = client, events, metrics
         self._sem = asyncio.Semaphore(concurrency)
 
-    async def apply(self, plan: Plan) -> ActResult:
+    async def apply(self, plan: NominationPlan) -> ActResult:
         result = ActResult()
         jobs: list[Awaitable[None]] = [self._clear(c, plan.dry_run, result) for c in plan.clears]
         jobs += [self._evict(e, plan.dry_run, result) for e in plan.evictions]

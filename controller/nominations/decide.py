@@ -35,8 +35,8 @@ from controller.nominations.plan import (
     Forget,
     Held,
     Hold,
+    NominationPlan,
     NominationPolicy,
-    Plan,
     Stale,
     Stamp,
 )
@@ -86,7 +86,7 @@ def staleness(
     return held
 
 
-def plan_nominations(snapshot: NominationSnapshot, policy: NominationPolicy, now: float) -> Plan:
+def plan_nominations(snapshot: NominationSnapshot, policy: NominationPolicy, now: float) -> NominationPlan:
     """Decide, for every pending pod in the snapshot, clear / evict / hold, and the record writes."""
     clears: list[Clear] = []
     evictions: list[Evict] = []
@@ -126,4 +126,4 @@ def plan_nominations(snapshot: NominationSnapshot, policy: NominationPolicy, now
             clears.append(Clear(pod, verdict, why, age, record))
         else:
             holds.append(Hold(pod, verdict, why, age))
-    return Plan.of(now, policy.dry_run, clears, evictions, holds, stamps, forgets)
+    return NominationPlan.of(now, policy.dry_run, clears, evictions, holds, stamps, forgets)

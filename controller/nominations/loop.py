@@ -31,7 +31,7 @@ from controller.gpus.model import ClusterModel
 from controller.nominations.act import ActResult, NominationActuator
 from controller.nominations.decide import plan_nominations
 from controller.nominations.metrics import NominationMetrics
-from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
+from controller.nominations.plan import NominationPlan, NominationPolicy, policy_from_config
 from controller.nominations.snapshot import NominationRecord, NominationSnapshot, build_snapshot
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
@@ -77,7 +77,7 @@ class NominationLoop:
         )
         self.actuator = NominationActuator(kube, recorder, self.metrics)
         self.memory: dict[str, NominationRecord] = {}
-        self.last_plan: Plan | None = None
+        self.last_plan: NominationPlan | None = None
         self.last_result: ActResult | None = None
 
     def snapshot(self) -> NominationSnapshot:
@@ -92,7 +92,7 @@ class NominationLoop:
             remembered=self.memory,
         )
 
-    def plan(self) -> Plan:
+    def plan(self) -> NominationPlan:
         """Snapshot and decide at `clock()`; changes nothing."""
         started = time.perf_counter()
         snapshot = self.snapshot()
@@ -101,7 +101,7 @@ class NominationLoop:
         self.metrics.observe_plan(plan)
         return plan
 
-    async def run_once(self, leading: asyncio.Event | None = None) -> Plan:
+    async def run_once(self, leading: asyncio.Event | None = None) -> NominationPlan:
         """One pass: plan, then act (act honours dry-run) — only if still `leading`."""
         plan = self.plan()
         if leading is not None and not leading.is_set():
@@ -141,7 +141,7 @@ class NominationLoop:
         return list(self._owned)
 
 
-async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Plan:
+async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> NominationPlan:
     """`gpuwarden plan` for nominations: list pods and nodes once, decide; changes nothing, no Events.
 
     Without the extender's model the never-fits rule is not applied; nomination age comes from our records.
@@ -163,7 +163,7 @@ def plan_from(
     model: ClusterModel | None = None,
     settings: Settings | None = None,
     now: float,
-) -> Plan:
+) -> NominationPlan:
     """The nomination plan from listed pods and nodes (with the GPU model: the never-fits rule too)."""
     snapshot = build_snapshot(
         pods,

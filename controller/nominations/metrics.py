@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from controller.nominations.plan import Plan
+from controller.nominations.plan import NominationPlan
 from gpuwarden.selfmetrics import SnapshotCollector
 
 LOOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
@@ -77,7 +77,7 @@ class NominationMetrics:
             registry=registry,
         )
 
-    def observe_plan(self, plan: Plan) -> None:
+    def observe_plan(self, plan: NominationPlan) -> None:
         """Record what one pass decided (before acting)."""
         self._states = {(state,): float(n) for state, n in plan.counts.items()}
         self.oldest.set(plan.oldest_age())

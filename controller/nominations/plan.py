@@ -114,7 +114,7 @@ class Forget:
 
 
 @dataclass(frozen=True)
-class Plan:
+class NominationPlan:
     """Everything one pass decided at `now`; `dry_run` means act.py only logs and events."""
 
     now: float
@@ -137,7 +137,7 @@ class Plan:
         holds: list[Hold],
         stamps: list[Stamp],
         forgets: list[Forget],
-    ) -> Plan:
+    ) -> NominationPlan:
         counts = Counter[str](c.reason.value for c in clears)
         counts.update("evict" for _ in evictions)
         counts.update(h.reason.value for h in holds)

@@ -43,8 +43,8 @@ from controller.preemption.signals import PodMeta, pod_meta
 from controller.preemption.tenancy import TenantFeed
 from controller.preemption.throttle import (
     Candidate,
-    Decision,
     TenantGate,
+    ThrottleDecision,
     ThrottlePolicy,
     decide_preemption,
     policy_from_config,
@@ -203,7 +203,9 @@ class PreemptionThrottle:
                     out[h.uid] = len(h.ids) + h.unknown
         return out
 
-    def decide(self, args: ExtenderPreemptionArgs) -> tuple[PodMeta, Decision, dict[str, MetaVictims]]:
+    def decide(
+        self, args: ExtenderPreemptionArgs
+    ) -> tuple[PodMeta, ThrottleDecision, dict[str, MetaVictims]]:
         """The decision for one request, without side effects (what `__call__` and the bench run)."""
         now = self.clock()
         preemptor = pod_meta(args.pod)
@@ -258,7 +260,7 @@ class PreemptionThrottle:
             self._notify(preemptor, decision, args.pod)
         return ExtenderPreemptionResult(node_name_to_meta_victims=kept)
 
-    def _notify(self, preemptor: PodMeta, decision: Decision, pod: dict[str, Any]) -> None:
+    def _notify(self, preemptor: PodMeta, decision: ThrottleDecision, pod: dict[str, Any]) -> None:
         now = self.clock()
         verdict = f"{decision.outcome}:{','.join(r.value for r in decision.reasons())}"
         last = self._last_event.get(preemptor.uid)

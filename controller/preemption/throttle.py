@@ -145,7 +145,7 @@ class TenantGate:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class ThrottleDecision:
     """`kept` nodes in input order; every other candidate in `dropped` with its reason. `veto` is set when
     nothing is kept. `depth` is the chain depth this preemption would have."""
 
@@ -270,7 +270,7 @@ def decide_preemption(
     now: float,
     *,
     tenants: TenantGate | None = None,
-) -> Decision:
+) -> ThrottleDecision:
     """Which candidates may be preempted now; `lookup` resolves victim UIDs (None = unknown pod);
     `tenants`: the cross-tenant rule (None: no rule, as `any`)."""
     empty = {c.node: Reason.NO_VICTIMS for c in candidates if not c.victims and not c.refused}
@@ -282,7 +282,7 @@ def decide_preemption(
         usable = [c for c in candidates if c.victims]
         kept = tuple(c.node for c in usable)
         empty = {c.node: Reason.NO_VICTIMS for c in candidates if not c.victims}
-        return Decision(kept, empty, None if kept else Reason.NO_VICTIMS, depth, exempt=exempt)
+        return ThrottleDecision(kept, empty, None if kept else Reason.NO_VICTIMS, depth, exempt=exempt)
     dropped: dict[str, Reason] = dict(empty)
     notes: dict[Reason, str] = {}
     for cand in refused:
@@ -313,4 +313,4 @@ def decide_preemption(
         )
     else:
         detail = ""
-    return Decision(kept, dropped, veto, depth, detail=detail)
+    return ThrottleDecision(kept, dropped, veto, depth, detail=detail)

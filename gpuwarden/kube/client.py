@@ -1,14 +1,15 @@
 """The one way gpuwarden talks to the Kubernetes API: config loading and an async facade over `kubernetes`.
 
-Why it exists (STYLE.md, "one choke point per external system"): the official client is synchronous,
-untyped and raises its own exceptions. Requests (get, list, create, patch, delete, raw `request`) are
-native-async over a keep-alive pool (`transport.py`; large bodies decoded on a bounded thread pool), so a
-burst of calls waits on the network, not on threads; watches read their streams with the `kubernetes`
-client on a separate thread pool so a few long-lived watches cannot starve short calls. A configured proxy
-sends requests through the thread pool too. Objects are plain JSON dicts (`_preload_content=False` and
-`json.loads`), never the generated models, because model deserialization of a 5,000-node list costs seconds
-of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see `status.py`) and every request is
-counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
+Why it exists: `gpuwarden.kube` is the one Kubernetes access module (docs/architecture.md) and this is its
+client; nothing else calls the API, so error mapping and request metrics live in one place. The official
+client is synchronous, untyped and raises its own exceptions. Requests (get, list, create, patch, delete, raw
+`request`) are native-async over a keep-alive pool (`transport.py`; large bodies decoded on a bounded thread
+pool), so a burst of calls waits on the network, not on threads; watches read their streams with the
+`kubernetes` client on a separate thread pool so a few long-lived watches cannot starve short calls. A
+configured proxy sends requests through the thread pool too. Objects are plain JSON dicts
+(`_preload_content=False` and `json.loads`), never the generated models, because model deserialization of a
+5,000-node list costs seconds of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see
+`status.py`) and every request is counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
 
 What it must not do: read `~/.kube/config` (or `$KUBECONFIG`) unless a path is passed explicitly, touch the
 `kubernetes` package's process-global default configuration, retry on its own (callers own retry policy:

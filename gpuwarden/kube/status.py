@@ -1,9 +1,10 @@
 """Mapping of API-server answers and transport failures onto gpuwarden's `KubeError` hierarchy.
 
 Why it exists: the `kubernetes` client raises `ApiException` (with the `Status` JSON as a string body) and
-lets urllib3 errors escape; callers must never see either (STYLE.md, "one choke point"). Every failure is
-turned into one of `KubeUnreachable`, `KubeNotFound`, `KubeConflict`, `KubeGone`, `KubeForbidden` or a plain
-`KubeError`, carrying the HTTP status, the `Status.reason` and, when the server sent one, `retry_after`.
+lets urllib3 errors escape; callers must never see either (third-party exceptions stop at the one Kubernetes
+access module, `gpuwarden.kube`). Every failure is turned into one of `KubeUnreachable`, `KubeNotFound`,
+`KubeConflict`, `KubeGone`, `KubeForbidden` or a plain `KubeError`, carrying the HTTP status, the
+`Status.reason` and, when the server sent one, `retry_after`.
 
 Policy encoded here: 429 and 5xx mean "the API server could not serve us now" and map to the retryable
 `KubeUnreachable` (as client-go retries them); other 4xx are caller bugs and are not retryable.

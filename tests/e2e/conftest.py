@@ -375,7 +375,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, extender_port: int) -> Ite
                 GpuNodeSpec(
                     name=name,
                     gpus=8,
-                    # DESIGN.md's gpuwarden.io/gpu-topology format: gpu id -> numa, pcie switch, nvlink.
+                    # the gpuwarden.io/gpu-topology format (gpuwarden/wellknown.py): gpu id -> numa,
+                    # pcie switch, nvlink.
                     topology={
                         str(g): {"numa": g // 4, "pcie": f"pci{g // 2}", "nvlink": f"nvl{g // 4}"}
                         for g in range(8)

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from controller.app import run_controller
 from controller.health.act import BREAKER_CONFIGMAP
 from controller.health.loop import HealthLoop
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound
 from gpuwarden.kube import LEASES, KubeClient
@@ -164,7 +164,9 @@ async def loop(env: Env) -> AsyncIterator[HealthLoop]:
             watcher.cancel()
 
 
-async def passes_until(hl: HealthLoop, done: Callable[[Plan], bool], within: float = 30.0) -> Plan:
+async def passes_until(
+    hl: HealthLoop, done: Callable[[HealthPlan], bool], within: float = 30.0
+) -> HealthPlan:
     """Run passes (1 s apart, like the loop) until `done(plan)`; fails with the last plan otherwise."""
     deadline = time.monotonic() + within
     while True:

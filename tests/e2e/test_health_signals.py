@@ -25,7 +25,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from controller.health.loop import HealthLoop
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.snapshot import TAINT_KEY
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
@@ -155,7 +155,7 @@ async def loop(env: Env) -> AsyncIterator[HealthLoop]:
             watcher.cancel()
 
 
-async def passes(hl: HealthLoop, n: int) -> list[Plan]:
+async def passes(hl: HealthLoop, n: int) -> list[HealthPlan]:
     out = []
     for _ in range(n):
         started = time.monotonic()
@@ -164,9 +164,11 @@ async def passes(hl: HealthLoop, n: int) -> list[Plan]:
     return out
 
 
-async def passes_until(hl: HealthLoop, done: Callable[[Plan], bool], within: float = 60.0) -> list[Plan]:
+async def passes_until(
+    hl: HealthLoop, done: Callable[[HealthPlan], bool], within: float = 60.0
+) -> list[HealthPlan]:
     deadline = time.monotonic() + within
-    seen: list[Plan] = []
+    seen: list[HealthPlan] = []
     while True:
         started = time.monotonic()
         plan = await hl.run_once()
@@ -178,7 +180,7 @@ async def passes_until(hl: HealthLoop, done: Callable[[Plan], bool], within: flo
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
 
-def on(plan: Plan, node: str) -> set[str]:
+def on(plan: HealthPlan, node: str) -> set[str]:
     got = {f"{a.kind}:{a.reason}" for a in plan.actions if a.node == node}
     return got | {f"skip:{s.reason}" for s in plan.skips if s.node == node}
 

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.health.loop import HealthLoop
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.snapshot import TAINT_KEY
 from controller.health.validation import job_name
 from gpuwarden.config.root import Config
@@ -134,8 +134,8 @@ def tainted(cluster: Cluster) -> bool:
 
 
 async def passes_until(
-    cluster: Cluster, cfg: Config, prom_url: str, done: Callable[[Plan], bool], *, within: float = 120
-) -> list[Plan]:
+    cluster: Cluster, cfg: Config, prom_url: str, done: Callable[[HealthPlan], bool], *, within: float = 120
+) -> list[HealthPlan]:
     """The real HealthLoop (its own node informer), one pass a second, until `done(plan)`."""
     prom_cfg = cfg.prometheus.model_copy(update={"url": prom_url})
     async with (
@@ -147,7 +147,7 @@ async def passes_until(
         try:
             await asyncio.wait_for(loop.informer.synced.wait(), 30)
             deadline = time.monotonic() + within
-            seen: list[Plan] = []
+            seen: list[HealthPlan] = []
             while True:
                 plan = await loop.run_once()
                 seen.append(plan)
@@ -161,7 +161,7 @@ async def passes_until(
             await asyncio.gather(watcher, return_exceptions=True)
 
 
-def on_node(plan: Plan) -> set[str]:
+def on_node(plan: HealthPlan) -> set[str]:
     got = {f"{a.kind}:{a.reason}" for a in plan.actions if a.node == REAL_NODE}
     return got | {f"skip:{s.reason}" for s in plan.skips if s.node == REAL_NODE}
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from controller.nominations.plan import Plan
+from controller.nominations.plan import NominationPlan
 from gpuwarden.kube import KubeClient, load_configuration
 from harness.testbed import Cluster
 from tests.e2e import test_preemption_throttle as shared
@@ -68,7 +68,7 @@ def unreachable(cluster: Cluster) -> KubeClient:
     return KubeClient(configuration, request_timeout=2.0)
 
 
-def held(plan: Plan, name: str) -> str:
+def held(plan: NominationPlan, name: str) -> str:
     return next((h.reason.value for h in plan.holds if h.pod.name == name), "")
 
 
@@ -96,8 +96,8 @@ def preempt_onto_a(cluster: Cluster, namespace: str, pool: Pool) -> str:
     return node_a
 
 
-def pass_until(stack: Stack, cluster: Cluster, namespace: str, check: Any, what: str) -> Plan:
-    def probe() -> Plan | None:
+def pass_until(stack: Stack, cluster: Cluster, namespace: str, check: Any, what: str) -> NominationPlan:
+    def probe() -> NominationPlan | None:
         plan = stack.call(stack.nominations.run_once())
         return plan if check(plan) else None
 

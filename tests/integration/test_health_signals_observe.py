@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from controller.health.decide import plan_quarantine
 from controller.health.observe import Observer
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import policy_from_config
 from controller.health.snapshot import FleetSnapshot, NodeState, Streak
 from gpuwarden.config.health import HealthConfig
@@ -176,7 +176,7 @@ async def test_signal_readings(env: Env) -> None:
     assert snap.queries == 18
 
 
-async def three_passes(env: Env, cfg: HealthConfig) -> list[Plan]:
+async def three_passes(env: Env, cfg: HealthConfig) -> list[HealthPlan]:
     policy = policy_from_config(cfg)
     streaks: dict[str, Streak] = {}
     plans = []
@@ -188,7 +188,7 @@ async def three_passes(env: Env, cfg: HealthConfig) -> list[Plan]:
     return plans
 
 
-def outcome(plan: Plan) -> dict[str, set[str]]:
+def outcome(plan: HealthPlan) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for a in plan.actions:
         out.setdefault(a.node, set()).add(f"{a.kind}:{a.reason}")

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from controller.health.decide import plan_quarantine
 from controller.health.observe import Observer
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import policy_from_config
 from controller.health.snapshot import Streak
 from gpuwarden.config.health import HealthConfig
@@ -70,7 +70,7 @@ class Passes:
         self.streaks: dict[str, Streak] = {}
         self.queries = 0
 
-    async def plan(self) -> Plan:
+    async def plan(self) -> HealthPlan:
         async with self.prom.client() as client:
             snap = await Observer(CFG).observe(
                 client, [node_obj(n) for n in NODES], None, time.time(), streaks=self.streaks
@@ -81,7 +81,7 @@ class Passes:
         return plan
 
 
-def outcome(plan: Plan) -> dict[str, set[str]]:
+def outcome(plan: HealthPlan) -> dict[str, set[str]]:
     got: dict[str, set[str]] = {}
     for a in plan.actions:
         got.setdefault(a.node, set()).add(f"{a.kind}:{a.reason}")

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from controller.health.decide import plan_quarantine
 from controller.health.observe import Observer
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import policy_from_config
 from gpuwarden.config.health import HealthConfig
 from harness.localprom import LocalPrometheus, scrape_target
@@ -48,13 +48,13 @@ async def fleet(tmp_path: Any) -> AsyncIterator[tuple[RunningSimulator, LocalPro
         await sim.stop()
 
 
-async def plan_now(prom: LocalPrometheus) -> Plan:
+async def plan_now(prom: LocalPrometheus) -> HealthPlan:
     async with prom.client() as client:
         snap = await Observer(CFG).observe(client, [node_obj(n) for n in NODES], None, time.time())
     return plan_quarantine(snap, policy_from_config(CFG), snap.taken_at)
 
 
-def outcome(plan: Plan) -> dict[str, str]:
+def outcome(plan: HealthPlan) -> dict[str, str]:
     got = {a.node: f"{a.kind}:{a.reason}" for a in plan.actions}
     got.update({s.node: f"skip:{s.reason}" for s in plan.skips})
     return got

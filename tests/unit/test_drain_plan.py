@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from controller.drain.plan import DrainNode, DrainPod, PodHistory, Verdict, in_scope, plan_drains, pod_actions
+from controller.drain.plan import (
+    DrainNode,
+    DrainPod,
+    DrainVerdict,
+    PodHistory,
+    in_scope,
+    plan_drains,
+    pod_actions,
+)
 from gpuwarden.config.drain import DrainConfig
 
 UUIDS = {f"GPU-{i}": str(i) for i in range(8)}
@@ -59,23 +67,28 @@ def test_scope(fault: set[str], pods: list[DrainPod], scope: str, moved: list[st
 @pytest.mark.parametrize(
     ("p", "hist", "started", "verdict"),
     [
-        pytest.param(pod("a", "0"), None, None, Verdict.EVICT, id="default-immediate"),
-        pytest.param(pod("a", "0", ns="kube-system"), None, None, Verdict.REPORT, id="excluded-namespace"),
-        pytest.param(pod("a", "0", labels={"gpuwarden.io/drain-exclude": "true"}), None, None, Verdict.REPORT,
-                     id="excluded-label"),
-        pytest.param(pod("a", "0", labels={"tier": "precious"}), None, None, Verdict.REPORT, id="mode-never"),
-        pytest.param(pod("a", "0", ns="batch-x"), None, NOW - 10, Verdict.WAIT, id="allow-completion-waits"),
-        pytest.param(pod("a", "0", ns="batch-x"), None, NOW - 700, Verdict.EVICT,
+        pytest.param(pod("a", "0"), None, None, DrainVerdict.EVICT, id="default-immediate"),
+        pytest.param(pod("a", "0", ns="kube-system"), None, None, DrainVerdict.REPORT,
+                     id="excluded-namespace"),
+        pytest.param(pod("a", "0", labels={"gpuwarden.io/drain-exclude": "true"}), None, None,
+                     DrainVerdict.REPORT, id="excluded-label"),
+        pytest.param(pod("a", "0", labels={"tier": "precious"}), None, None, DrainVerdict.REPORT,
+                     id="mode-never"),
+        pytest.param(pod("a", "0", ns="batch-x"), None, NOW - 10, DrainVerdict.WAIT,
+                     id="allow-completion-waits"),
+        pytest.param(pod("a", "0", ns="batch-x"), None, NOW - 700, DrainVerdict.EVICT,
                      id="allow-completion-deadline-passed"),
         pytest.param(pod("a", "0", ns="serve"), PodHistory(NOW - 1000, NOW - 200, 3), NOW - 1000,
-                     Verdict.DELETE, id="pdb-refused-past-delete-after"),
-        pytest.param(pod("a", "0"), PodHistory(NOW - 5000, NOW - 5, 2), NOW - 5000, Verdict.BACKOFF,
+                     DrainVerdict.DELETE, id="pdb-refused-past-delete-after"),
+        pytest.param(pod("a", "0"), PodHistory(NOW - 5000, NOW - 5, 2), NOW - 5000, DrainVerdict.BACKOFF,
                      id="refused-no-delete-after-backs-off"),
-        pytest.param(pod("a", "0"), PodHistory(NOW - 5000, NOW - 200, 8), NOW - 5000, Verdict.EVICT,
+        pytest.param(pod("a", "0"), PodHistory(NOW - 5000, NOW - 200, 8), NOW - 5000, DrainVerdict.EVICT,
                      id="back-off-capped-at-two-minutes"),
     ],
 )  # fmt: skip
-def test_pod_verdicts(p: DrainPod, hist: PodHistory | None, started: float | None, verdict: Verdict) -> None:
+def test_pod_verdicts(
+    p: DrainPod, hist: PodHistory | None, started: float | None, verdict: DrainVerdict
+) -> None:
     n = node(set(), started=started, history={p.key: hist} if hist else {})
     _, actions = pod_actions(n, [p], POLICY, NOW)
     assert [a.verdict for a in actions] == [verdict]
@@ -106,13 +119,13 @@ def test_gate_limits_draining_nodes_and_evictions() -> None:
     assert started == ["n0", "n1"]  # max_draining_nodes 2
     held = [p for p in plan.nodes if p.held]
     assert [p.node for p in held] == ["n2", "n3"]
-    assert all(a.verdict is Verdict.BACKOFF for p in held for a in p.actions)
-    evicted = [a for p in plan.nodes for a in p.actions if a.verdict is Verdict.EVICT]
+    assert all(a.verdict is DrainVerdict.BACKOFF for p in held for a in p.actions)
+    evicted = [a for p in plan.nodes for a in p.actions if a.verdict is DrainVerdict.EVICT]
     assert len(evicted) == 6  # under the 10/min budget
     plan = plan_drains(
         nodes, pods, POLICY, NOW, evictions_last_minute=8, gpu_nodes=100, schedulable_gpu_nodes=96
     )
-    assert len([a for p in plan.nodes for a in p.actions if a.verdict is Verdict.EVICT]) == 2
+    assert len([a for p in plan.nodes for a in p.actions if a.verdict is DrainVerdict.EVICT]) == 2
     assert any("rate limit" in why for why in plan.gate_closed)
 
 
@@ -123,7 +136,7 @@ def test_capacity_floor_holds_new_drains_but_not_running_ones() -> None:
     plan = plan_drains([fresh, running], pods, POLICY, NOW, evictions_last_minute=0, gpu_nodes=10,
                        schedulable_gpu_nodes=5)  # fmt: skip
     by = {p.node: p for p in plan.nodes}
-    assert [a.verdict for a in by["old"].actions] == [Verdict.EVICT]
+    assert [a.verdict for a in by["old"].actions] == [DrainVerdict.EVICT]
     assert "min_schedulable_percent" in by["new"].held and not by["new"].start
 
 
@@ -132,7 +145,7 @@ def test_paused_and_done() -> None:
     n = DrainNode("n1", frozenset(), UUIDS, started=NOW - 10)
     plan = plan_drains([n], {"n1": [pod("a", "0")]}, paused, NOW, evictions_last_minute=0, gpu_nodes=4,
                        schedulable_gpu_nodes=4)  # fmt: skip
-    assert plan.nodes[0].held == "paused" and plan.nodes[0].actions[0].verdict is Verdict.BACKOFF
+    assert plan.nodes[0].held == "paused" and plan.nodes[0].actions[0].verdict is DrainVerdict.BACKOFF
     plan = plan_drains([n], {"n1": [pod("cpu", None, gpus=0)]}, POLICY, NOW, evictions_last_minute=0,
                        gpu_nodes=4, schedulable_gpu_nodes=4)  # fmt: skip
     assert plan.nodes[0].done
@@ -176,7 +189,7 @@ def test_a_terminating_pod_is_left_alone_but_keeps_the_drain_open() -> None:
     pods = {"n1": [pod("going", "0", terminating=True)]}
     plan = plan_drains([n], pods, POLICY, NOW, evictions_last_minute=0, gpu_nodes=4, schedulable_gpu_nodes=4)
     (node_plan,) = plan.nodes
-    assert [a.verdict for a in node_plan.actions] == [Verdict.WAIT] and not node_plan.done
+    assert [a.verdict for a in node_plan.actions] == [DrainVerdict.WAIT] and not node_plan.done
 
 
 def test_back_off_exponent_is_capped() -> None:
@@ -184,4 +197,4 @@ def test_back_off_exponent_is_capped() -> None:
     hist = PodHistory(first_refused=NOW - 10**6, last_attempt=NOW - 200, attempts=5000)
     n = node(set(), started=NOW - 10**6, history={p.key: hist})
     _, actions = pod_actions(n, [p], POLICY, NOW)  # no OverflowError; the delete_after path is reached
-    assert [a.verdict for a in actions] == [Verdict.DELETE]
+    assert [a.verdict for a in actions] == [DrainVerdict.DELETE]

@@ -349,8 +349,8 @@ async def test_bind_verb_reports_refusals_and_answers_even_when_events_cannot_be
 
 
 async def test_dry_run_bind_events_what_a_real_run_would_refuse() -> None:
-    """DESIGN.md: dry-run actions are computed and evented. The pod is bound (no claim written), and the
-    refusal a real run would have answered becomes a Warning Event."""
+    """Safety rule 4 (docs/architecture.md): dry-run actions are computed and evented. The pod is bound (no
+    claim written), and the refusal a real run would have answered becomes a Warning Event."""
     sink = FakeEvents()
     events = BindEvents(recorder(sink), dry_run=True)
     api = FakePodApi([pod("p", 8, policy="single-pcie")])

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import ConditionState, FleetSnapshot, NodeState, Taint
 from gpuwarden.errors import KubeConflict, KubeNotFound
@@ -111,7 +111,7 @@ def snapshot(api: Api) -> FleetSnapshot:
     return FleetSnapshot(NOW, (state,))
 
 
-async def leader_pass(api: Api, now: float) -> Plan:
+async def leader_pass(api: Api, now: float) -> HealthPlan:
     """One pass of a leader with no memory of the last one: plan from the API, apply."""
     recorder = EventRecorder(api, component="health", instance="leader")  # type: ignore[arg-type]
     actuator = Actuator(api, recorder, HealthMetrics(CollectorRegistry()), namespace="gpuwarden")  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import pytest
 
 from controller.health.catalog import load_catalog
 from controller.health.decide import plan_quarantine
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import (
     BreakerState,
@@ -391,7 +391,7 @@ ROWS: list[Row] = [
 ]
 
 
-def run(row: Row) -> Plan:
+def run(row: Row) -> HealthPlan:
     snap = FleetSnapshot(
         NOW,
         tuple(row.nodes),
@@ -402,7 +402,7 @@ def run(row: Row) -> Plan:
     return plan_quarantine(snap, HealthPolicy(**row.policy), NOW)
 
 
-def outcome(plan: Plan) -> dict[str, set[str]]:
+def outcome(plan: HealthPlan) -> dict[str, set[str]]:
     got: dict[str, set[str]] = {}
     for a in plan.actions:
         got.setdefault(a.node, set()).add(f"{a.kind}:{a.reason}")

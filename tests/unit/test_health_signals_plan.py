@@ -13,7 +13,7 @@ import pytest
 from controller.health.act import condition_patch, node_patch
 from controller.health.decide import plan_quarantine
 from controller.health.degrade import REASON_DEGRADED, plan_degraded
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import TAINT_KEY, ConditionState, FleetSnapshot, NodeState, Streak, Taint
 from gpuwarden.config.health_signals import SignalsConfig
@@ -24,7 +24,7 @@ INTERVAL = 10.0
 
 
 def run(passes: list[list[NodeState]], *, signals: dict[str, Any] | None = None,
-        prometheus_ok: list[bool] | None = None, **policy: Any) -> list[Plan]:  # fmt: skip
+        prometheus_ok: list[bool] | None = None, **policy: Any) -> list[HealthPlan]:  # fmt: skip
     """Plan each pass in turn, carrying the debounce streaks as the loop does."""
     pol = HealthPolicy(signals=SignalsConfig.model_validate(signals or {}), **policy)
     streaks: dict[str, Streak] = {}
@@ -40,7 +40,7 @@ def run(passes: list[list[NodeState]], *, signals: dict[str, Any] | None = None,
     return plans
 
 
-def summary(plan: Plan) -> set[str]:
+def summary(plan: HealthPlan) -> set[str]:
     return {f"{a.kind}:{a.reason}" for a in plan.actions} | {f"skip:{s.reason}" for s in plan.skips}
 
 

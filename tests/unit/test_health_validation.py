@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
-from controller.health.plan import Plan
+from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import TAINT_KEY, FleetSnapshot, JobState, NodeState
 from controller.health.validation import job_name, render_job
@@ -61,11 +61,11 @@ def with_record(n: NodeState, **changes: Any) -> NodeState:
     return replace(n, annotations={**n.annotations, RECORD_ANNOTATION: rec.with_(**changes).encode()})
 
 
-def plan(n: NodeState, policy: HealthPolicy = POLICY, now: float = NOW) -> Plan:
+def plan(n: NodeState, policy: HealthPolicy = POLICY, now: float = NOW) -> HealthPlan:
     return plan_quarantine(FleetSnapshot(now, (n,)), policy, now)
 
 
-def summary(p: Plan) -> set[str]:
+def summary(p: HealthPlan) -> set[str]:
     return {f"{a.kind}:{a.reason}" for a in p.actions} | {f"skip:{s.reason}" for s in p.skips}
 
 

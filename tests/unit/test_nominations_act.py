@@ -17,7 +17,7 @@ from controller.app import run_loops
 from controller.nominations.act import NominationActuator
 from controller.nominations.loop import NominationLoop
 from controller.nominations.metrics import NominationMetrics
-from controller.nominations.plan import Clear, Evict, Forget, Plan, Stale, Stamp
+from controller.nominations.plan import Clear, Evict, Forget, NominationPlan, Stale, Stamp
 from controller.nominations.snapshot import NominationRecord, PendingPod
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeNotFound, KubeUnreachable
@@ -128,8 +128,10 @@ def actuator(api: FakeApi) -> tuple[NominationActuator, FakeRecorder, CollectorR
     return NominationActuator(api, recorder, NominationMetrics(registry)), recorder, registry  # type: ignore[arg-type]
 
 
-def clear_plan(*pods: PendingPod, dry_run: bool = False, reason: Stale = Stale.NODE_CORDONED) -> Plan:
-    return Plan(
+def clear_plan(
+    *pods: PendingPod, dry_run: bool = False, reason: Stale = Stale.NODE_CORDONED
+) -> NominationPlan:
+    return NominationPlan(
         NOW, dry_run, clears=tuple(Clear(p, reason, f"node {p.node} is cordoned", 60.0) for p in pods)
     )
 
@@ -199,7 +201,7 @@ async def test_dry_run_writes_nothing_but_events() -> None:
     act, recorder, registry = actuator(api)
     record = NominationRecord("n1", NOW)
     evict = Evict(pending("q"), "stuck", 4000.0)
-    plan = Plan(NOW, True, clears=clear_plan(pending()).clears, evictions=(evict,),
+    plan = NominationPlan(NOW, True, clears=clear_plan(pending()).clears, evictions=(evict,),
                 stamps=(Stamp(pending("q"), record),), forgets=(Forget(pending("r", "")),))  # fmt: skip
     result = await act.apply(plan)
     assert api.writes == [] and api.lists == []
@@ -211,7 +213,9 @@ async def test_dry_run_writes_nothing_but_events() -> None:
 async def test_eviction_goes_through_the_eviction_api() -> None:
     api = FakeApi(k8s_pod("q"))
     act, recorder, registry = actuator(api)
-    result = await act.apply(Plan(NOW, evictions=(Evict(pending("q"), "nominated to n1 for 4000s", 4000.0),)))
+    result = await act.apply(
+        NominationPlan(NOW, evictions=(Evict(pending("q"), "nominated to n1 for 4000s", 4000.0),))
+    )
     assert result.evicted == ["ml/q"]
     assert api.writes == [golden("eviction_request.json")]
     assert recorder.emitted[0]["reason"] == "NominatedPodEvicted"
@@ -234,7 +238,7 @@ async def test_eviction_refused(error: KubeError, outcome: str, event: str | Non
     api = FakeApi(k8s_pod("q"))
     api.fail["evict"] = error
     act, recorder, registry = actuator(api)
-    result = await act.apply(Plan(NOW, evictions=(Evict(pending("q"), "stuck", 4000.0),)))
+    result = await act.apply(NominationPlan(NOW, evictions=(Evict(pending("q"), "stuck", 4000.0),)))
     assert not result.evicted
     assert registry.get_sample_value("gpuwarden_nominations_evictions_total", {"outcome": outcome}) == 1
     assert [e["reason"] for e in recorder.emitted] == ([event] if event else [])
@@ -246,7 +250,9 @@ async def test_record_writes_carry_the_uid_precondition() -> None:
     api = FakeApi(k8s_pod("p"), k8s_pod("r", nominated=""))
     act, _, _ = actuator(api)
     record = NominationRecord("gpu-node-3", NOW)
-    await act.apply(Plan(NOW, stamps=(Stamp(pending("p"), record),), forgets=(Forget(pending("r", "")),)))
+    await act.apply(
+        NominationPlan(NOW, stamps=(Stamp(pending("p"), record),), forgets=(Forget(pending("r", "")),))
+    )
     assert api.writes == golden("record_patches.json")
 
 
@@ -255,8 +261,9 @@ async def test_api_outage_changes_nothing_and_raises_nothing() -> None:
     for verb in ("get", "list", "patch", "evict"):
         api.fail[verb] = KubeUnreachable("API server unreachable", status=None)
     act, recorder, _ = actuator(api)
-    plan = Plan(NOW, clears=clear_plan(pending()).clears, evictions=(Evict(pending("q"), "stuck", 4000.0),),
-                stamps=(Stamp(pending("q"), NominationRecord("n1", NOW)),))  # fmt: skip
+    plan = NominationPlan(NOW, clears=clear_plan(pending()).clears,
+                          evictions=(Evict(pending("q"), "stuck", 4000.0),),
+                          stamps=(Stamp(pending("q"), NominationRecord("n1", NOW)),))  # fmt: skip
     result = await act.apply(plan)
     assert not (result.cleared or result.evicted or api.writes or recorder.emitted)
     assert result.failures == 2 and result.unrecorded, "eviction and record failed; the clear was guarded"

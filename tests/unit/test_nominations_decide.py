@@ -13,7 +13,7 @@ from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel, NodeView
 from controller.gpus.objects import pod_info
 from controller.nominations.decide import plan_nominations
-from controller.nominations.plan import NominationPolicy, Plan, policy_from_config
+from controller.nominations.plan import NominationPlan, NominationPolicy, policy_from_config
 from controller.nominations.snapshot import (
     NodeState,
     NominationRecord,
@@ -243,7 +243,7 @@ ROWS = [
 ]
 
 
-def outcome(plan: Plan) -> dict[str, str]:
+def outcome(plan: NominationPlan) -> dict[str, str]:
     out = {c.pod.name: f"clear:{c.reason.value}" for c in plan.clears}
     out |= {h.pod.name: f"hold:{h.reason.value}" for h in plan.holds}
     out |= {e.pod.name: "evict" for e in plan.evictions}
