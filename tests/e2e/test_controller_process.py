@@ -104,6 +104,18 @@ def _sample(text: str, series: str) -> float:
     return 0.0
 
 
+def _apiserver_watches(cluster: Cluster) -> dict[str, float]:
+    """Watch streams open on the API server now, per core resource (its `apiserver_longrunning_requests`):
+    every client's, so a difference taken around one client's life is that client's."""
+    out: dict[str, float] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").splitlines():
+        core_watch = 'verb="WATCH"' in line and 'group=""' in line
+        if line.startswith("apiserver_longrunning_requests{") and core_watch:
+            resource = line.split('resource="', 1)[1].split('"', 1)[0]
+            out[resource] = out.get(resource, 0.0) + float(line.split()[-1])
+    return out
+
+
 def _lease_holder(cluster: Cluster) -> str:
     lease = cluster.get_json("-n", NS, "lease", LEASE)
     return str(lease.get("spec", {}).get("holderIdentity") or "")
@@ -156,8 +168,18 @@ def test_controller_serves_leads_filters_and_releases_on_sigterm(
         taints = cluster.get_json("node", node).get("spec", {}).get("taints") or []
         assert not [t for t in taints if t["key"].startswith("gpuwarden.io/")], (node, taints)
 
+    running = _apiserver_watches(cluster)
     controller_process.send_signal(signal.SIGTERM)
     assert controller_process.wait(30) == 0
+    # The API server's own count agrees: the streams that close with the controller are one per kind.
+    closed: dict[str, float] = {}
+    for _ in range(50):
+        after = _apiserver_watches(cluster)
+        closed = {kind: running.get(kind, 0.0) - after.get(kind, 0.0) for kind in ("nodes", "pods")}
+        if closed == {"nodes": 1.0, "pods": 1.0}:
+            break
+        time.sleep(0.2)
+    assert closed == {"nodes": 1.0, "pods": 1.0}, (running, closed)
     assert _lease_holder(cluster) == "", f"SIGTERM must release the Lease held by {holder}"
 
 
