@@ -30,6 +30,7 @@ from aiohttp import web
 from kubernetes import client as k8s
 
 from gpuwarden import ports
+from harness.localprom import scrape_target
 from harness.testbed import (
     Binaries,
     Cluster,
@@ -94,6 +95,51 @@ class BackgroundServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+
+class KubeletMetricsRelay:
+    """A real node's kubelet ``/metrics/cadvisor`` and ``/metrics/resource``, read through kube-apiserver's
+    node proxy and served as they are on 127.0.0.1 (``/cadvisor``, ``/resource``) for a host Prometheus to
+    scrape: the kubelet's port wants a client certificate the test Prometheus has not got.
+
+    ``targets`` are the scrape configs (jobs ``kubelet-cadvisor`` and ``kubelet-resource``, ``honor_labels``
+    so the kubelet's ``namespace``/``pod``/``container`` labels are kept as kube-prometheus keeps them).
+    """
+
+    ENDPOINTS = ("cadvisor", "resource")
+
+    def __init__(self, cluster: Cluster, node: str) -> None:
+        self.cluster = cluster
+        self.node = node
+        self._server: BackgroundServer | None = None
+
+    def scrape(self, endpoint: str) -> str:
+        return self.cluster.kubectl("get", "--raw", f"/api/v1/nodes/{self.node}/proxy/metrics/{endpoint}")
+
+    def start(self) -> KubeletMetricsRelay:
+        async def relay(request: web.Request) -> web.Response:
+            text = await asyncio.to_thread(self.scrape, request.match_info["endpoint"])
+            return web.Response(text=text, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/{endpoint:cadvisor|resource}", relay)
+        self._server = BackgroundServer(app).start()
+        return self
+
+    def targets(self, scrape_interval_seconds: float = 2) -> list[dict[str, Any]]:
+        assert self._server is not None, "start() first"
+        return [
+            scrape_target(
+                f"kubelet-{e}", f"127.0.0.1:{self._server.port}", metrics_path=f"/{e}", honor_labels=True,
+                scrape_interval_seconds=scrape_interval_seconds,
+            )
+            for e in self.ENDPOINTS
+        ]  # fmt: skip
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The helm-installed gpuwarden release of tests/e2e/test_installed_image.py and what its tests read.
 
-Kept apart from the tests so each reads in one screen: the release's pods and their timings, the node's view
-of their memory, the chart's scheduler configuration adapted to the test bed's host-process kube-scheduler,
-the Lease and the extender's Service, and a user's kustomize overlay of deploy/base.
+Kept apart from the tests so each reads in one screen: the values of the one `helm install`, the release's
+pods and their timings, the node's and `kubectl top`'s view of their memory, the chart's scheduler
+configuration adapted to the test bed's host-process kube-scheduler, the Lease and the extender's Service, and
+a user's kustomize overlay of deploy/base.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,11 +35,21 @@ RELEASE = "gpuwarden"
 NODE = "real-node-0"
 
 
+NODE_NS = "gw-installed-node"
+
+
 APISERVICES = (
     "v1beta1.custom.metrics.k8s.io",
     "v1beta2.custom.metrics.k8s.io",
     "v1beta1.external.metrics.k8s.io",
 )
+
+
+# resourceMetrics.enabled: the chart's metrics.k8s.io, served by the same adapter pods (kubectl top).
+RESOURCE_APISERVICE = "v1beta1.metrics.k8s.io"
+
+
+UUIDS = [f"GPU-1a5a11ed-0000-0000-0000-00000000000{i}" for i in range(8)]
 
 
 Obj = dict[str, Any]
@@ -59,6 +72,50 @@ class Installed:
         selector = ["-l", f"app.kubernetes.io/component={component}"] if component else []
         items = self.kubectl_json("get", "pods", "-n", NS, *selector)["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def node_agent_pod(self) -> Obj | None:
+        """The node agent pod on the real node, once Ready (its pods on kwok GPU nodes are kwok's)."""
+        items = self.kubectl_json("get", "pods", "-n", NODE_NS)["items"]
+        pods = [p for p in items if p["spec"].get("nodeName") == NODE and ready(p)]
+        return pods[0] if len(pods) == 1 else None
+
+
+def install_values(prometheus_url: str, prometheus_port: int, chart_defaults: Obj) -> Obj:
+    """What the one `helm install` sets: the adapter and controller on the real node, resource metrics on
+    (kube-prometheus's resource rules, unchanged), and the node agent as the real node's device plugin with
+    an 8-GPU topology (this machine has no GPU)."""
+
+    def toleration() -> Obj:
+        return {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+
+    def placement() -> Obj:  # a fresh copy each time: no YAML anchors in the values file
+        return {"tolerations": [toleration()], "nodeSelector": {REAL_NODE_LABEL: "true"}}
+
+    gpus = [
+        {
+            "index": i,
+            "uuid": uuid,
+            "pciBusId": f"0000:{0x10 + i:02x}:00.0",
+            "numa": i // 4,
+            "pcieSwitch": f"sw{i // 2}",
+            "nvlinkPeers": [f"0000:{0x10 + j:02x}:00.0" for j in range(8) if j // 4 == i // 4 and j != i],
+        }
+        for i, uuid in enumerate(UUIDS)
+    ]
+    return {
+        "prometheus": {"url": prometheus_url, "port": prometheus_port},
+        **placement(),
+        "metricsRelistInterval": "10s",
+        "resourceMetrics": {"enabled": True, "kubePrometheusRules": True},
+        "controller": placement(),
+        "nodeAgent": {
+            "enabled": True,
+            "devicePlugin": True,
+            "namespace": NODE_NS,
+            "tolerations": [*chart_defaults["nodeAgent"]["tolerations"], toleration()],
+            "topology": {"gpus": gpus},
+        },
+    }
 
 
 def ready(pod: Obj) -> bool:
@@ -96,6 +153,61 @@ def pod_rss_mib(uid: str) -> float:
         m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
         total += int(m.group(1)) if m else 0
     return total / 1024
+
+
+def run_kubectl(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """kubectl with its stderr (warnings, errors) kept, and its exit code not checked."""
+    cmd = [str(cluster.binaries.path("kubectl")), f"--kubeconfig={cluster.kubeconfig}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def top_rows(output: str) -> list[list[str]]:
+    """`kubectl top` output without its header, split into columns."""
+    return [line.split() for line in output.strip().splitlines()[1:] if line.strip()]
+
+
+def mib(quantity: str) -> float:
+    """A memory quantity as kubectl top prints it (Ki, Mi, Gi or bytes) in MiB."""
+    units = {"Ki": 2**-10, "Mi": 1, "Gi": 2**10}
+    return float(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity) / 2**20
+
+
+PSA = "pod-security.kubernetes.io"
+
+
+def pod_security_warnings(cluster: Cluster, namespace: str) -> str:
+    """Pod Security admission's warnings for the namespace's existing pods against ``restricted``.
+
+    A server-side dry run of the namespace's enforce labels, pinned to the server's version: a changed
+    enforce policy (level or version) makes the admission evaluate every pod of the namespace and answer with
+    a warning per violation, and nothing is changed."""
+    server = json.loads(cluster.kubectl("version", "-o", "json"))["serverVersion"]
+    version = f"v{server['major']}.{server['minor'].rstrip('+')}"
+    labels = [f"{PSA}/enforce=restricted", f"{PSA}/enforce-version={version}"]
+    result = run_kubectl(cluster, "label", "--dry-run=server", "--overwrite", "namespace", namespace, *labels)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+WORKING_SET = "container_memory_working_set_bytes"
+
+
+def kubectl_top(cluster: Cluster, namespace: str, pods: set[str]) -> dict[str, list[str]] | None:
+    """`kubectl top pods -n NAMESPACE --containers` as {pod: [pod, container, cpu, memory]}, once it has a
+    row for every pod in `pods` (None until then)."""
+    result = run_kubectl(cluster, "top", "pods", "-n", namespace, "--containers")
+    rows = {r[0]: r for r in top_rows(result.stdout)} if result.returncode == 0 else {}
+    return rows if pods <= set(rows) else None
+
+
+def prom_query(url: str, query: str) -> list[Obj]:
+    """An instant query's result vector (`[{metric, value: [t, "v"]}]`)."""
+    query_string = urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query_string}", timeout=10) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    result: list[Obj] = doc["data"]["result"]
+    return result
 
 
 def wait_release_ready(inst: Installed, timeout: float = 240) -> list[Obj]:

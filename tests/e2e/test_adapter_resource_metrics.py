@@ -42,7 +42,7 @@ from harness.testbed import (
 )
 from harness.testbed.apiservice import delete_local_apiservice
 from harness.testbed.pki import make_ca, serving_cert_for_service
-from tests.e2e.conftest import REAL_NODE, BackgroundServer, free_port, pod_manifest
+from tests.e2e.conftest import REAL_NODE, BackgroundServer, KubeletMetricsRelay, free_port, pod_manifest
 from tests.e2e.test_adapter_hpa import AdapterThread, _get
 
 pytestmark = pytest.mark.e2e
@@ -351,24 +351,8 @@ def test_kubectl_top_pod_shows_a_real_containers_usage_from_its_kubelet(
     """
     from tests.e2e.test_kubelet_node import tool_pod, wait_phase
 
-    def scrape(endpoint: str) -> str:
-        return node_cluster.kubectl("get", "--raw", f"/api/v1/nodes/{REAL_NODE}/proxy/metrics/{endpoint}")
-
-    async def relay(request: web.Request) -> web.Response:
-        text = await asyncio.to_thread(scrape, request.match_info["endpoint"])
-        return web.Response(text=text, content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/{endpoint:cadvisor|resource}", relay)
-    server = BackgroundServer(app).start()
-    targets = [
-        scrape_target(
-            f"kubelet-{e}", f"127.0.0.1:{server.port}", metrics_path=f"/{e}", honor_labels=True,
-            scrape_interval_seconds=2,
-        )
-        for e in ("cadvisor", "resource")
-    ]  # fmt: skip
-    prom = LocalPrometheus(tmp_path / "prom", targets)
+    kubelet = KubeletMetricsRelay(node_cluster, REAL_NODE).start()
+    prom = LocalPrometheus(tmp_path / "prom", kubelet.targets(scrape_interval_seconds=2))
     asyncio.run(prom.start())
     ca = make_ca("gpuwarden-real-node-ca")
     cert, key = serving_cert_for_service(ca, SERVICE, "kube-system").write(tmp_path / "tls", "serving")
@@ -415,7 +399,7 @@ def test_kubectl_top_pod_shows_a_real_containers_usage_from_its_kubelet(
         try:
             body = poll(served, timeout=120, what="PodMetrics of the real pod")
         except TimeoutError as exc:
-            lines = [ln for ln in scrape("resource").splitlines() if "real-usage" in ln][:8]
+            lines = [ln for ln in kubelet.scrape("resource").splitlines() if "real-usage" in ln][:8]
             answer = kubectl(node_cluster, "get", "--raw", path)
             raise AssertionError(f"{exc}\n/metrics/resource: {lines}\nadapter: {answer.stderr}") from exc
         assert body is not None
@@ -446,4 +430,4 @@ def test_kubectl_top_pod_shows_a_real_containers_usage_from_its_kubelet(
             delete_local_apiservice(node_cluster, registered)
         adapter.stop()
         asyncio.run(prom.stop())
-        server.stop()
+        kubelet.stop()
