@@ -261,6 +261,7 @@ CONTROLLER_NAMESPACE = {
     ("coordination.k8s.io", "leases", ""): "create",
     ("", "configmaps", "gpuwarden-quarantine-breaker"): "get patch",
     ("", "configmaps", ""): "create",
+    ("batch", "jobs", ""): "create get list",  # health.validation's Jobs
 }
 
 
