@@ -10,6 +10,11 @@ Why it exists: "idle" must be decided one way, table-tested, and err toward *not
   exclude label, a rule with action `ignore`) are never idle;
 * an acknowledgement (`gpuwarden.io/idle-ack-until` in the future) holds any action on an idle pod.
 
+Action `prefer-as-victim`: an idle pod is reported and marked `idle-reclaimable`, which GPU preemption reads
+(controller.gpus.victims: such pods are taken first, and may yield to a pending pod of equal priority). The
+mark is kept only while the pod is idle, reported and not acknowledged: unknown data, an acknowledgement or a
+rule that no longer says prefer-as-victim removes it (the `idle-since` stays where it would stay).
+
 Action `evict`: an idle pod already reported whose `idle-since` is `evict_after_seconds` old is evicted,
 within the hourly budget (`max_evictions_per_hour` minus the evictions of the last hour); the rest wait.
 
@@ -67,6 +72,18 @@ class Mark:
     since: float
     rule: str
     message: str
+    reclaimable: bool = False
+    """The rule says prefer-as-victim: `idle-reclaimable` is written with `idle-since`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """Set (`reclaimable`) or remove our `idle-reclaimable` mark on a pod already reported idle."""
+
+    pod: IdlePod
+    reclaimable: bool
+    rule: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +112,7 @@ class IdlePlan:
     judgements: tuple[Judgement, ...]
     marks: tuple[Mark, ...] = ()
     unmarks: tuple[Unmark, ...] = ()
+    reclaims: tuple[Reclaim, ...] = ()
     evictions: tuple[Evict, ...] = ()
     over_budget: tuple[str, ...] = ()
     """Pods due for eviction that the hourly budget holds."""
@@ -122,13 +140,16 @@ class IdlePlan:
             "counts": self.counts,
             "idle": [
                 {"pod": j.pod.key, "gpus": j.pod.gpus, "since": j.pod.idle_since_text, "rule": j.rule,
-                 "acknowledged": j.acknowledged, "reason": j.reason}
+                 "acknowledged": j.acknowledged, "reason": j.reason, "action": j.action,
+                 "reclaimable": j.pod.reclaimable}
                 for j in self.judgements if j.verdict is Verdict.IDLE
             ],
-            "mark": [{"pod": m.pod.key, "since": m.since, "rule": m.rule, "message": m.message}
-                     for m in self.marks],
+            "mark": [{"pod": m.pod.key, "since": m.since, "rule": m.rule, "message": m.message,
+                      "reclaimable": m.reclaimable} for m in self.marks],
             "unmark": [{"pod": u.pod.key, "verdict": u.verdict.value, "message": u.message}
                        for u in self.unmarks],
+            "reclaimable": [{"pod": r.pod.key, "set": r.reclaimable, "rule": r.rule, "message": r.message}
+                            for r in self.reclaims],
             "evict": [{"pod": e.pod.key, "rule": e.rule, "message": e.message} for e in self.evictions],
             "over_budget": list(self.over_budget),
             "deferred": list(self.deferred),
@@ -200,8 +221,27 @@ def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, no
     )
 
 
+def _reclaim(j: Judgement) -> Reclaim | None:
+    """Whether a reported pod's `idle-reclaimable` mark must be set or removed: it belongs on a pod that is
+    idle, reported, unacknowledged and under a prefer-as-victim rule - nowhere else (unknown data included:
+    GPU preemption must not act on an idleness it can no longer see). Unmarked pods lose it with the
+    `idle-since` (`Unmark`)."""
+    pod = j.pod
+    if pod.idle_since_text is None:
+        return None
+    wanted = j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "prefer-as-victim"
+    if wanted == pod.reclaimable:
+        return None
+    if wanted:
+        return Reclaim(pod, True, j.rule, f"GPUs idle and reclaimable by preemption (rule {j.rule})")
+    why = "acknowledged" if j.acknowledged else f"rule {j.rule} says {j.action}"
+    if j.verdict is not Verdict.IDLE:
+        why = f"{j.verdict.value}: {j.reason}"
+    return Reclaim(pod, False, j.rule, f"no longer reclaimable ({why})")
+
+
 def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePlan:
-    """Judge every GPU pod and plan the pass's marks, unmarks and evictions."""
+    """Judge every GPU pod and plan the pass's marks, unmarks, reclaimable marks and evictions."""
     config = policy.config
     judgements: list[Judgement] = []
     for pod in snapshot.pods:
@@ -211,6 +251,7 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
             judgements.append(judge(pod, snapshot.readings.get(pod.key, ()), config, now))
     marks: list[Mark] = []
     unmarks: list[Unmark] = []
+    reclaims: list[Reclaim] = []
     evictions: list[Evict] = []
     over_budget: list[str] = []
     budget = max(0, config.max_evictions_per_hour - snapshot.recent_evictions)
@@ -224,8 +265,16 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
             if len(marks) >= config.max_marks_per_pass:
                 deferred.append(pod.key)
                 continue
-            marks.append(Mark(pod, now - config.window_seconds, j.rule, f"GPUs idle: {j.reason}"))
-        elif j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "evict":
+            prefer = j.action == "prefer-as-victim"
+            marks.append(Mark(pod, now - config.window_seconds, j.rule, f"GPUs idle: {j.reason}", prefer))
+            continue
+        if j.verdict in (Verdict.BUSY, Verdict.YOUNG, Verdict.EXCLUDED) and pod.idle_since_text is not None:
+            unmarks.append(Unmark(pod, j.verdict, f"no longer idle ({j.verdict.value}): {j.reason}"))
+            continue
+        reclaim = _reclaim(j)
+        if reclaim is not None:
+            reclaims.append(reclaim)
+        if j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "evict":
             since = parse_time(pod.idle_since_text)
             if since is None or now - since < config.evict_after_seconds:
                 continue
@@ -234,8 +283,6 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
                 continue
             idle_for = (now - since) / 60
             evictions.append(Evict(pod, j.rule, f"idle for {idle_for:.0f} min (rule {j.rule}): {j.reason}"))
-        elif j.verdict in (Verdict.BUSY, Verdict.YOUNG, Verdict.EXCLUDED) and pod.idle_since_text is not None:
-            unmarks.append(Unmark(pod, j.verdict, f"no longer idle ({j.verdict.value}): {j.reason}"))
     return IdlePlan(
         now=now,
         dry_run=policy.dry_run,
@@ -243,6 +290,7 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
         judgements=tuple(judgements),
         marks=tuple(marks),
         unmarks=tuple(unmarks),
+        reclaims=tuple(reclaims),
         evictions=tuple(evictions),
         over_budget=tuple(over_budget),
         deferred=tuple(deferred),
@@ -260,6 +308,8 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
     held = set(doc.get("over_budget") or [])
     for i in idle:
         act = "report" if i["pod"] in marking else "evict" if i["pod"] in evicting else "reported"
+        if i.get("action") == "prefer-as-victim" and act != "evict":
+            act += ", reclaimable by preemption"
         if i["acknowledged"]:
             act = "held (acknowledged)"
         elif i["pod"] in held:

@@ -12,10 +12,14 @@ preemption throttle, reserves the freed GPUs for the preemptor and evicts.
 A pod is a candidate when it is unbound, pending, not being deleted, asks for GPUs, is not nominated by the
 scheduler (its own preemption is under way), holds no fresh reservation, and its PodScheduled condition has
 said Unschedulable for `min_pending` seconds with the extender's `fragmented:` verdict in the message - the
-extender only sees nodes that passed every in-tree filter, so that verdict means "topology, nothing else"
-on at least one node. Nodes are then limited to those the pod could use: schedulable, taints tolerated,
-nodeSelector matched (other in-tree filters are the scheduler's; a node planned here that fails them
-costs the reservation's time, never a second preemption, because the reservation is checked first).
+extender only sees nodes that passed every in-tree filter, so that verdict means "topology, nothing else" on
+at least one node. Idle reclaim: a pod short of GPUs by count (`Insufficient <resource>`) is a candidate too,
+but only for plans whose victims are all idle pods the idle loop marked reclaimable (prefer-as-victim), of
+equal or lower priority - the scheduler's own preemption never takes a pod of equal priority and knows nothing
+of idleness; lower-priority busy pods stay its business. Nodes are then limited to those the pod could use:
+schedulable, taints tolerated, nodeSelector matched (other in-tree filters are the scheduler's; a node planned
+here that fails them costs the reservation's time, never a second preemption, because the reservation is
+checked first).
 
 Pure: no I/O, no clock (`now` is a parameter), no logging.
 """
@@ -44,6 +48,7 @@ from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
 """The start of the extender's verdict for a node fragmented for the pod (decide.py)."""
+ONLY_IDLE = "only idle reclaimable pods may make room for a pod short of GPUs by count"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,8 @@ class Pending:
     spec: Mapping[str, Any]
     since: float
     """When PodScheduled turned False (the creation time when unknown)."""
+    idle_only: bool = False
+    """Short of GPUs by count rather than fragmented: only reclaimable idle pods may make room for it."""
 
 
 def candidate(
@@ -110,6 +117,7 @@ def candidate(
     min_pending: float,
     ttl: float,
     namespaces: Iterable[str],
+    resource: str = "nvidia.com/gpu",
 ) -> Pending | str:
     """The pod as a preemptor, or why it is not one (a short reason for `gpuwarden plan`)."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -134,12 +142,14 @@ def candidate(
     )
     if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
         return "not unschedulable"
-    if FRAGMENTED_MARKER not in str(cond.get("message") or ""):
+    message = str(cond.get("message") or "")
+    idle_only = FRAGMENTED_MARKER not in message
+    if idle_only and f"Insufficient {resource}" not in message:
         return "no fragmented node in the scheduler's verdict"
     since = parse_time(cond.get("lastTransitionTime")) or parse_time(meta.get("creationTimestamp")) or now
     if now - since < min_pending:
         return "unschedulable for less than min_pending_seconds"
-    return Pending(pod, obj.get("spec") or {}, since)
+    return Pending(pod, obj.get("spec") or {}, since, idle_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +169,7 @@ def _shape(p: Pending, tenancy: Tenancy | None) -> tuple[Any, ...]:
     sel = tuple(sorted((spec.get("nodeSelector") or {}).items()))
     # under a cross-tenant rule whom a pod may preempt depends on its namespace
     ns = p.pod.key.split("/", 1)[0] if tenancy is not None else ""
-    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel, ns)
+    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel, ns, p.idle_only)
 
 
 def plan_room(
@@ -246,7 +256,10 @@ def _rank(
     plans: list[VictimPlan] = []
     reasons: dict[str, int] = {}
     for name, view in views.items():
-        if view is None or view.allocatable < pod.gpus or not view.may_yield_to(pod.priority):
+        if view is None or view.allocatable < pod.gpus:
+            continue
+        idle = any(h.reclaimable(now) and h.priority <= pod.priority for h in view.holders)
+        if not idle and (p.idle_only or not view.may_yield_to(pod.priority)):
             continue
         node = facts.get(name)
         if node is None or not usable(p.spec, node):
@@ -259,11 +272,16 @@ def _rank(
             key = plan.reason if tenants else plan.reason.split(" (")[0]
             reasons[key] = reasons.get(key, 0) + 1
             continue
+        if p.idle_only and plan.busy:
+            reasons[ONLY_IDLE] = reasons.get(ONLY_IDLE, 0) + 1
+            continue
         plans.append(plan)
     best_first = sorted(
         plans, key=lambda pl: (0 if not pl.victims else 1, *pl.cost(), -pl.choice.score, pl.node)
     )
     if not reasons:
+        if p.idle_only:
+            return best_first, "no node with idle reclaimable GPU pods it could use"
         return best_first, "no node with lower-priority GPU pods it could use"
     top = max(reasons.items(), key=lambda kv: (kv[1], kv[0]))
     return best_first, f"no node can make room ({top[1]} node(s): {top[0]})"

@@ -3,8 +3,9 @@
 Why: the scheduler counts requests, not use; a pod holding 8 GPUs at 0 % keeps another tenant's job Pending.
 A pod is idle when every GPU it holds stayed under `threshold_percent` for `window_seconds` (DCGM
 `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, else `DCGM_FI_DEV_GPU_UTIL`). Missing data is unknown, never idle; young
-pods and opted-out pods are never idle. Per-namespace/label rules choose the action; today the one action is
-`report` (the `gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert);
+pods and opted-out pods are never idle. Per-namespace/label rules choose the action: `report` (the
+`gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert); `prefer-as-victim`
+reports and marks the pod reclaimable (GPU preemption takes idle pods first, equal priority included);
 `evict` reports first, then evicts through the Eviction API (PodDisruptionBudgets hold) once the pod has
 stayed idle `evict_after_seconds`, at most `max_evictions_per_hour` across the fleet.
 Off by default and dry-run by default: an operator first sees what would be reported.
@@ -20,9 +21,11 @@ from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, LabelName, Percent, Seconds
 from gpuwarden.wellknown import IDLE_EXCLUDE
 
-IdleAction = Literal["report", "evict", "ignore"]
-"""report: annotate, Event and count the idle pod; evict: report, then evict it after `evict_after_seconds`;
-ignore: never judge pods the rule matches."""
+IdleAction = Literal["report", "prefer-as-victim", "evict", "ignore"]
+"""report: annotate, Event and count the idle pod; prefer-as-victim: report, and mark it
+`gpuwarden.io/idle-reclaimable` so GPU preemption and the preempt verb take it before busy pods and a pending
+pod of equal or higher priority may reclaim its GPUs; evict: report, then evict it after
+`evict_after_seconds`; ignore: never judge pods the rule matches."""
 
 
 class IdleRule(Section):
@@ -35,7 +38,9 @@ class IdleRule(Section):
     match_labels: dict[str, str] = Field(
         default_factory=dict, description="Pod labels that must all match. Empty: every pod."
     )
-    action: IdleAction = Field(description="What idle pods matching the rule get: report, evict or ignore.")
+    action: IdleAction = Field(
+        description="What idle pods matching the rule get: report, prefer-as-victim, evict or ignore."
+    )
 
 
 class IdleMetricLabels(Section):
