@@ -4,8 +4,9 @@ by a real Prometheus, and the idle loop's pass against the real API server.
 Kubernetes pods are placed (nodeName) on the GPUs the simulator models, with `gpuwarden.io/gpu-ids`: one on
 the GPU of the simulator's busy workload (same namespace and name as the simulator's pod, so the exporter's
 pod labels agree), idle ones on GPUs no workload uses. After the 60 s window has passed over their lifetime,
-one pass reports the idle pod (annotation + Events), leaves the busy and the acknowledged one alone, evicts
-the one whose rule says evict, and is refused by a PodDisruptionBudget for the protected one.
+one pass reports the idle pod (annotation + Events), marks the one under a prefer-as-victim rule
+`idle-reclaimable` too, leaves the busy and the acknowledged one alone, evicts the one whose rule says evict,
+and is refused by a PodDisruptionBudget for the protected one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from controller.idle.loop import IdleLoop
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, PODS, Informer, KubeClient
 from gpuwarden.promclient import PrometheusClient
-from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_SINCE
+from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_RECLAIMABLE, IDLE_SINCE
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import parse_scenario, start
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
@@ -53,7 +54,9 @@ def config(cluster: Cluster, prom_url: str) -> Config:
         "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
         "idle": {"enabled": True, "dry_run": False, "window_seconds": WINDOW, "warmup_seconds": 1,
                  "scrape_interval_seconds": 1, "evict_after_seconds": 600,
-                 "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"}]},
+                 "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"},
+                           {"name": "lendable", "match_labels": {"idle": "prefer"},
+                            "action": "prefer-as-victim"}]},
     })  # fmt: skip
 
 
@@ -111,13 +114,14 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
     env: Env, cluster: Cluster
 ) -> None:
     busy_name, busy_node, busy_gpus = env.busy
-    (n1, g1), (n2, g2), (n3, g3), (n4, g4) = env.free[:4]
+    (n1, g1), (n2, g2), (n3, g3), (n4, g4), (n5, g5) = env.free[:5]
     pods = [
         placed(busy_name, busy_node, busy_gpus),
         placed("notebook", n1, [g1]),
         placed("standby", n2, [g2], ann={IDLE_ACK_UNTIL: rfc3339(time.time() + 3600)}),
         placed("stale-nb", n3, [g3], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
         placed("guarded-nb", n4, [g4], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
+        placed("lendable-nb", n5, [g5], {"idle": "prefer"}),
     ]
     pdb = {
         "apiVersion": "policy/v1",
@@ -155,10 +159,12 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
         "standby": (Verdict.IDLE, True),
         "stale-nb": (Verdict.IDLE, False),
         "guarded-nb": (Verdict.IDLE, False),
+        "lendable-nb": (Verdict.IDLE, False),
     }, {j.pod.name: j.reason for j in plan.judgements}
     annotations = {p["metadata"]["name"]: p["metadata"].get("annotations") or {}
                    for p in cluster.get_json("pods", "-n", NS)["items"]}  # fmt: skip
-    assert IDLE_SINCE in annotations["notebook"]
+    assert IDLE_SINCE in annotations["notebook"] and IDLE_RECLAIMABLE not in annotations["notebook"]
+    assert IDLE_SINCE in annotations["lendable-nb"] and annotations["lendable-nb"][IDLE_RECLAIMABLE] == "true"
     assert IDLE_SINCE not in annotations[busy_name] and IDLE_SINCE not in annotations["standby"]
     assert loop.last_result is not None
     assert (loop.last_result.evicted, loop.last_result.blocked) == (["sim/stale-nb"], ["sim/guarded-nb"])
