@@ -35,7 +35,7 @@ from controller.idle.snapshot import GpuReading, IdlePod, IdleSnapshot, parse_ti
 from gpuwarden.config.idle import IdleAction, IdleConfig
 
 
-class Verdict(StrEnum):
+class IdleVerdict(StrEnum):
     IDLE = "idle"
     BUSY = "busy"
     UNKNOWN = "unknown"
@@ -57,7 +57,7 @@ def policy_from_config(config: IdleConfig, *, dry_run: bool | None = None) -> Id
 @dataclass(frozen=True, slots=True)
 class Judgement:
     pod: IdlePod
-    verdict: Verdict
+    verdict: IdleVerdict
     reason: str
     rule: str = "default"
     acknowledged: bool = False
@@ -91,7 +91,7 @@ class Unmark:
     """Remove our `idle-since` from a pod that is no longer idle."""
 
     pod: IdlePod
-    verdict: Verdict
+    verdict: IdleVerdict
     message: str
 
 
@@ -129,7 +129,7 @@ class IdlePlan:
         """GPUs held by idle pods (acknowledged ones too: they are idle), by namespace."""
         out: Counter[str] = Counter()
         for j in self.judgements:
-            if j.verdict is Verdict.IDLE:
+            if j.verdict is IdleVerdict.IDLE:
                 out[j.pod.namespace] += j.pod.gpus
         return dict(out)
 
@@ -142,7 +142,7 @@ class IdlePlan:
                 {"pod": j.pod.key, "gpus": j.pod.gpus, "since": j.pod.idle_since_text, "rule": j.rule,
                  "acknowledged": j.acknowledged, "reason": j.reason, "action": j.action,
                  "reclaimable": j.pod.reclaimable}
-                for j in self.judgements if j.verdict is Verdict.IDLE
+                for j in self.judgements if j.verdict is IdleVerdict.IDLE
             ],
             "mark": [{"pod": m.pod.key, "since": m.since, "rule": m.rule, "message": m.message,
                       "reclaimable": m.reclaimable} for m in self.marks],
@@ -172,52 +172,52 @@ def action_of(pod: IdlePod, config: IdleConfig) -> tuple[IdleAction, str]:
     return config.default_action, "default"
 
 
-def gpu_state(reading: GpuReading, config: IdleConfig) -> tuple[Verdict, str]:
+def gpu_state(reading: GpuReading, config: IdleConfig) -> tuple[IdleVerdict, str]:
     """One GPU: busy (at or over the threshold), idle (under it, window covered) or unknown."""
     needed = config.window_seconds / config.scrape_interval_seconds * config.min_coverage_percent / 100
     if reading.conflict:
-        return Verdict.UNKNOWN, f"GPU {reading.gpu} is reported for {reading.conflict}"
+        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} is reported for {reading.conflict}"
     if reading.max_percent is not None and reading.max_percent >= config.threshold_percent:
-        return Verdict.BUSY, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
+        return IdleVerdict.BUSY, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
     power = config.power_threshold_watts
     if power is not None and reading.max_watts is not None and reading.max_watts >= power:
-        return Verdict.BUSY, f"GPU {reading.gpu} drew {reading.max_watts:g} W (>= {power:g} W)"
+        return IdleVerdict.BUSY, f"GPU {reading.gpu} drew {reading.max_watts:g} W (>= {power:g} W)"
     if power is not None and reading.max_watts is None:
-        return Verdict.UNKNOWN, f"GPU {reading.gpu} has no power data (power corroboration is on)"
+        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} has no power data (power corroboration is on)"
     if reading.max_percent is None or reading.samples < needed:
-        return Verdict.UNKNOWN, f"GPU {reading.gpu} has {reading.samples} samples, needs {needed:g}"
-    return Verdict.IDLE, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
+        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} has {reading.samples} samples, needs {needed:g}"
+    return IdleVerdict.IDLE, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
 
 
 def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, now: float) -> Judgement:
     """The verdict of one pod at `now` (see the module docstring for the order of the rules)."""
     action, rule = action_of(pod, config)
     if _matches(config.exclude_namespaces, pod.namespace):
-        return Judgement(pod, Verdict.EXCLUDED, "namespace excluded", rule)
+        return Judgement(pod, IdleVerdict.EXCLUDED, "namespace excluded", rule)
     if pod.labels.get(config.exclude_label) == "true":
-        return Judgement(pod, Verdict.EXCLUDED, f"label {config.exclude_label}=true", rule)
+        return Judgement(pod, IdleVerdict.EXCLUDED, f"label {config.exclude_label}=true", rule)
     if action == "ignore":
-        return Judgement(pod, Verdict.EXCLUDED, f"rule {rule} ignores it", rule, action=action)
+        return Judgement(pod, IdleVerdict.EXCLUDED, f"rule {rule} ignores it", rule, action=action)
     if pod.started is None:
-        return Judgement(pod, Verdict.UNKNOWN, "start time unknown", rule)
+        return Judgement(pod, IdleVerdict.UNKNOWN, "start time unknown", rule)
     age = now - pod.started
     if age < max(config.warmup_seconds, config.window_seconds):
-        return Judgement(pod, Verdict.YOUNG, f"running {age:.0f}s, judged after "
+        return Judgement(pod, IdleVerdict.YOUNG, f"running {age:.0f}s, judged after "
                          f"{max(config.warmup_seconds, config.window_seconds):g}s", rule)  # fmt: skip
     states = [gpu_state(r, config) for r in readings]
-    busy = [why for v, why in states if v is Verdict.BUSY]
+    busy = [why for v, why in states if v is IdleVerdict.BUSY]
     if busy:
-        return Judgement(pod, Verdict.BUSY, "; ".join(busy), rule)
-    unknown = [why for v, why in states if v is Verdict.UNKNOWN]
+        return Judgement(pod, IdleVerdict.BUSY, "; ".join(busy), rule)
+    unknown = [why for v, why in states if v is IdleVerdict.UNKNOWN]
     if len(readings) < pod.gpus:
         unknown.append(f"{pod.gpus - len(readings)} of {pod.gpus} GPUs have no data")
     if unknown:
-        return Judgement(pod, Verdict.UNKNOWN, "; ".join(unknown), rule)
+        return Judgement(pod, IdleVerdict.UNKNOWN, "; ".join(unknown), rule)
     ack = parse_time(pod.ack_until_text)
     reason = (f"all {pod.gpus} GPUs under {config.threshold_percent:g}% for {config.window_seconds:g}s "
               f"(peak {max((r.max_percent or 0.0) for r in readings):g}%)")  # fmt: skip
     return Judgement(
-        pod, Verdict.IDLE, reason, rule, acknowledged=ack is not None and ack > now, action=action
+        pod, IdleVerdict.IDLE, reason, rule, acknowledged=ack is not None and ack > now, action=action
     )
 
 
@@ -229,13 +229,13 @@ def _reclaim(j: Judgement) -> Reclaim | None:
     pod = j.pod
     if pod.idle_since_text is None:
         return None
-    wanted = j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "prefer-as-victim"
+    wanted = j.verdict is IdleVerdict.IDLE and not j.acknowledged and j.action == "prefer-as-victim"
     if wanted == pod.reclaimable:
         return None
     if wanted:
         return Reclaim(pod, True, j.rule, f"GPUs idle and reclaimable by preemption (rule {j.rule})")
     why = "acknowledged" if j.acknowledged else f"rule {j.rule} says {j.action}"
-    if j.verdict is not Verdict.IDLE:
+    if j.verdict is not IdleVerdict.IDLE:
         why = f"{j.verdict.value}: {j.reason}"
     return Reclaim(pod, False, j.rule, f"no longer reclaimable ({why})")
 
@@ -246,7 +246,7 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
     judgements: list[Judgement] = []
     for pod in snapshot.pods:
         if not snapshot.telemetry:
-            judgements.append(Judgement(pod, Verdict.UNKNOWN, "utilization query failed"))
+            judgements.append(Judgement(pod, IdleVerdict.UNKNOWN, "utilization query failed"))
         else:
             judgements.append(judge(pod, snapshot.readings.get(pod.key, ()), config, now))
     marks: list[Mark] = []
@@ -261,20 +261,21 @@ def plan_idle(snapshot: IdleSnapshot, policy: IdlePolicy, now: float) -> IdlePla
         pod = j.pod
         if pod.ack_until_text is not None and parse_time(pod.ack_until_text) is None:
             problems.append(f"{pod.key}: unreadable idle-ack-until {pod.ack_until_text!r} (not acknowledged)")
-        if j.verdict is Verdict.IDLE and not j.acknowledged and pod.idle_since_text is None:
+        if j.verdict is IdleVerdict.IDLE and not j.acknowledged and pod.idle_since_text is None:
             if len(marks) >= config.max_marks_per_pass:
                 deferred.append(pod.key)
                 continue
             prefer = j.action == "prefer-as-victim"
             marks.append(Mark(pod, now - config.window_seconds, j.rule, f"GPUs idle: {j.reason}", prefer))
             continue
-        if j.verdict in (Verdict.BUSY, Verdict.YOUNG, Verdict.EXCLUDED) and pod.idle_since_text is not None:
+        no_longer = j.verdict in (IdleVerdict.BUSY, IdleVerdict.YOUNG, IdleVerdict.EXCLUDED)
+        if no_longer and pod.idle_since_text is not None:
             unmarks.append(Unmark(pod, j.verdict, f"no longer idle ({j.verdict.value}): {j.reason}"))
             continue
         reclaim = _reclaim(j)
         if reclaim is not None:
             reclaims.append(reclaim)
-        if j.verdict is Verdict.IDLE and not j.acknowledged and j.action == "evict":
+        if j.verdict is IdleVerdict.IDLE and not j.acknowledged and j.action == "evict":
             since = parse_time(pod.idle_since_text)
             if since is None or now - since < config.evict_after_seconds:
                 continue

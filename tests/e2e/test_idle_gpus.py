@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from controller.idle.decide import Verdict
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.loop import IdleLoop
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, PODS, Informer, KubeClient

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from controller.idle.decide import Verdict
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.loop import IdleLoop, plan_from
 from controller.idle.observe import observe_usage
 from controller.idle.query import POWER_METRIC, PROF_METRIC, UTIL_METRIC

@@ -7,7 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from controller.idle.act import IdleActuator, format_since
-from controller.idle.decide import IdlePlan, Mark, Reclaim, Unmark, Verdict
+from controller.idle.decide import IdlePlan, Mark, Reclaim, Unmark
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.metrics import IdleMetrics
 from controller.idle.snapshot import IdlePod, Owner
 from gpuwarden.errors import KubeError, KubeNotFound

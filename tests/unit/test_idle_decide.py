@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.idle.decide import IdlePlan, Verdict, judge, plan_idle, policy_from_config
+from controller.idle.decide import IdlePlan, judge, plan_idle, policy_from_config
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.query import STAT_LABEL, GpuUsage, idle_query, read_usage
 from controller.idle.snapshot import GpuReading, IdlePod, build_snapshot, join, parse_time
 from gpuwarden.config.idle import IdleConfig, IdleMetricLabels
