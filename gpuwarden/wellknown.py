@@ -84,6 +84,10 @@ IDLE_RECLAIMABLE = "gpuwarden.io/idle-reclaimable"
 preemption and the preempt verb take it first, and a pending pod of equal priority may reclaim its GPUs."""
 IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
 """Pod annotation (set by users): RFC 3339 time until which no idle-GPU action is taken."""
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+"""Kubernetes' pod annotation (not ours): a ReplicaSet scaled down removes its lowest-cost pods first; the
+idle loop sets it on an idle pod before scaling its Deployment down by one, so the idle pod is the one
+removed."""
 IDLE_EXCLUDE = "gpuwarden.io/idle-exclude"
 """Pod label (the config default of `idle.exclude_label`): `true` means the pod is never judged idle."""
 

@@ -22,13 +22,15 @@ from typing import Protocol
 
 from controller.idle.decide import Evict, IdlePlan, Mark, Reclaim, Unmark
 from controller.idle.metrics import IdleMetrics
+from controller.idle.observe import SCALED
+from controller.idle.scale import ScaleDown, ScaleHeld, ScalePlan
 from controller.idle.snapshot import IdlePod
-from gpuwarden.errors import KubeError, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import PODS, EventRecorder, EventType, ObjectRef
 from gpuwarden.kube.eviction import RequestClient
 from gpuwarden.kube.eviction import evict as evict_pod
 from gpuwarden.kube.patch import ObjectClient
-from gpuwarden.wellknown import IDLE_RECLAIMABLE, IDLE_SINCE
+from gpuwarden.wellknown import IDLE_RECLAIMABLE, IDLE_SINCE, POD_DELETION_COST
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class ActResult:
     evicted: list[str] = field(default_factory=list)
     """Evictions done (or, in dry-run, that would have been): what the hourly budget counts."""
     blocked: list[str] = field(default_factory=list)
+    scaled: list[str] = field(default_factory=list)
+    """Owners scaled down (or, in dry-run, that would have been): what the hourly budget counts."""
     failures: int = 0
 
 
@@ -183,3 +187,72 @@ class IdleActuator:
         self.metrics.evictions.labels("evicted").inc()
         log.info(note, extra={"pod": pod.key})
         await self._emit_both(pod, "GPUIdlePodEvicted", note, "Evict", False)
+
+    async def apply_scale(self, plan: ScalePlan, dry_run: bool, result: ActResult) -> None:
+        """Scale owners down (one at a time: a few per hour at most) and Event the held ones."""
+        for down in plan.downs:
+            await self._scale(down, dry_run, result)
+        for held in plan.held:
+            await self._held(held, dry_run)
+
+    async def _scale(self, down: ScaleDown, dry_run: bool, result: ActResult) -> None:
+        target = down.target
+        note = f"scaled down: {down.message}"
+        resource = SCALED[target.kind]
+        if not dry_run:
+            try:
+                if target.kind != "StatefulSet" and down.replicas > 0:
+                    # the ReplicaSet removes its lowest-cost pods first: make that the idle one
+                    for pod in down.pods:
+                        await self.client.patch(
+                            PODS,
+                            pod.name,
+                            {"metadata": {"uid": pod.uid, "annotations": {POD_DELETION_COST: "-1000"}}},
+                            namespace=pod.namespace,
+                        )
+                body = {
+                    "metadata": {"resourceVersion": target.resource_version},
+                    "spec": {"replicas": down.replicas},
+                }
+                await self.client.patch(
+                    resource, target.name, body, namespace=target.namespace, subresource="scale"
+                )
+            except KubeConflict:
+                log.info(
+                    "owner changed since it was read; scale-down decided again next pass",
+                    extra={"owner": target.key},
+                )
+                return
+            except KubeError as exc:
+                result.failures += 1
+                self.metrics.write_failures.inc()
+                log.warning(
+                    "idle scale-down failed; retried next pass",
+                    extra={"owner": target.key, "error": str(exc)},
+                )
+                return
+        result.scaled.append(target.key)
+        prefix = "[dry-run] " if dry_run else ""
+        log.info(prefix + note, extra={"owner": target.key})
+        owner = ObjectRef(resource.api_version, target.kind, target.name, target.namespace)
+        await self.events.emit(
+            owner, reason="GPUIdleScaledDown", note=prefix + note, action="Scale", type=EventType.WARNING
+        )
+        for pod in down.pods:
+            await self.events.emit(
+                _ref(pod),
+                reason="GPUIdleScaledDown",
+                note=prefix + note,
+                action="Scale",
+                type=EventType.WARNING,
+            )
+
+    async def _held(self, held: ScaleHeld, dry_run: bool) -> None:
+        prefix = "[dry-run] " if dry_run else ""
+        note = f"{prefix}idle scale-down held: {held.reason}"
+        target = held.target
+        if target is not None and target.kind in SCALED:
+            regarding = ObjectRef(SCALED[target.kind].api_version, target.kind, target.name, target.namespace)
+        else:
+            regarding = _ref(held.pods[0])
+        await self.events.emit(regarding, reason="GPUIdleScaleDownHeld", note=note, action="Scale")

@@ -253,6 +253,11 @@ CONTROLLER_CLUSTER = {
     ("policy", "poddisruptionbudgets", ""): "list",
     ("", "namespaces", ""): "list watch",
     ("", "resourcequotas", ""): "list watch",
+    ("apps", "replicasets", ""): "get",
+    ("apps", "deployments/scale", ""): "get patch",
+    ("apps", "statefulsets/scale", ""): "get patch",
+    ("apps", "replicasets/scale", ""): "get patch",
+    ("autoscaling", "horizontalpodautoscalers", ""): "list",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
 }
