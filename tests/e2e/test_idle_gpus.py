@@ -180,3 +180,101 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
         ("stale-nb", "GPUIdlePodEvicted"),
         ("guarded-nb", "GPUIdleEvictionBlocked"),
     } <= reasons, json.dumps(sorted(reasons))
+
+
+def deployment(name: str, node: str, gpu: int, replicas: int, labels: dict[str, str]) -> dict[str, Any]:
+    """A Deployment whose pods sit on `node` and record GPU `gpu` (an idle one of the simulator's fleet)."""
+    template = placed(name, node, [gpu], labels)
+    template["metadata"].pop("name")
+    template["metadata"].pop("namespace")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+
+
+def replicas(cluster: Cluster, name: str) -> int:
+    return int(cluster.get_json("deployment", name, "-n", NS)["spec"]["replicas"])
+
+
+async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_floor_dry_run_changes_nothing(
+    env: Env, cluster: Cluster
+) -> None:
+    (n1, g1), (n2, g2) = env.free[:2]
+    scalable = {"idle": "scale"}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "floored", "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "floored"},
+            "minReplicas": 2, "maxReplicas": 3,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}],
+        },
+    }  # fmt: skip
+    cluster.apply(deployment("serving", n1, g1, 2, scalable), deployment("floored", n2, g2, 2, scalable), hpa)
+    cluster.kubectl(
+        "rollout", "status", "deployment/serving", "deployment/floored", "-n", NS, "--timeout=90s"
+    )
+    await asyncio.sleep(WINDOW + 3)  # the window now fits inside every pod's lifetime
+
+    base = config(cluster, env.prom.url).model_dump()
+    base["idle"]["scale_down_after_seconds"] = 30  # idle-since is written as now - window: due at once
+    base["idle"]["rules"].insert(0, {"name": "scalable", "match_labels": scalable, "action": "scale-down"})
+    cfg = Config.model_validate(base)
+    async with (
+        PrometheusClient(cfg.prometheus) as prom,
+        KubeClient.from_config(kubeconfig=cluster.kubeconfig) as kube,
+    ):
+        informer = Informer(kube, PODS, field_selector=LIVE_PODS)
+        watch = asyncio.create_task(informer.run())
+        leading = asyncio.Event()
+        leading.set()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+
+            def serving_pods() -> list[dict[str, Any]]:
+                return [
+                    o
+                    for o in informer.objects()
+                    if (o["metadata"].get("labels") or {}).get("app") == "serving"
+                ]
+
+            dry = IdleLoop(cfg, prom, kube, pods=informer, registry=CollectorRegistry(), dry_run=True)
+            for _ in range(
+                2
+            ):  # the second dry pass "remembers" the marks: scale-down due, still nothing written
+                await dry.run_once(leading)
+            assert dry.last_result is not None and dry.last_result.scaled == [f"{NS}/Deployment/serving"]
+            assert replicas(cluster, "serving") == 2
+            assert all(IDLE_SINCE not in (p["metadata"].get("annotations") or {}) for p in serving_pods())
+
+            loop = IdleLoop(cfg, prom, kube, pods=informer, registry=CollectorRegistry())
+            await loop.run_once(leading)  # reports
+            for _ in range(100):  # the watch brings the annotations the pass wrote
+                if all(IDLE_SINCE in (p["metadata"].get("annotations") or {}) for p in serving_pods()):
+                    break
+                await asyncio.sleep(0.1)
+            await loop.run_once(leading)  # scales down
+            await loop.actuator.events.flush()
+        finally:
+            watch.cancel()
+
+    assert [d.target.name for d in loop.last_scale.downs] == ["serving"]
+    assert [h.reason for h in loop.last_scale.held] == [
+        "HorizontalPodAutoscaler floored keeps minReplicas 2 (the Deployment has 2)"
+    ]
+    assert replicas(cluster, "serving") == 1 and replicas(cluster, "floored") == 2
+    events = cluster.get_json("events.events.k8s.io", "-n", NS)["items"]
+    reasons = {(e["regarding"]["kind"], e["regarding"]["name"], e["reason"]) for e in events}
+    assert {
+        ("Deployment", "serving", "GPUIdleScaledDown"),
+        ("Deployment", "floored", "GPUIdleScaleDownHeld"),
+    } <= reasons, json.dumps(sorted(reasons))
