@@ -311,6 +311,8 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
         act = "report" if i["pod"] in marking else "evict" if i["pod"] in evicting else "reported"
         if i.get("action") == "prefer-as-victim" and act != "evict":
             act += ", reclaimable by preemption"
+        elif i.get("action") == "scale-down":
+            act += ", its owner scaled down when due"
         if i["acknowledged"]:
             act = "held (acknowledged)"
         elif i["pod"] in held:
