@@ -20,8 +20,9 @@ from controller.idle.scale import ScaleTarget
 from controller.idle.snapshot import IdlePod
 from gpuwarden.config.idle import IdleConfig
 from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
-from gpuwarden.kube import DEPLOYMENTS, HPAS, REPLICASETS, STATEFULSETS, JsonObject, Resource
+from gpuwarden.kube import CORE_EVENTS, DEPLOYMENTS, HPAS, REPLICASETS, STATEFULSETS, JsonObject, Resource
 from gpuwarden.promtypes import InstantResult, Vector
+from gpuwarden.wellknown import reporting_controller
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ class OwnerReader(Protocol):
         self, resource: Resource, name: str, *, namespace: str | None = None, subresource: str | None = None
     ) -> JsonObject: ...
 
-    async def list_objects(self, resource: Resource, *, namespace: str | None = None) -> Any: ...
+    async def list_objects(
+        self, resource: Resource, *, namespace: str | None = None, field_selector: str | None = None
+    ) -> Any: ...
 
 
 SCALED: dict[str, Resource] = {
@@ -154,3 +157,16 @@ async def _read_scale(
         hpa=hpa,
         hpa_min=minimum,
     )
+
+
+async def our_events(kube: OwnerReader, reason: str) -> list[JsonObject] | None:
+    """Our idle loop's Events with `reason`, cluster-wide (core/v1: it filters by reason and reporting
+    component on the server); None when they cannot be listed."""
+    selector = f"reason={reason},reportingComponent={reporting_controller('idle')}"
+    try:
+        listed = await kube.list_objects(CORE_EVENTS, field_selector=selector)
+    except KubeError as exc:
+        log.warning("idle budget: our Events not readable", extra={"reason": reason, "error": str(exc)})
+        return None
+    items: list[JsonObject] = listed.items
+    return items

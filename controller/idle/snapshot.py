@@ -176,3 +176,24 @@ def build_snapshot(
     pods = tuple(p for p in (idle_pod(o, resource) for o in pod_objects) if p is not None)
     readings = join(pods, usage) if usage is not None else {}
     return IdleSnapshot(pods, readings, telemetry=usage is not None)
+
+
+def recent_actions(events: Iterable[Obj], now: float, window: float, *, on_pods: bool) -> int:
+    """How many distinct objects (pods when `on_pods`, else owners) our listed core/v1 Events say were acted
+    on within `window` seconds before `now` - the fleet's count of an hourly budget, which every leader reads
+    alike. Dry-run Events and Events without a readable time do not count."""
+    seen: set[str] = set()
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if (involved.get("kind") == "Pod") != on_pods or str(event.get("message", "")).startswith(
+            "[dry-run]"
+        ):
+            continue
+        series = event.get("series") or {}
+        stamps = [parse_time(t) for t in (series.get("lastObservedTime"), event.get("eventTime"),
+                                           event.get("lastTimestamp"))]  # fmt: skip
+        when = max((t for t in stamps if t is not None), default=None)
+        if when is not None and now - when < window:
+            seen.add(str(involved.get("uid") or f"{involved.get('namespace')}/{involved.get('kind')}/"
+                                                f"{involved.get('name')}"))  # fmt: skip
+    return len(seen)

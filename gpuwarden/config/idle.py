@@ -142,13 +142,15 @@ class IdleConfig(Section):
         default=5,
         ge=1,
         description="Action scale-down: at most this many owners scaled down across the fleet in any hour "
-        "(counted by the leader since it started leading). 5: a wrong threshold cannot empty a cluster.",
+        "(counted from gpuwarden's GPUIdleScaledDown Events: a leader change grants no fresh budget). 5: a "
+        "wrong threshold cannot empty a cluster.",
     )
     max_evictions_per_hour: int = Field(
         default=5,
         ge=1,
         description="Action evict: at most this many idle evictions across the fleet in any hour (counted "
-        "by the leader since it started leading). 5: a wrong threshold cannot empty a cluster.",
+        "from gpuwarden's GPUIdlePodEvicted Events: a leader change grants no fresh budget). 5: a wrong "
+        "threshold cannot empty a cluster.",
     )
 
     @model_validator(mode="after")

@@ -32,6 +32,7 @@ from gpuwarden.kube.patch import (
 )
 from gpuwarden.kube.resources import (
     CONFIG_MAPS,
+    CORE_EVENTS,
     DEPLOYMENTS,
     EVENTS,
     HPAS,
@@ -68,6 +69,7 @@ from gpuwarden.kube.watch import (
 __all__ = [
     "ADDED",
     "CONFIG_MAPS",
+    "CORE_EVENTS",
     "DELETED",
     "DEPLOYMENTS",
     "EVENTS",

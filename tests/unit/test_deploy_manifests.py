@@ -258,6 +258,7 @@ CONTROLLER_CLUSTER = {
     ("apps", "statefulsets/scale", ""): "get patch",
     ("apps", "replicasets/scale", ""): "get patch",
     ("autoscaling", "horizontalpodautoscalers", ""): "list",
+    ("", "events", ""): "list",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
 }

@@ -312,3 +312,48 @@ def test_changed_owner_is_not_scaled_dry_run_writes_nothing_held_is_evented() ->
 def test_replicasets_resource_is_the_apps_group() -> None:
     versions = (REPLICASETS.api_version, STATEFULSETS.api_version, HPAS.api_version)
     assert versions == ("apps/v1", "apps/v1", "autoscaling/v2")
+
+
+def _event(
+    kind: str, name: str, at: str, *, series: str | None = None, message: str = "evicted"
+) -> dict[str, Any]:
+    involved = {"kind": kind, "name": name, "namespace": "inf", "uid": f"u-{name}"}
+    event: dict[str, Any] = {"involvedObject": involved, "eventTime": at, "message": message}
+    if series:
+        event["series"] = {"lastObservedTime": series}
+    return event
+
+
+@pytest.mark.parametrize(
+    ("events", "on_pods", "want"),
+    [
+        pytest.param(
+            [_event("Pod", "a", RECENT), _event("Pod", "b", RECENT)], True, 2, id="two-pods-this-hour"
+        ),
+        pytest.param([_event("Pod", "a", OLD)], True, 0, id="older-than-the-hour"),
+        pytest.param([_event("Pod", "a", OLD, series=RECENT)], True, 1, id="series-seen-again-this-hour"),
+        pytest.param(
+            [_event("Pod", "a", RECENT), _event("ReplicaSet", "rs", RECENT)],
+            True,
+            1,
+            id="owner-events-are-not-pod-actions",
+        ),
+        pytest.param(
+            [_event("Pod", "a", RECENT), _event("Deployment", "web", RECENT)],
+            False,
+            1,
+            id="owners-for-scale-downs",
+        ),
+        pytest.param(
+            [_event("Pod", "a", RECENT, message="[dry-run] evicted")], True, 0, id="dry-run-not-counted"
+        ),
+        pytest.param([_event("Pod", "a", RECENT), _event("Pod", "a", RECENT)], True, 1, id="one-pod-twice"),
+        pytest.param([_event("Pod", "a", "yesterday")], True, 0, id="unreadable-time"),
+    ],
+)
+def test_recent_actions_counts_the_fleets_hour_from_our_events(
+    events: list[dict[str, Any]], on_pods: bool, want: int
+) -> None:
+    from controller.idle.snapshot import recent_actions
+
+    assert recent_actions(events, NOW, 3600, on_pods=on_pods) == want
