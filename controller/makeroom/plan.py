@@ -48,7 +48,6 @@ from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
 """The start of the extender's verdict for a node fragmented for the pod (decide.py)."""
-ONLY_IDLE = "only idle reclaimable pods may make room for a pod short of GPUs by count"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +188,9 @@ def plan_room(
     preemptors never count the same freed GPUs; under `over-share` the GPUs one preemptor takes from a
     tenant count against that tenant's excess for the next. Pods of one shape (GPUs, policy, priority,
     tolerations, node selector, and the namespace under a cross-tenant rule) share one evaluation of the
-    fleet."""
+    fleet. A pod short by count (`idle_only`) gets a decision only where idle pods could make room for it
+    (or the cross-tenant rule refused them): pending pods without idle GPUs in reach stay the scheduler's,
+    with no Event and no plan row."""
     order = sorted(pending, key=lambda p: (-p.pod.priority, p.since, p.pod.key))
     taken_nodes: set[str] = set()
     used: set[str] = set()
@@ -219,6 +220,8 @@ def plan_room(
                 continue
             choice = plan
             break
+        if choice is None and p.idle_only and not refused:
+            continue  # short by count with no idle pod to reclaim: the scheduler's business, not a decision
         if choice is None:
             reason = (
                 why_none[shape]
@@ -273,15 +276,12 @@ def _rank(
             reasons[key] = reasons.get(key, 0) + 1
             continue
         if p.idle_only and plan.busy:
-            reasons[ONLY_IDLE] = reasons.get(ONLY_IDLE, 0) + 1
-            continue
+            continue  # a busy victim for a pod short by count: the scheduler's own preemption decides
         plans.append(plan)
     best_first = sorted(
         plans, key=lambda pl: (0 if not pl.victims else 1, *pl.cost(), -pl.choice.score, pl.node)
     )
     if not reasons:
-        if p.idle_only:
-            return best_first, "no node with idle reclaimable GPU pods it could use"
         return best_first, "no node with lower-priority GPU pods it could use"
     top = max(reasons.items(), key=lambda kv: (kv[1], kv[0]))
     return best_first, f"no node can make room ({top[1]} node(s): {top[0]})"
