@@ -13,6 +13,7 @@ anything, or do I/O. Keys used only by the test harness (test bed labels, demo m
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 DOMAIN = "gpuwarden.io"
 
@@ -78,8 +79,15 @@ NOMINATION = "gpuwarden.io/nomination"
 """Pod annotation, JSON: when the controller first saw the pod's nominatedNodeName."""
 IDLE_SINCE = "gpuwarden.io/idle-since"
 """Pod annotation (set by gpuwarden): RFC 3339 time since every GPU of the pod stayed idle."""
+IDLE_RECLAIMABLE = "gpuwarden.io/idle-reclaimable"
+"""Pod annotation (set by gpuwarden): `true` on an idle pod whose rule's action is `prefer-as-victim` - GPU
+preemption and the preempt verb take it first, and a pending pod of equal priority may reclaim its GPUs."""
 IDLE_ACK_UNTIL = "gpuwarden.io/idle-ack-until"
 """Pod annotation (set by users): RFC 3339 time until which no idle-GPU action is taken."""
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+"""Kubernetes' pod annotation (not ours): a ReplicaSet scaled down removes its lowest-cost pods first; the
+idle loop sets it on an idle pod before scaling its Deployment down by one, so the idle pod is the one
+removed."""
 IDLE_EXCLUDE = "gpuwarden.io/idle-exclude"
 """Pod label (the config default of `idle.exclude_label`): `true` means the pod is never judged idle."""
 
@@ -111,6 +119,18 @@ def parse_gpu_ids(text: str | None) -> tuple[str, ...] | None:
 def format_gpu_ids(ids: Iterable[str]) -> str:
     """The value of `gpu-ids` written: ("3", "1") -> "1,3"."""
     return ",".join(canonical_gpu_ids(ids))
+
+
+def parse_time_value(text: object) -> float | None:
+    """The value format of the time annotations (`idle-since`, `idle-ack-until`): RFC 3339 with a zone
+    (`2026-12-02T07:00:00Z`) as Unix seconds; None when absent, unreadable or without a zone."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
 
 
 def reporting_controller(component: str) -> str:

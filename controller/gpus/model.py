@@ -67,6 +67,14 @@ class Holder:
     terminating: bool
     preempted: bool = False
     uid: str = ""
+    idle: bool = False
+    """Marked `idle-reclaimable` by the idle loop: a preferred victim (`reclaimable`)."""
+    idle_ack_until: float | None = None
+
+    def reclaimable(self, now: float) -> bool:
+        """Idle under a prefer-as-victim rule and not acknowledged at `now`: taken first by GPU preemption,
+        and it yields to a pending pod of equal priority too."""
+        return self.idle and (self.idle_ack_until is None or self.idle_ack_until <= now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +171,9 @@ def build_view(
             hidden = max(pod.gpus, len(pod.gpu_ids or ())) - len(known)
             unknown += hidden
             holder = Holder(
-                pod.key, tuple(known), hidden, pod.priority, pod.terminating, pod.preempted, pod.uid
-            )
+                pod.key, tuple(known), hidden, pod.priority, pod.terminating, pod.preempted, pod.uid,
+                pod.idle_reclaimable, pod.idle_ack_until,
+            )  # fmt: skip
             holders.append(holder)
         elif not pod.node_name and pod.claim_node == info.name and pod.gpu_ids:
             claim_ids = tuple(i for i in pod.gpu_ids if i in ids)

@@ -21,8 +21,8 @@ from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_NODE as CLAIM_NODE_ANNOTATION
 from gpuwarden.wellknown import GPU_RESERVED_UNTIL as RESERVED_UNTIL_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from gpuwarden.wellknown import IDLE_ACK_UNTIL, IDLE_RECLAIMABLE, parse_gpu_ids, parse_time_value
 from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
-from gpuwarden.wellknown import parse_gpu_ids
 
 JsonObject = dict[str, Any]
 
@@ -76,6 +76,10 @@ class PodInfo:
     resource_version: str = ""
     reserved_until: float | None = None
     """A preemption reservation's deadline (`RESERVED_UNTIL_ANNOTATION`); None for an ordinary claim."""
+    idle_reclaimable: bool = False
+    """The idle loop marked it `idle-reclaimable` (idle under a prefer-as-victim rule)."""
+    idle_ack_until: float | None = None
+    """The owner's `idle-ack-until` (an unreadable one counts as none)."""
 
     @property
     def holds_gpus(self) -> bool:
@@ -127,6 +131,8 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
         claimed_at=claimed_at,
         resource_version=str(meta.get("resourceVersion", "")),
         reserved_until=reserved_until,
+        idle_reclaimable=annotations.get(IDLE_RECLAIMABLE) == "true",
+        idle_ack_until=parse_time_value(annotations.get(IDLE_ACK_UNTIL)),
     )
 
 

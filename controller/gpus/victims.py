@@ -7,11 +7,14 @@ the wrong GPUs. This is the victim choice that knows the topology, shared by the
 the filter's explanation of a fragmented node, the preempt verb (add or replace victims, or omit the node)
 and the controller's GPU preemption, which evicts the chosen pods itself.
 
-The choice, per node, among holders of strictly lower priority that are not already leaving:
+The choice, per node, among holders of strictly lower priority that are not already leaving - and idle
+holders the idle loop marked reclaimable (`gpuwarden.io/idle-reclaimable`, not acknowledged) of equal or
+lower priority:
 1. fewest PodDisruptionBudget violations (counted as kube-scheduler counts them: per budget, a victim
    beyond the budget's `disruptionsAllowed` violates it);
-2. fewest victims; 3. lowest highest-victim priority, then lowest sum of priorities;
-4. fewest GPUs disturbed; then the pods' keys (deterministic).
+2. fewest busy victims (not reclaimable-idle): idle pods are taken before any priority tie is broken;
+3. fewest victims; 4. lowest highest-victim priority, then lowest sum of priorities;
+5. fewest GPUs disturbed; then the pods' keys (deterministic).
 Only sets the cross-tenant rule allows are considered (`tenants.refuse`: within-tenant, over-share); when it
 is what stands in the way, the reason says so (`TENANT_MARKER`).
 Sets are enumerated by size, smallest first, so the answer is exact for the pods a GPU node holds (at most
@@ -106,15 +109,20 @@ class VictimPlan:
     victims: tuple[Holder, ...]
     choice: Choice
     pdb_violations: int = 0
+    busy: int = 0
+    """Victims that are not reclaimable-idle pods."""
 
     @property
     def gpus_disturbed(self) -> int:
         return sum(len(v.ids) + v.unknown for v in self.victims)
 
-    def cost(self) -> tuple[int, int, int, int, int]:
+    def cost(self) -> tuple[int, int, int, int, int, int]:
         """The order plans are compared in (smaller is better); see the module docstring."""
         prio = [v.priority for v in self.victims]
-        return (self.pdb_violations, len(prio), max(prio, default=-(2**31)), sum(prio), self.gpus_disturbed)
+        return (
+            self.pdb_violations, self.busy, len(prio), max(prio, default=-(2**31)), sum(prio),
+            self.gpus_disturbed,
+        )  # fmt: skip
 
     def describe(self) -> str:
         """`ns/a (priority 100, GPUs 0,1)` per victim, for Events and logs."""
@@ -135,19 +143,21 @@ class NoPlan:
 
 
 def _candidates(
-    pod: PodInfo, view: NodeView, leaving: Sequence[Holder], exclude: frozenset[str]
+    pod: PodInfo, view: NodeView, leaving: Sequence[Holder], exclude: frozenset[str], now: float
 ) -> list[Holder]:
+    """The holders a set may be drawn from, reclaimable-idle ones first, then by priority (at most
+    `MAX_CANDIDATES`)."""
     out = [
         h
         for h in view.holders
-        if h.priority < pod.priority
+        if (h.priority < pod.priority or (h.priority <= pod.priority and h.reclaimable(now)))
         and not h.terminating
         and h not in leaving
         and h.pod != pod.key
         and h.pod not in exclude
         and (h.ids or h.unknown)
     ]
-    out.sort(key=lambda h: (h.priority, len(h.ids) + h.unknown, h.pod))
+    out.sort(key=lambda h: (not h.reclaimable(now), h.priority, len(h.ids) + h.unknown, h.pod))
     return out[:MAX_CANDIDATES]
 
 
@@ -194,13 +204,13 @@ def plan_victims(
     ready = attempt(())
     if ready is not None:
         return VictimPlan(name, (), ready)
-    everyone = _candidates(pod, view, leaving, exclude)
+    everyone = _candidates(pod, view, leaving, exclude, now)
     if not everyone:
         return NoPlan(name, f"no lower-priority pods to preempt (priority < {pod.priority})")
     refusal_of = _tenant_rule(pod, tenancy, taken, already)
     # a holder refused alone is refused in every set: leave it out before the search (and the cut-off)
     refused = {h.pod: r for h in everyone if (r := refusal_of([h])) is not None}
-    pool = everyone if not refused else _candidates(pod, view, leaving, exclude | set(refused))
+    pool = everyone if not refused else _candidates(pod, view, leaving, exclude | set(refused), now)
     if attempt(pool) is None:
         if refused and attempt(everyone) is not None:
             first = next(iter(refused.values()))
@@ -215,20 +225,25 @@ def plan_victims(
     fast = _group_check(pod, view, healthy, need, [*yielded, *leaving])
     if fast is not None:
         quick = fast
-        combo = _search(pool, limit, budgets, lambda v: quick(v) and refusal_of(v) is None)
+        combo = _search(pool, limit, budgets, now, lambda v: quick(v) and refusal_of(v) is None)
         choice = attempt(combo) if combo is not None else None
         if combo is not None and choice is not None:
-            return VictimPlan(name, combo, choice, budgets.violations(combo))
-    combo = _search(pool, limit, budgets, lambda v: attempt(v) is not None and refusal_of(v) is None)
+            return _plan(name, combo, choice, budgets, now)
+    combo = _search(pool, limit, budgets, now, lambda v: attempt(v) is not None and refusal_of(v) is None)
     choice = attempt(combo) if combo is not None else None
     if combo is None or choice is None:
         if tenancy is not None and tenancy.rule is Rule.OVER_SHARE:  # is the rule what stands in the way?
-            unruled = _search(pool, limit, budgets, lambda v: attempt(v) is not None)
+            unruled = _search(pool, limit, budgets, now, lambda v: attempt(v) is not None)
             refusal = refusal_of(unruled) if unruled is not None else None
             if refusal is not None:
                 return NoPlan(name, f"{TENANT_MARKER} {refusal.reason}")
         return NoPlan(name, f"more than {limit} victims would be needed (limit {max_victims})")
-    return VictimPlan(name, combo, choice, budgets.violations(combo))
+    return _plan(name, combo, choice, budgets, now)
+
+
+def _plan(name: str, victims: tuple[Holder, ...], choice: Choice, budgets: Budgets, now: float) -> VictimPlan:
+    busy = sum(not v.reclaimable(now) for v in victims)
+    return VictimPlan(name, victims, choice, budgets.violations(victims), busy)
 
 
 def _tenant_rule(
@@ -244,31 +259,43 @@ def _tenant_rule(
     return lambda victims: tenant_refusal(namespace, victims, tenancy, took)
 
 
-def _cost(victims: Sequence[Holder], budgets: Budgets) -> tuple[int, int, int, int, int, list[str]]:
+Cost = tuple[int, int, int, int, int, int, list[str]]
+
+
+def _cost(victims: Sequence[Holder], budgets: Budgets, now: float) -> Cost:
     prio = [v.priority for v in victims]
     gpus = sum(len(v.ids) + v.unknown for v in victims)
     names = [v.pod for v in victims]
-    return (budgets.violations(victims), len(prio), max(prio, default=-(2**31)), sum(prio), gpus, names)
+    busy = sum(not v.reclaimable(now) for v in victims)
+    return (
+        budgets.violations(victims), busy, len(prio), max(prio, default=-(2**31)), sum(prio), gpus, names
+    )  # fmt: skip
 
 
 def _search(
-    pool: Sequence[Holder], limit: int, budgets: Budgets, feasible: Callable[[Sequence[Holder]], bool]
+    pool: Sequence[Holder],
+    limit: int,
+    budgets: Budgets,
+    now: float,
+    feasible: Callable[[Sequence[Holder]], bool],
 ) -> tuple[Holder, ...] | None:
     """The cheapest feasible set of at most `limit` holders (module docstring order), highest priority
     first; sets are tried smallest first and the search stops at the first size with a set that violates
-    no budget (a larger set cannot beat it)."""
+    no budget once no larger set could take fewer busy (not reclaimable-idle) pods - at once when the pool
+    has no idle pod (a larger set cannot beat it)."""
     best: tuple[Holder, ...] | None = None
-    best_cost: tuple[int, int, int, int, int, list[str]] | None = None
+    best_cost: Cost | None = None
+    idle = sum(h.reclaimable(now) for h in pool)
     for size in range(1, limit + 1):
         for combo in combinations(pool, size):
             if not feasible(combo):
                 continue
             ordered = tuple(sorted(combo, key=lambda h: (-h.priority, h.pod)))
-            cost = _cost(ordered, budgets)
+            cost = _cost(ordered, budgets, now)
             if best_cost is None or cost < best_cost:
                 best, best_cost = ordered, cost
-        if best_cost is not None and best_cost[0] == 0:
-            break
+        if best_cost is not None and best_cost[0] == 0 and max(0, size + 1 - idle) >= best_cost[1]:
+            break  # no budget violated, and a larger set cannot take fewer busy pods: it cannot beat it
     return best
 
 
@@ -384,11 +411,12 @@ def revise_candidates(
     """The preempt verb's victim choice: per candidate node (victim UIDs as the scheduler chose them, by
     count), the victims that free a GPU set the policy accepts, or the node omitted when none can.
 
-    The scheduler's victims are always kept (they may free CPU or memory we do not model); GPU holders are
-    added when they do not free a policy set, only ones the cross-tenant rule allows (whether the
-    scheduler's own victims are allowed is the throttle's question). A node sent with no victims
-    (schedulers with kubernetes PR #135486) gets our victims or is omitted: never returned empty. Nodes we
-    know nothing about pass unchanged when they have victims."""
+    The scheduler's victims are kept (they may free CPU or memory we do not model) - except where they are all
+    GPU holders, one of them busy, and reclaimable idle pods alone free a policy set: then the idle pods are
+    the victims instead (`_idle_instead`). GPU holders are added when they do not free a policy set, only ones
+    the cross-tenant rule allows (whether the scheduler's own victims are allowed is the throttle's question).
+    A node sent with no victims (schedulers with kubernetes PR #135486) gets our victims or is omitted: never
+    returned empty. Nodes we know nothing about pass unchanged when they have victims."""
     out: dict[str, tuple[str, ...]] = {}
     refused: dict[str, str] = {}
     for node, uids in candidates.items():
@@ -399,6 +427,10 @@ def revise_candidates(
             continue
         by_uid = {h.uid: h for h in view.holders if h.uid}
         sent = [by_uid[u] for u in uids if u in by_uid]
+        idle = _idle_instead(pod, view, settings, now, uids, sent, tenancy)
+        if idle is not None:
+            out[node] = idle
+            continue
         plan = plan_victims(pod, view, settings, now, already=sent, tenancy=tenancy)
         if isinstance(plan, NoPlan):
             if plan.reason.startswith(TENANT_MARKER):
@@ -409,3 +441,27 @@ def revise_candidates(
         if victims:
             out[node] = victims
     return Revision(out, refused)
+
+
+def _idle_instead(
+    pod: PodInfo,
+    view: NodeView,
+    settings: Settings,
+    now: float,
+    uids: Sequence[str],
+    sent: Sequence[Holder],
+    tenancy: Tenancy | None,
+) -> tuple[str, ...] | None:
+    """Victim UIDs of reclaimable idle pods that make room on this node in place of the scheduler's
+    choice, or None to keep the scheduler's. Only when every victim it sent is a GPU holder we know (so the
+    pods it would preempt are GPU pods of this node, not a CPU- or memory-bound choice) and one of them is
+    busy: the scheduler picks by priority and start time and knows nothing of idleness."""
+    if not sent or len(sent) != len(uids) or all(h.reclaimable(now) for h in sent):
+        return None
+    if not any(h.reclaimable(now) for h in view.holders):
+        return None
+    plan = plan_victims(pod, view, settings, now, tenancy=tenancy)
+    if not isinstance(plan, VictimPlan) or not plan.victims or plan.busy:
+        return None
+    victims = tuple(v.uid for v in plan.victims if v.uid)
+    return victims if len(victims) == len(plan.victims) else None

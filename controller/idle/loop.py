@@ -23,9 +23,10 @@ from prometheus_client import CollectorRegistry
 from controller.idle.act import ActResult, IdleActuator, format_since
 from controller.idle.decide import IdlePlan, IdlePolicy, plan_idle, policy_from_config
 from controller.idle.metrics import IdleMetrics
-from controller.idle.observe import Querier, observe_usage
+from controller.idle.observe import Querier, observe_targets, observe_usage, our_events
 from controller.idle.query import GpuUsage
-from controller.idle.snapshot import IdleSnapshot, build_snapshot
+from controller.idle.scale import ScalePlan, due, plan_scale_downs
+from controller.idle.snapshot import IdleSnapshot, build_snapshot, recent_actions
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, PODS, EventRecorder, Informer, JsonObject, KubeClient
 
@@ -81,7 +82,13 @@ class IdleLoop:
         self.memory: dict[str, str] = {}
         """Pod UID -> the idle-since a dry-run pass reported (never written)."""
         self.evicted_at: list[float] = []
-        """When this replica evicted idle pods (the hourly budget; a new leader starts with a full one)."""
+        """When this replica evicted idle pods: with our Events (what every leader reads alike) the hourly
+        budget's count - the larger of the two, so a leader change grants no fresh budget and an Event not
+        yet listed is still counted."""
+        self.scaled_at: list[float] = []
+        """When this replica scaled owners down (the hourly budget, as `evicted_at`)."""
+        self.kube = kube
+        self.last_scale: ScalePlan = ScalePlan()
         self.last_plan: IdlePlan | None = None
         self.last_result: ActResult | None = None
 
@@ -96,33 +103,66 @@ class IdleLoop:
             self.pods.objects(), usage, resource=self.config.kubernetes.gpu_resource_name
         )
         self.evicted_at = [t for t in self.evicted_at if now - t < 3600]
-        snapshot = dataclasses.replace(snapshot, recent_evictions=len(self.evicted_at))
+        recent = len(self.evicted_at)
+        if self._acts("evict"):  # the fleet's count: what any leader wrote in the last hour
+            recent = max(recent, await self._fleet_count("GPUIdlePodEvicted", now, on_pods=True))
+        snapshot = dataclasses.replace(snapshot, recent_evictions=recent)
         plan = plan_idle(_remembered(snapshot, self.memory), self.policy, now)
         self.metrics.loop_duration.labels("decide").observe(time.perf_counter() - started)
         self.metrics.observe_plan(plan)
         return plan
 
+    def _acts(self, action: str) -> bool:
+        idle = self.config.idle
+        return idle.default_action == action or any(r.action == action for r in idle.rules)
+
+    async def _fleet_count(self, reason: str, now: float, *, on_pods: bool) -> int:
+        """Actions of the last hour by any leader, from our Events. When they cannot be read the budget
+        counts as spent (unknown is not a fresh budget): nothing is evicted or scaled this pass."""
+        events = await our_events(self.kube, reason)
+        if events is None:
+            return max(self.config.idle.max_evictions_per_hour, self.config.idle.max_scale_downs_per_hour)
+        return recent_actions(events, now, 3600, on_pods=on_pods)
+
+    async def scale_plan(self, plan: IdlePlan) -> ScalePlan:
+        """The pass's scale-downs: owners of the pods due read now (only when a pod is due)."""
+        pods = due(plan.judgements, self.config.idle, plan.now)
+        if not pods:
+            return ScalePlan()
+        targets = await observe_targets(self.kube, pods)
+        self.scaled_at = [t for t in self.scaled_at if plan.now - t < 3600]
+        recent = len(self.scaled_at)
+        recent = max(recent, await self._fleet_count("GPUIdleScaledDown", plan.now, on_pods=False))
+        budget = max(0, self.config.idle.max_scale_downs_per_hour - recent)
+        downs, held = plan_scale_downs(pods, targets, self.config.idle, budget)
+        return ScalePlan(tuple(downs), tuple(held))
+
     async def run_once(self, leading: asyncio.Event | None = None) -> IdlePlan:
         """One pass: plan, then act (act honours dry-run) — only if still `leading`."""
         plan = await self.plan()
+        scale = await self.scale_plan(plan)
         if leading is not None and not leading.is_set():
             log.info("lost leadership during the pass; idle plan not applied")
             return plan
         started = time.perf_counter()
         result = await self.actuator.apply(plan)
+        await self.actuator.apply_scale(scale, plan.dry_run, result)
         self.metrics.loop_duration.labels("act").observe(time.perf_counter() - started)
         self.evicted_at += [plan.now] * len(result.evicted)
+        self.scaled_at += [plan.now] * len(result.scaled)
+        self.last_scale = scale
         if plan.dry_run:
             live = {j.pod.uid for j in plan.judgements}
             self.memory = {uid: v for uid, v in self.memory.items() if uid in live}
             self.memory.update({m.pod.uid: format_since(m.since) for m in plan.marks})
             for u in plan.unmarks:
                 self.memory.pop(u.pod.uid, None)
-        if plan.marks or plan.unmarks or plan.evictions or plan.problems or result.failures:
+        if plan.marks or plan.unmarks or plan.evictions or plan.problems or result.failures or scale.downs:
             log.info(
                 "idle pass",
                 extra={"counts": plan.counts, "marked": len(result.marked), "unmarked": len(result.unmarked),
                        "evicted": len(result.evicted), "blocked": len(result.blocked),
+                       "scaled": len(result.scaled), "scale_held": len(scale.held),
                        "deferred": len(plan.deferred), "failures": result.failures, "dry_run": plan.dry_run,
                        "problems": list(plan.problems)[:10]},
             )  # fmt: skip

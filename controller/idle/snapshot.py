@@ -13,25 +13,25 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from controller.gpus.objects import gpu_request
 from controller.idle.query import GpuUsage
-from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_SINCE, parse_gpu_ids
+from gpuwarden.wellknown import (
+    GPU_IDS,
+    IDLE_ACK_UNTIL,
+    IDLE_RECLAIMABLE,
+    IDLE_SINCE,
+    parse_gpu_ids,
+    parse_time_value,
+)
 
 Obj = Mapping[str, Any]
 
 
 def parse_time(text: object) -> float | None:
     """An RFC 3339 time (`2026-12-02T07:00:00Z`) as Unix seconds; None when absent or unreadable."""
-    if not isinstance(text, str) or not text.strip():
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed.timestamp() if parsed.tzinfo is not None else None
+    return parse_time_value(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,8 @@ class IdlePod:
     idle_since_text: str | None = None
     """Our annotation as found (None: absent); kept as text so an unreadable one is still ours to clear."""
     ack_until_text: str | None = None
+    reclaimable: bool = False
+    """Our `idle-reclaimable` annotation is on the pod (what GPU preemption reads)."""
 
     @property
     def key(self) -> str:
@@ -122,6 +124,7 @@ def idle_pod(obj: Obj, resource: str) -> IdlePod | None:
         owner=_owner(meta),
         idle_since_text=ann.get(IDLE_SINCE),
         ack_until_text=ann.get(IDLE_ACK_UNTIL),
+        reclaimable=IDLE_RECLAIMABLE in ann,
     )
 
 
@@ -173,3 +176,24 @@ def build_snapshot(
     pods = tuple(p for p in (idle_pod(o, resource) for o in pod_objects) if p is not None)
     readings = join(pods, usage) if usage is not None else {}
     return IdleSnapshot(pods, readings, telemetry=usage is not None)
+
+
+def recent_actions(events: Iterable[Obj], now: float, window: float, *, on_pods: bool) -> int:
+    """How many distinct objects (pods when `on_pods`, else owners) our listed core/v1 Events say were acted
+    on within `window` seconds before `now` - the fleet's count of an hourly budget, which every leader reads
+    alike. Dry-run Events and Events without a readable time do not count."""
+    seen: set[str] = set()
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if (involved.get("kind") == "Pod") != on_pods or str(event.get("message", "")).startswith(
+            "[dry-run]"
+        ):
+            continue
+        series = event.get("series") or {}
+        stamps = [parse_time(t) for t in (series.get("lastObservedTime"), event.get("eventTime"),
+                                           event.get("lastTimestamp"))]  # fmt: skip
+        when = max((t for t in stamps if t is not None), default=None)
+        if when is not None and now - when < window:
+            seen.add(str(involved.get("uid") or f"{involved.get('namespace')}/{involved.get('kind')}/"
+                                                f"{involved.get('name')}"))  # fmt: skip
+    return len(seen)

@@ -430,7 +430,7 @@ def plan_pass(
         pod = pod_info(obj, resource)
         if pod.gpus <= 0 or pod.node_name or pod.terminated:
             continue
-        got = candidate(obj, pod, now, policy.min_pending_seconds, ttl, policy.namespaces)
+        got = candidate(obj, pod, now, policy.min_pending_seconds, ttl, policy.namespaces, resource)
         if isinstance(got, str):
             out.skipped[key] = got
         else:

@@ -12,10 +12,14 @@ preemption throttle, reserves the freed GPUs for the preemptor and evicts.
 A pod is a candidate when it is unbound, pending, not being deleted, asks for GPUs, is not nominated by the
 scheduler (its own preemption is under way), holds no fresh reservation, and its PodScheduled condition has
 said Unschedulable for `min_pending` seconds with the extender's `fragmented:` verdict in the message - the
-extender only sees nodes that passed every in-tree filter, so that verdict means "topology, nothing else"
-on at least one node. Nodes are then limited to those the pod could use: schedulable, taints tolerated,
-nodeSelector matched (other in-tree filters are the scheduler's; a node planned here that fails them
-costs the reservation's time, never a second preemption, because the reservation is checked first).
+extender only sees nodes that passed every in-tree filter, so that verdict means "topology, nothing else" on
+at least one node. Idle reclaim: a pod short of GPUs by count (`Insufficient <resource>`) is a candidate too,
+but only for plans whose victims are all idle pods the idle loop marked reclaimable (prefer-as-victim), of
+equal or lower priority - the scheduler's own preemption never takes a pod of equal priority and knows nothing
+of idleness; lower-priority busy pods stay its business. Nodes are then limited to those the pod could use:
+schedulable, taints tolerated, nodeSelector matched (other in-tree filters are the scheduler's; a node planned
+here that fails them costs the reservation's time, never a second preemption, because the reservation is
+checked first).
 
 Pure: no I/O, no clock (`now` is a parameter), no logging.
 """
@@ -101,6 +105,8 @@ class Pending:
     spec: Mapping[str, Any]
     since: float
     """When PodScheduled turned False (the creation time when unknown)."""
+    idle_only: bool = False
+    """Short of GPUs by count rather than fragmented: only reclaimable idle pods may make room for it."""
 
 
 def candidate(
@@ -110,6 +116,7 @@ def candidate(
     min_pending: float,
     ttl: float,
     namespaces: Iterable[str],
+    resource: str = "nvidia.com/gpu",
 ) -> Pending | str:
     """The pod as a preemptor, or why it is not one (a short reason for `gpuwarden plan`)."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -134,12 +141,14 @@ def candidate(
     )
     if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
         return "not unschedulable"
-    if FRAGMENTED_MARKER not in str(cond.get("message") or ""):
+    message = str(cond.get("message") or "")
+    idle_only = FRAGMENTED_MARKER not in message
+    if idle_only and f"Insufficient {resource}" not in message:
         return "no fragmented node in the scheduler's verdict"
     since = parse_time(cond.get("lastTransitionTime")) or parse_time(meta.get("creationTimestamp")) or now
     if now - since < min_pending:
         return "unschedulable for less than min_pending_seconds"
-    return Pending(pod, obj.get("spec") or {}, since)
+    return Pending(pod, obj.get("spec") or {}, since, idle_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +168,7 @@ def _shape(p: Pending, tenancy: Tenancy | None) -> tuple[Any, ...]:
     sel = tuple(sorted((spec.get("nodeSelector") or {}).items()))
     # under a cross-tenant rule whom a pod may preempt depends on its namespace
     ns = p.pod.key.split("/", 1)[0] if tenancy is not None else ""
-    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel, ns)
+    return (p.pod.gpus, p.pod.policy, p.pod.priority, tol, sel, ns, p.idle_only)
 
 
 def plan_room(
@@ -179,7 +188,9 @@ def plan_room(
     preemptors never count the same freed GPUs; under `over-share` the GPUs one preemptor takes from a
     tenant count against that tenant's excess for the next. Pods of one shape (GPUs, policy, priority,
     tolerations, node selector, and the namespace under a cross-tenant rule) share one evaluation of the
-    fleet."""
+    fleet. A pod short by count (`idle_only`) gets a decision only where idle pods could make room for it
+    (or the cross-tenant rule refused them): pending pods without idle GPUs in reach stay the scheduler's,
+    with no Event and no plan row."""
     order = sorted(pending, key=lambda p: (-p.pod.priority, p.since, p.pod.key))
     taken_nodes: set[str] = set()
     used: set[str] = set()
@@ -209,6 +220,8 @@ def plan_room(
                 continue
             choice = plan
             break
+        if choice is None and p.idle_only and not refused:
+            continue  # short by count with no idle pod to reclaim: the scheduler's business, not a decision
         if choice is None:
             reason = (
                 why_none[shape]
@@ -246,7 +259,10 @@ def _rank(
     plans: list[VictimPlan] = []
     reasons: dict[str, int] = {}
     for name, view in views.items():
-        if view is None or view.allocatable < pod.gpus or not view.may_yield_to(pod.priority):
+        if view is None or view.allocatable < pod.gpus:
+            continue
+        idle = any(h.reclaimable(now) and h.priority <= pod.priority for h in view.holders)
+        if not idle and (p.idle_only or not view.may_yield_to(pod.priority)):
             continue
         node = facts.get(name)
         if node is None or not usable(p.spec, node):
@@ -259,6 +275,8 @@ def _rank(
             key = plan.reason if tenants else plan.reason.split(" (")[0]
             reasons[key] = reasons.get(key, 0) + 1
             continue
+        if p.idle_only and plan.busy:
+            continue  # a busy victim for a pod short by count: the scheduler's own preemption decides
         plans.append(plan)
     best_first = sorted(
         plans, key=lambda pl: (0 if not pl.victims else 1, *pl.cost(), -pl.choice.score, pl.node)

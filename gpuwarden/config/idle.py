@@ -3,8 +3,10 @@
 Why: the scheduler counts requests, not use; a pod holding 8 GPUs at 0 % keeps another tenant's job Pending.
 A pod is idle when every GPU it holds stayed under `threshold_percent` for `window_seconds` (DCGM
 `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, else `DCGM_FI_DEV_GPU_UTIL`). Missing data is unknown, never idle; young
-pods and opted-out pods are never idle. Per-namespace/label rules choose the action; today the one action is
-`report` (the `gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert);
+pods and opted-out pods are never idle. Per-namespace/label rules choose the action: `report` (the
+`gpuwarden.io/idle-since` annotation, Events on the pod and its owner, metrics, an alert); `prefer-as-victim`
+reports and marks the pod reclaimable (GPU preemption takes idle pods first, equal priority included);
+`scale-down` reports first, then scales the pod's owner down (never below an HPA's minReplicas);
 `evict` reports first, then evicts through the Eviction API (PodDisruptionBudgets hold) once the pod has
 stayed idle `evict_after_seconds`, at most `max_evictions_per_hour` across the fleet.
 Off by default and dry-run by default: an operator first sees what would be reported.
@@ -20,9 +22,12 @@ from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, LabelName, Percent, Seconds
 from gpuwarden.wellknown import IDLE_EXCLUDE
 
-IdleAction = Literal["report", "evict", "ignore"]
-"""report: annotate, Event and count the idle pod; evict: report, then evict it after `evict_after_seconds`;
-ignore: never judge pods the rule matches."""
+IdleAction = Literal["report", "prefer-as-victim", "scale-down", "evict", "ignore"]
+"""report: annotate, Event and count the idle pod; prefer-as-victim: report, and mark it
+`gpuwarden.io/idle-reclaimable` so GPU preemption and the preempt verb take it before busy pods and a pending
+pod of equal or higher priority may reclaim its GPUs; scale-down: report, then scale its owner (Deployment,
+StatefulSet, ReplicaSet) down after `scale_down_after_seconds`; evict: report, then evict it after
+`evict_after_seconds`; ignore: never judge pods the rule matches."""
 
 
 class IdleRule(Section):
@@ -35,7 +40,10 @@ class IdleRule(Section):
     match_labels: dict[str, str] = Field(
         default_factory=dict, description="Pod labels that must all match. Empty: every pod."
     )
-    action: IdleAction = Field(description="What idle pods matching the rule get: report, evict or ignore.")
+    action: IdleAction = Field(
+        description="What idle pods matching the rule get: report, prefer-as-victim, scale-down, evict or "
+        "ignore."
+    )
 
 
 class IdleMetricLabels(Section):
@@ -119,11 +127,30 @@ class IdleConfig(Section):
         description="Action evict: a pod is evicted once its idle-since is this old (it was reported, and "
         "stayed idle, all that time). 1 h: time for the owner to react to the GPUIdle Event or acknowledge.",
     )
+    scale_down_after_seconds: Seconds = Field(
+        default=3600.0,
+        description="Action scale-down: a pod's owner is scaled down once the pod's idle-since is this old. "
+        "1 h: as evict_after_seconds, time for the owner to react to the GPUIdle Event or acknowledge.",
+    )
+    scale_down_to: Literal["one-less", "zero"] = Field(
+        default="one-less",
+        description="Action scale-down: `one-less` takes one replica per idle pod of the owner and pass "
+        "(a Deployment's idle pod goes first: it gets the lowest pod-deletion-cost); `zero` scales the owner "
+        "to 0. Never below a HorizontalPodAutoscaler's minReplicas: the scale-down is held and says why.",
+    )
+    max_scale_downs_per_hour: int = Field(
+        default=5,
+        ge=1,
+        description="Action scale-down: at most this many owners scaled down across the fleet in any hour "
+        "(counted from gpuwarden's GPUIdleScaledDown Events: a leader change grants no fresh budget). 5: a "
+        "wrong threshold cannot empty a cluster.",
+    )
     max_evictions_per_hour: int = Field(
         default=5,
         ge=1,
         description="Action evict: at most this many idle evictions across the fleet in any hour (counted "
-        "by the leader since it started leading). 5: a wrong threshold cannot empty a cluster.",
+        "from gpuwarden's GPUIdlePodEvicted Events: a leader change grants no fresh budget). 5: a wrong "
+        "threshold cannot empty a cluster.",
     )
 
     @model_validator(mode="after")

@@ -81,8 +81,14 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
+CORE_EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+"""The same Events through core/v1: its field selectors include `reason` and `reportingComponent`."""
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
+STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True)
+HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", namespaced=True)
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 """Field selector for the pods that still hold (or may hold) resources: every cache of live pods uses it."""

@@ -13,7 +13,10 @@ the scheduler reports the node fragmented (and never `expected at least one vict
 lower-priority pod is evicted, the preemptor binds to one NUMA node, the other keeps running, and a
 4-GPU pod created meanwhile does not take the freed GPUs; with only higher-priority pods
 nothing is evicted and the preemptor's Event says why; a PodDisruptionBudget moves the choice to the
-other pod; the chain limit refuses a preemption by a recent victim; dry-run evicts nothing.
+other pod; the chain limit refuses a preemption by a recent victim; dry-run evicts nothing. Idle reclaim
+(pods the idle loop marked `idle-reclaimable`): where the scheduler's preemption chose a busy pod the preempt
+verb takes the idle one instead, and a pod short by count reclaims an idle pod of its own priority through
+make-room while the busy one keeps running.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
@@ -362,3 +366,61 @@ def test_dry_run_evicts_nothing(cluster: Cluster, port: int, pool: Pool, namespa
         )
         assert stack.metric("gpuwarden_gpu_preemptions_total", outcome="dry_run") == 1
     json.dumps(done.to_dict())  # the plan is printable as `gpuwarden plan` prints it
+
+
+def idle_pod(pool: Pool, ns: str, name: str, level: str, node: str, ids: str) -> dict[str, Any]:
+    """A 4-GPU pod bound to `node` as the idle loop leaves one under a prefer-as-victim rule
+    (tests/e2e/test_idle_gpus.py proves the loop writes these annotations)."""
+    pod = pool.pod(ns, name, 4, level, node=node, ids=ids)
+    pod["metadata"]["annotations"] |= {
+        "gpuwarden.io/idle-since": "2026-01-01T00:00:00Z",
+        "gpuwarden.io/idle-reclaimable": "true",
+    }
+    return pod
+
+
+def test_the_preempt_verb_takes_the_idle_pod_where_the_scheduler_chose_a_busy_one(
+    cluster: Cluster, port: int, pool: Pool, namespace: str
+) -> None:
+    """Full by count: kube-scheduler's own preemption picks a victim by priority and start time - of two
+    equal-priority pods it spares the older, here the idle one - and our preempt verb swaps in the idle
+    pod."""
+    (node,) = pool.add("n")
+    cluster.apply(idle_pod(pool, namespace, "idle", "mid", node, "4,5,6,7"))
+    poll(lambda: running_on(cluster, namespace, "idle"), timeout=60, what="idle pod runs")
+    time.sleep(1.5)  # a later start time: the scheduler would spare the idle pod and take the busy one
+    cluster.apply(pool.pod(namespace, "busy", 4, "mid", node=node, ids="0,1,2,3"))
+    poll(lambda: running_on(cluster, namespace, "busy"), timeout=60, what="busy pod runs")
+    with running(cluster, port) as stack:
+        cluster.apply(pool.pod(namespace, "p", 4, "high"))
+        poll(lambda: running_on(cluster, namespace, "p") == node, timeout=90, what="preemptor bound")
+        final = get_pod(cluster, namespace, "p") or {}
+        assert final["metadata"]["annotations"]["gpuwarden.io/gpu-ids"] == "4,5,6,7"
+        assert running_on(cluster, namespace, "busy") == node, "the busy pod keeps running"
+        assert get_pod(cluster, namespace, "idle") is None
+        assert stack.metric("gpuwarden_gpu_preemptions_total", outcome="started") == 0  # the scheduler's
+
+
+def test_make_room_reclaims_an_idle_pod_of_equal_priority_for_a_pod_short_by_count(
+    cluster: Cluster, port: int, pool: Pool, namespace: str
+) -> None:
+    """Full by count with pods of the preemptor's own priority: the scheduler finds no victim; make-room
+    reclaims the idle pod's GPUs (never the busy one's)."""
+    (node,) = pool.add("n")
+    cluster.apply(
+        pool.pod(namespace, "busy", 4, "high", node=node, ids="0,1,2,3"),
+        idle_pod(pool, namespace, "idle", "high", node, "4,5,6,7"),
+    )
+    poll(lambda: running_on(cluster, namespace, "busy") and running_on(cluster, namespace, "idle"),
+         timeout=60, what="both run")  # fmt: skip
+    with running(cluster, port) as stack:
+        cluster.apply(pool.pod(namespace, "p", 4, "high"))
+        poll(lambda: "Insufficient nvidia.com/gpu" in scheduled_message(cluster, namespace, "p"), timeout=60,
+             what="p short by count")  # fmt: skip
+        done = stack.pass_once()
+        assert done.evicted == [f"{namespace}/idle"], done.to_dict()
+        poll(lambda: running_on(cluster, namespace, "p") == node, timeout=90, what="preemptor bound")
+        final = get_pod(cluster, namespace, "p") or {}
+        assert final["metadata"]["annotations"]["gpuwarden.io/gpu-ids"] == "4,5,6,7"
+        assert running_on(cluster, namespace, "busy") == node
+        assert any("idle" in n for n in notes(cluster, namespace, "GPUPreempting", "p"))

@@ -4,8 +4,9 @@ by a real Prometheus, and the idle loop's pass against the real API server.
 Kubernetes pods are placed (nodeName) on the GPUs the simulator models, with `gpuwarden.io/gpu-ids`: one on
 the GPU of the simulator's busy workload (same namespace and name as the simulator's pod, so the exporter's
 pod labels agree), idle ones on GPUs no workload uses. After the 60 s window has passed over their lifetime,
-one pass reports the idle pod (annotation + Events), leaves the busy and the acknowledged one alone, evicts
-the one whose rule says evict, and is refused by a PodDisruptionBudget for the protected one.
+one pass reports the idle pod (annotation + Events), marks the one under a prefer-as-victim rule
+`idle-reclaimable` too, leaves the busy and the acknowledged one alone, evicts the one whose rule says evict,
+and is refused by a PodDisruptionBudget for the protected one.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from controller.idle.decide import Verdict
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.loop import IdleLoop
 from gpuwarden.config.root import Config
 from gpuwarden.kube import LIVE_PODS, PODS, Informer, KubeClient
 from gpuwarden.promclient import PrometheusClient
-from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_SINCE
+from gpuwarden.wellknown import GPU_IDS, IDLE_ACK_UNTIL, IDLE_RECLAIMABLE, IDLE_SINCE
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import parse_scenario, start
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespace
@@ -53,7 +54,9 @@ def config(cluster: Cluster, prom_url: str) -> Config:
         "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
         "idle": {"enabled": True, "dry_run": False, "window_seconds": WINDOW, "warmup_seconds": 1,
                  "scrape_interval_seconds": 1, "evict_after_seconds": 600,
-                 "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"}]},
+                 "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"},
+                           {"name": "lendable", "match_labels": {"idle": "prefer"},
+                            "action": "prefer-as-victim"}]},
     })  # fmt: skip
 
 
@@ -111,13 +114,14 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
     env: Env, cluster: Cluster
 ) -> None:
     busy_name, busy_node, busy_gpus = env.busy
-    (n1, g1), (n2, g2), (n3, g3), (n4, g4) = env.free[:4]
+    (n1, g1), (n2, g2), (n3, g3), (n4, g4), (n5, g5) = env.free[:5]
     pods = [
         placed(busy_name, busy_node, busy_gpus),
         placed("notebook", n1, [g1]),
         placed("standby", n2, [g2], ann={IDLE_ACK_UNTIL: rfc3339(time.time() + 3600)}),
         placed("stale-nb", n3, [g3], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
         placed("guarded-nb", n4, [g4], {"idle": "evict"}, ann={IDLE_SINCE: rfc3339(time.time() - 3600)}),
+        placed("lendable-nb", n5, [g5], {"idle": "prefer"}),
     ]
     pdb = {
         "apiVersion": "policy/v1",
@@ -155,10 +159,12 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
         "standby": (Verdict.IDLE, True),
         "stale-nb": (Verdict.IDLE, False),
         "guarded-nb": (Verdict.IDLE, False),
+        "lendable-nb": (Verdict.IDLE, False),
     }, {j.pod.name: j.reason for j in plan.judgements}
     annotations = {p["metadata"]["name"]: p["metadata"].get("annotations") or {}
                    for p in cluster.get_json("pods", "-n", NS)["items"]}  # fmt: skip
-    assert IDLE_SINCE in annotations["notebook"]
+    assert IDLE_SINCE in annotations["notebook"] and IDLE_RECLAIMABLE not in annotations["notebook"]
+    assert IDLE_SINCE in annotations["lendable-nb"] and annotations["lendable-nb"][IDLE_RECLAIMABLE] == "true"
     assert IDLE_SINCE not in annotations[busy_name] and IDLE_SINCE not in annotations["standby"]
     assert loop.last_result is not None
     assert (loop.last_result.evicted, loop.last_result.blocked) == (["sim/stale-nb"], ["sim/guarded-nb"])
@@ -173,4 +179,102 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
         ("notebook", "GPUIdle"),
         ("stale-nb", "GPUIdlePodEvicted"),
         ("guarded-nb", "GPUIdleEvictionBlocked"),
+    } <= reasons, json.dumps(sorted(reasons))
+
+
+def deployment(name: str, node: str, gpu: int, replicas: int, labels: dict[str, str]) -> dict[str, Any]:
+    """A Deployment whose pods sit on `node` and record GPU `gpu` (an idle one of the simulator's fleet)."""
+    template = placed(name, node, [gpu], labels)
+    template["metadata"].pop("name")
+    template["metadata"].pop("namespace")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+
+
+def replicas(cluster: Cluster, name: str) -> int:
+    return int(cluster.get_json("deployment", name, "-n", NS)["spec"]["replicas"])
+
+
+async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_floor_dry_run_changes_nothing(
+    env: Env, cluster: Cluster
+) -> None:
+    (n1, g1), (n2, g2) = env.free[:2]
+    scalable = {"idle": "scale"}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "floored", "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "floored"},
+            "minReplicas": 2, "maxReplicas": 3,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}],
+        },
+    }  # fmt: skip
+    cluster.apply(deployment("serving", n1, g1, 2, scalable), deployment("floored", n2, g2, 2, scalable), hpa)
+    cluster.kubectl(
+        "rollout", "status", "deployment/serving", "deployment/floored", "-n", NS, "--timeout=90s"
+    )
+    await asyncio.sleep(WINDOW + 3)  # the window now fits inside every pod's lifetime
+
+    base = config(cluster, env.prom.url).model_dump()
+    base["idle"]["scale_down_after_seconds"] = 30  # idle-since is written as now - window: due at once
+    base["idle"]["rules"].insert(0, {"name": "scalable", "match_labels": scalable, "action": "scale-down"})
+    cfg = Config.model_validate(base)
+    async with (
+        PrometheusClient(cfg.prometheus) as prom,
+        KubeClient.from_config(kubeconfig=cluster.kubeconfig) as kube,
+    ):
+        informer = Informer(kube, PODS, field_selector=LIVE_PODS)
+        watch = asyncio.create_task(informer.run())
+        leading = asyncio.Event()
+        leading.set()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+
+            def serving_pods() -> list[dict[str, Any]]:
+                return [
+                    o
+                    for o in informer.objects()
+                    if (o["metadata"].get("labels") or {}).get("app") == "serving"
+                ]
+
+            dry = IdleLoop(cfg, prom, kube, pods=informer, registry=CollectorRegistry(), dry_run=True)
+            for _ in range(
+                2
+            ):  # the second dry pass "remembers" the marks: scale-down due, still nothing written
+                await dry.run_once(leading)
+            assert dry.last_result is not None and dry.last_result.scaled == [f"{NS}/Deployment/serving"]
+            assert replicas(cluster, "serving") == 2
+            assert all(IDLE_SINCE not in (p["metadata"].get("annotations") or {}) for p in serving_pods())
+
+            loop = IdleLoop(cfg, prom, kube, pods=informer, registry=CollectorRegistry())
+            await loop.run_once(leading)  # reports
+            for _ in range(100):  # the watch brings the annotations the pass wrote
+                if all(IDLE_SINCE in (p["metadata"].get("annotations") or {}) for p in serving_pods()):
+                    break
+                await asyncio.sleep(0.1)
+            await loop.run_once(leading)  # scales down
+            await loop.actuator.events.flush()
+        finally:
+            watch.cancel()
+
+    assert [d.target.name for d in loop.last_scale.downs] == ["serving"]
+    assert [h.reason for h in loop.last_scale.held] == [
+        "HorizontalPodAutoscaler floored keeps minReplicas 2 (the Deployment has 2)"
+    ]
+    assert replicas(cluster, "serving") == 1 and replicas(cluster, "floored") == 2
+    events = cluster.get_json("events.events.k8s.io", "-n", NS)["items"]
+    reasons = {(e["regarding"]["kind"], e["regarding"]["name"], e["reason"]) for e in events}
+    assert {
+        ("Deployment", "serving", "GPUIdleScaledDown"),
+        ("Deployment", "floored", "GPUIdleScaleDownHeld"),
     } <= reasons, json.dumps(sorted(reasons))

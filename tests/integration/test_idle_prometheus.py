@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from controller.idle.decide import Verdict
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.loop import IdleLoop, plan_from
 from controller.idle.observe import observe_usage
 from controller.idle.query import POWER_METRIC, PROF_METRIC, UTIL_METRIC
@@ -168,6 +168,13 @@ class PodStore:
             else:
                 meta["annotations"][key] = value
         return copy.deepcopy(self.pods[name])
+
+    async def list_objects(self, resource: Any, *, field_selector: str | None = None, **_: Any) -> Any:
+        """Our Events (the fleet's budget count): none written before this test."""
+        from gpuwarden.kube import CORE_EVENTS, ObjectList
+
+        assert resource is CORE_EVENTS and field_selector is not None and "reason=" in field_selector
+        return ObjectList([], "1")
 
     async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
         assert (method, path.rsplit("/", 1)[-1]) == ("POST", "eviction")

@@ -253,6 +253,12 @@ CONTROLLER_CLUSTER = {
     ("policy", "poddisruptionbudgets", ""): "list",
     ("", "namespaces", ""): "list watch",
     ("", "resourcequotas", ""): "list watch",
+    ("apps", "replicasets", ""): "get",
+    ("apps", "deployments/scale", ""): "get patch",
+    ("apps", "statefulsets/scale", ""): "get patch",
+    ("apps", "replicasets/scale", ""): "get patch",
+    ("autoscaling", "horizontalpodautoscalers", ""): "list",
+    ("", "events", ""): "list",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
 }
@@ -261,6 +267,7 @@ CONTROLLER_NAMESPACE = {
     ("coordination.k8s.io", "leases", ""): "create",
     ("", "configmaps", "gpuwarden-quarantine-breaker"): "get patch",
     ("", "configmaps", ""): "create",
+    ("batch", "jobs", ""): "create get list",  # health.validation's Jobs
 }
 
 

@@ -22,6 +22,7 @@ from controller.gpus.victims import (
     better,
     explain_room,
     plan_victims,
+    revise_candidates,
 )
 from tests.unit.extender_support import RESOURCE, model, node, pod, quarantine_record
 
@@ -50,6 +51,20 @@ class Case:
 
 A = pod("a", 2, node="n", ids="0,1", priority=10)
 B = pod("b", 2, node="n", ids="4,5", priority=10)
+
+
+def idle(obj: dict[str, Any], ack_until: str | None = None) -> dict[str, Any]:
+    """`obj` as the idle loop leaves a pod under a prefer-as-victim rule (and its owner's acknowledgement)."""
+    annotations = obj["metadata"]["annotations"]
+    annotations["gpuwarden.io/idle-since"] = "2023-11-14T20:00:00Z"
+    annotations["gpuwarden.io/idle-reclaimable"] = "true"
+    if ack_until is not None:
+        annotations["gpuwarden.io/idle-ack-until"] = ack_until
+    return obj
+
+
+LATER = "2023-11-15T00:00:00Z"  # after NOW: an acknowledgement still in force
+EARLIER = "2023-11-14T00:00:00Z"  # before NOW: an acknowledgement that ran out
 
 CASES = [
     Case("fragmented-2+2-one-victim-by-name", [A, B], victims=("a",), ids=("0", "1", "2", "3")),
@@ -171,6 +186,58 @@ CASES = [
         reason="preempting all 1 lower-priority pods would still leave no set for policy single-numa",
     ),
     Case(
+        "idle-pod-before-a-busy-lower-priority-one",
+        [A, idle(pod("b", 2, node="n", ids="4,5", priority=50))],
+        victims=("b",),
+        ids=("4", "5", "6", "7"),
+    ),
+    Case(
+        "idle-pod-of-equal-priority-is-reclaimable",
+        [
+            pod("a", 2, node="n", ids="0,1", priority=100),
+            idle(pod("b", 2, node="n", ids="4,5", priority=100)),
+        ],
+        victims=("b",),
+        ids=("4", "5", "6", "7"),
+    ),
+    Case(
+        "acknowledged-idle-pod-is-not-reclaimable",
+        [
+            pod("a", 2, node="n", ids="0,1", priority=100),
+            idle(pod("b", 2, node="n", ids="4,5", priority=100), ack_until=LATER),
+        ],
+        reason="no lower-priority pods to preempt",
+    ),
+    Case(
+        "expired-acknowledgement-counts-for-nothing",
+        [A, idle(pod("b", 2, node="n", ids="4,5", priority=50), ack_until=EARLIER)],
+        victims=("b",),
+        ids=("4", "5", "6", "7"),
+    ),
+    Case(
+        "idle-pod-of-higher-priority-is-never-a-victim",
+        [A, idle(pod("b", 2, node="n", ids="4,5", priority=500))],
+        victims=("a",),
+        ids=("0", "1", "2", "3"),
+    ),
+    Case(
+        "two-idle-pods-beat-one-busy-pod",
+        [
+            idle(pod("c", 1, node="n", ids="0", priority=50)),
+            idle(pod("d", 1, node="n", ids="1", priority=50)),
+            pod("b", 2, node="n", ids="4,5", priority=5),
+        ],
+        victims=("c", "d"),
+        ids=("0", "1", "2", "3"),
+    ),
+    Case(
+        "budgets-still-come-before-idleness",
+        [A, idle(pod("b", 2, node="n", ids="4,5", priority=50))],
+        budgets=Budgets({"ml/b": ("ml/pdb-b",)}, {"ml/pdb-b": 0}),
+        victims=("a",),
+        ids=("0", "1", "2", "3"),
+    ),
+    Case(
         "fits-already-no-victims",
         [pod("a", 2, node="n", ids="0,1", priority=10)],
         victims=(),
@@ -202,7 +269,55 @@ def test_plan_victims(case: Case) -> None:
         assert plan.choice.ids == case.ids
     assert len(plan.choice.ids) == incoming.gpus
     assert plan.pdb_violations == case.pdb_violations
-    assert all(v.priority < incoming.priority for v in plan.victims)
+    assert all(v.priority < incoming.priority or v.reclaimable(NOW) for v in plan.victims)
+    assert plan.busy == sum(not v.reclaimable(NOW) for v in plan.victims)
+
+
+def _uids(plan_uids: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(plan_uids))
+
+
+@pytest.mark.parametrize(
+    ("pods", "sent", "expected"),
+    [
+        pytest.param(
+            [A, idle(pod("b", 2, node="n", ids="4,5", priority=10))],
+            ["uid-a"],
+            ("uid-b",),
+            id="scheduler-chose-the-busy-pod-idle-one-instead",
+        ),
+        pytest.param(
+            [A, B],
+            ["uid-a"],
+            ("uid-a",),
+            id="no-idle-pod-the-schedulers-choice-stays",
+        ),
+        pytest.param(
+            [A, idle(pod("b", 2, node="n", ids="4,5", priority=10))],
+            ["uid-a", "uid-cpu-only"],
+            ("uid-a", "uid-cpu-only"),
+            id="a-victim-we-do-not-know-keeps-the-schedulers-choice",
+        ),
+        pytest.param(
+            [A, idle(pod("b", 2, node="n", ids="4,5", priority=10), ack_until=LATER)],
+            ["uid-a"],
+            ("uid-a",),
+            id="acknowledged-idle-pod-is-left-alone",
+        ),
+        pytest.param(
+            [A, idle(pod("b", 2, node="n", ids="4,5", priority=10))],
+            ["uid-b"],
+            ("uid-b",),
+            id="scheduler-chose-the-idle-pod-already",
+        ),
+    ],
+)
+def test_preempt_verb_takes_idle_pods_instead_of_busy_ones(
+    pods: list[dict[str, Any]], sent: list[str], expected: tuple[str, ...]
+) -> None:
+    m = model([node("n")], pods)
+    got = revise_candidates(pod_info(_x(), RESOURCE), {"n": sent}, {"n": m.view("n")}, S, NOW)
+    assert _uids(got.victims["n"]) == _uids(expected)
 
 
 def test_victims_come_in_decreasing_priority_order_with_their_uids() -> None:

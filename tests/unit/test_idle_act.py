@@ -7,11 +7,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from controller.idle.act import IdleActuator, format_since
-from controller.idle.decide import IdlePlan, Mark, Unmark, Verdict
+from controller.idle.decide import IdlePlan, Mark, Reclaim, Unmark
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.metrics import IdleMetrics
 from controller.idle.snapshot import IdlePod, Owner
 from gpuwarden.errors import KubeError, KubeNotFound
-from gpuwarden.wellknown import IDLE_SINCE
+from gpuwarden.wellknown import IDLE_RECLAIMABLE, IDLE_SINCE
 
 NOW = 1_800_000_000.0
 OWNER = Owner("apps/v1", "StatefulSet", "nb", "uid-sts")
@@ -159,3 +160,43 @@ def test_evict_dry_run_sends_nothing() -> None:
     assert api.requests == [] and result.evicted == ["ml/nb-0"]
     assert all(note.startswith("[dry-run] ") for *_, note in recorder.events) and len(recorder.events) == 2
     assert registry.get_sample_value("gpuwarden_idle_evictions_total", {"outcome": "dry_run"}) == 1
+
+
+def test_prefer_as_victim_mark_writes_both_annotations_in_one_patch() -> None:
+    api = Api()
+    mark = Mark(idle_pod(), NOW - 1800, "notebooks", "GPUs idle: all 1 GPUs under 1%", reclaimable=True)
+    recorder, _, _ = run(IdlePlan(NOW, False, True, (), marks=(mark,)), api)
+    since = format_since(NOW - 1800)
+    annotations = {IDLE_SINCE: since, IDLE_RECLAIMABLE: "true"}
+    assert api.patches == [("nb-0", {"metadata": {"uid": "uid-nb-0", "annotations": annotations}})]
+    assert "GPU preemption may reclaim its GPUs" in recorder.events[0][3]
+
+
+def test_reclaimable_mark_set_and_cleared_alone_unmark_removes_both() -> None:
+    from dataclasses import replace
+
+    pod = replace(idle_pod(), idle_since_text="2026-12-02T10:00:00Z", reclaimable=True)
+    api = Api()
+    plan = IdlePlan(
+        NOW, False, True, (),
+        reclaims=(Reclaim(idle_pod("nb-1"), True, "notebooks", "reclaimable"),
+                  Reclaim(idle_pod("nb-2"), False, "notebooks", "no longer reclaimable (acknowledged)")),
+        unmarks=(Unmark(pod, Verdict.BUSY, "no longer idle (busy)"),),
+    )  # fmt: skip
+    recorder, _, result = run(plan, api)
+    both_gone = {IDLE_SINCE: None, IDLE_RECLAIMABLE: None}
+    assert sorted(api.patches, key=lambda p: p[0]) == [
+        ("nb-0", {"metadata": {"uid": "uid-nb-0", "annotations": both_gone}}),
+        ("nb-1", {"metadata": {"uid": "uid-nb-1", "annotations": {IDLE_RECLAIMABLE: "true"}}}),
+        ("nb-2", {"metadata": {"uid": "uid-nb-2", "annotations": {IDLE_RECLAIMABLE: None}}}),
+    ]
+    assert sorted(result.reclaimable) == ["ml/nb-1", "ml/nb-2"]
+    reclaim_events = [(n, r) for _, n, r, _ in recorder.events if r != "GPUIdleEnded"]
+    assert reclaim_events == [("nb-1", "GPUIdleReclaimable")]
+
+
+def test_dry_run_reclaim_writes_nothing() -> None:
+    api = Api()
+    plan = IdlePlan(NOW, True, True, (), reclaims=(Reclaim(idle_pod(), True, "notebooks", "reclaimable"),))
+    recorder, _, _ = run(plan, api)
+    assert api.patches == [] and recorder.events[0][3].startswith("[dry-run] ")

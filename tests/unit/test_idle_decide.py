@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.idle.decide import IdlePlan, Verdict, judge, plan_idle, policy_from_config
+from controller.idle.decide import IdlePlan, judge, plan_idle, policy_from_config
+from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.query import STAT_LABEL, GpuUsage, idle_query, read_usage
 from controller.idle.snapshot import GpuReading, IdlePod, build_snapshot, join, parse_time
 from gpuwarden.config.idle import IdleConfig, IdleMetricLabels
@@ -363,3 +364,61 @@ def test_power_stat_queried_only_when_on_and_read() -> None:
     base = {"Hostname": "n1", "gpu": "0"}
     answer = [({**base, STAT_LABEL: "max"}, 0.1), ({**base, STAT_LABEL: "power"}, 70.0)]
     assert read_usage(answer, lab) == (GpuUsage("n1", "0", "", "", 0.1, 0, 70.0),)
+
+
+# --- prefer-as-victim: the idle-reclaimable mark GPU preemption reads --------------------------------------
+PREFER = IdleConfig(
+    enabled=True, rules=[{"name": "notebooks", "namespaces": ["nb-*"], "action": "prefer-as-victim"}]
+)
+
+
+def reclaimable(p: IdlePod) -> IdlePod:
+    from dataclasses import replace
+
+    return replace(p, reclaimable=True)
+
+
+RECLAIMS: list[Any] = [
+    ("newly-idle-marked-reclaimable", pod(ns="nb-a"), (r("0", 0),), ["mark+reclaimable"]),
+    ("newly-idle-report-rule-plain-mark", pod(ns="ml"), (r("0", 0),), ["mark"]),
+    ("reported-before-the-rule-existed", pod(ns="nb-a", since=RECENT), (r("0", 0),), ["reclaimable:set"]),
+    ("already-reclaimable-nothing-to-do", reclaimable(pod(ns="nb-a", since=RECENT)), (r("0", 0),), []),
+    ("acknowledged-loses-the-mark", reclaimable(pod(ns="nb-a", since=RECENT, ack="2026-12-02T13:00:00Z")),
+     (r("0", 0),), ["reclaimable:clear"]),
+    ("unknown-data-loses-the-mark-keeps-idle-since", reclaimable(pod(ns="nb-a", since=RECENT)),
+     (r("0", 0, samples=3),), ["reclaimable:clear"]),
+    ("rule-changed-to-report-loses-the-mark", reclaimable(pod(ns="ml", since=RECENT)), (r("0", 0),),
+     ["reclaimable:clear"]),
+    ("busy-unmarked-both-go", reclaimable(pod(ns="nb-a", since=RECENT)), (r("0", 40),), ["unmark"]),
+    ("never-evicted", pod(ns="nb-a", since=HOURS_AGO), (r("0", 0),), ["reclaimable:set"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pod_", "readings", "want"), [c[1:] for c in RECLAIMS], ids=[c[0] for c in RECLAIMS]
+)
+def test_prefer_as_victim_keeps_the_reclaimable_mark_only_on_idle_reported_pods(
+    pod_: IdlePod, readings: tuple[GpuReading, ...], want: list[str]
+) -> None:
+    from controller.idle.snapshot import IdleSnapshot
+
+    plan = plan_idle(IdleSnapshot((pod_,), {pod_.key: readings}, True), policy_from_config(PREFER), NOW)
+    got = (
+        ["mark+reclaimable" if m.reclaimable else "mark" for m in plan.marks]
+        + [f"reclaimable:{'set' if c.reclaimable else 'clear'}" for c in plan.reclaims]
+        + ["unmark"] * len(plan.unmarks) + ["evict"] * len(plan.evictions)
+    )  # fmt: skip
+    assert got == want
+
+
+def test_pod_reads_our_reclaimable_mark() -> None:
+    from controller.idle.snapshot import idle_pod
+
+    obj = {
+        "metadata": {"name": "nb", "namespace": "nb-a", "uid": "u",
+                     "annotations": {"gpuwarden.io/idle-reclaimable": "true"}},
+        "spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running", "startTime": OLD},
+    }  # fmt: skip
+    got = idle_pod(obj, "nvidia.com/gpu")
+    assert got is not None and got.reclaimable

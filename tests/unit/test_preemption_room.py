@@ -55,8 +55,13 @@ def _candidate(obj: dict[str, Any], **kw: Any) -> Pending | str:
         ),
         pytest.param(
             unschedulable(pod("x", 4), message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+            "idle-only",
+            id="short-by-count-idle-reclaim-only",
+        ),
+        pytest.param(
+            unschedulable(pod("x", 4), message="0/3 nodes are available: 3 Insufficient cpu."),
             "no fragmented node in the scheduler's verdict",
-            id="short-by-count",
+            id="short-of-something-else",
         ),
         pytest.param(
             unschedulable(pod("x", 4), since="2023-11-14T22:13:18Z"),
@@ -70,8 +75,9 @@ def _candidate(obj: dict[str, Any], **kw: Any) -> Pending | str:
 )
 def test_candidate(obj: dict[str, Any], expected: str | None) -> None:
     got = _candidate(obj, ns=("ml",))
-    if expected is None:
+    if expected is None or expected == "idle-only":
         assert isinstance(got, Pending) and got.pod.key == "ml/x"
+        assert got.idle_only == (expected == "idle-only")
     else:
         assert got == expected
 
@@ -222,3 +228,43 @@ def test_gpuwarden_plan_table_lists_preemptors() -> None:
     )
     empty = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}).render_table()
     assert empty.endswith("GPU PREEMPTION: no pending pod rejected as fragmented")
+
+
+def _idle(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["annotations"].update(
+        {"gpuwarden.io/idle-since": "2023-11-14T20:00:00Z", "gpuwarden.io/idle-reclaimable": "true"}
+    )
+    return obj
+
+
+def _full_node(name: str, *, idle_priority: int | None, busy_priority: int = 100) -> list[dict[str, Any]]:
+    """Node `name` full by count: a busy pod on NUMA0 and another pod on NUMA1, idle-reclaimable when
+    `idle_priority` is given."""
+    busy = pod(f"{name}-busy", 4, node=name, ids="0,1,2,3", priority=busy_priority)
+    other = pod(f"{name}-other", 4, node=name, ids="4,5,6,7", priority=idle_priority or busy_priority)
+    return [busy, _idle(other) if idle_priority is not None else other]
+
+
+@pytest.mark.parametrize(
+    ("pods", "idle_only", "expected"),
+    [
+        pytest.param(_full_node("n", idle_priority=100), True, ("n", ("ml/n-other",)),
+                     id="short-by-count-reclaims-the-equal-priority-idle-pod"),
+        pytest.param(_full_node("n", idle_priority=None, busy_priority=10), True, None,
+                     id="short-by-count-never-takes-busy-pods-the-scheduler-preempts-those"),
+        pytest.param(_full_node("n", idle_priority=500), True, None, id="idle-pod-of-higher-priority-stays"),
+        pytest.param(_full_node("n", idle_priority=10, busy_priority=10), False, ("n", ("ml/n-other",)),
+                     id="fragmented-preemptor-takes-the-idle-pod-first"),
+    ],
+)  # fmt: skip
+def test_idle_reclaim(pods: list[dict[str, Any]], idle_only: bool, expected: Any) -> None:
+    m = model([node("n")], pods)
+    pending = _pending("x", 4, priority=100)
+    pending = Pending(pending.pod, pending.spec, pending.since, idle_only)
+    decisions = plan_room([pending], {"n": m.view("n")}, {"n": NodeFacts()}, S, NOW)
+    if expected is None:
+        assert decisions == [], "no idle pod in reach: no decision, no Event - the scheduler's pod"
+    else:
+        (decision,) = decisions
+        assert decision.plan is not None
+        assert (decision.plan.node, tuple(v.pod for v in decision.plan.victims)) == expected
