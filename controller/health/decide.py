@@ -24,7 +24,7 @@ from controller.health.findings import Assessment, Finding, assess_node, fresh_g
 from controller.health.grading import FleetGrading, Graded, grade_fleet
 from controller.health.policy import HealthPolicy, reason_class
 from controller.health.snapshot import EFFECT_STRENGTH, FleetSnapshot, NodeState, Taint
-from controller.health.validation import plan_validation
+from controller.health.validation import finish_validation, plan_validation
 from gpuwarden.quarantine import QuarantineRecord, decode, iso
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -171,6 +171,11 @@ def _plan_node(
     record, error = decode(node.annotations.get(RECORD_ANNOTATION))
     if error:
         work.skip(node.name, p.SKIP_BAD_RECORD, f"annotation {RECORD_ANNOTATION} {error}; treated as absent")
+    if record is not None and record.validation_event:
+        # A validation step recorded whose Event was not written (the leader died in between): the Event
+        # first, the node's next step one pass later (no write of this pass races the mark).
+        work.actions.append(finish_validation(node.name, record, policy.validation))
+        return
     taint = node.our_taint
     if taint is not None:
         if record is None or record.state != "quarantined":
