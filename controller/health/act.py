@@ -40,6 +40,7 @@ from gpuwarden.kube import (
 )
 from gpuwarden.quarantine import QuarantineRecord, decode
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
+from gpuwarden.wellknown import DEGRADATION as DEGRADATION_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -86,17 +87,22 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
         changes[RECORD_ANNOTATION] = None
     if action.remove_release_request and RELEASE_ANNOTATION in annotations:
         changes[RELEASE_ANNOTATION] = None
+    if action.degradation is not None and annotations.get(DEGRADATION_ANNOTATION) != action.degradation:
+        changes[DEGRADATION_ANNOTATION] = action.degradation  # before the condition: the Event is owed
     if changes:
         patch["metadata"] = {"annotations": changes}
     return patch or None
 
 
 def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:
-    """Settle the mark that owed `action.event`, now that the Event exists - only the mark this action owed,
-    over the same record (same start, same release; for a validation mark the same attempt and Event), so a
-    record rewritten since (a new quarantine) is never overwritten."""
+    """Settle the mark that owed `action.event`, now that the Event exists - only the mark this action owed:
+    the record's over the same record (same start, same release; for a validation mark the same attempt and
+    Event), the degradation mark while it holds the same change. A record rewritten since (a new quarantine)
+    or a newer degradation mark is never overwritten."""
     annotations = (current.get("metadata") or {}).get("annotations") or {}
     changes: dict[str, str | None] = {}
+    if action.degradation is not None and annotations.get(DEGRADATION_ANNOTATION) == action.degradation:
+        changes[DEGRADATION_ANNOTATION] = None
     record, _ = decode(annotations.get(RECORD_ANNOTATION))
     done = action.after_event
     if record is not None and done is not None and _same_record(record, done):
@@ -217,7 +223,7 @@ class Actuator:
         ):
             return  # the record still says pending: the next pass tries again under the same name
         result.events += 1
-        if action.after_event is None:
+        if action.after_event is None and action.degradation is None:
             return
         try:
             await patch_with_retry(

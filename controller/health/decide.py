@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from controller.health import breaker
 from controller.health import plan as p
-from controller.health.degrade import plan_degraded
+from controller.health.degrade import finish_degraded, plan_degraded
 from controller.health.findings import Assessment, Finding, assess_node, fresh_gpus, recovery_holds
 from controller.health.grading import FleetGrading, Graded, grade_fleet
 from controller.health.policy import HealthPolicy, reason_class
@@ -61,11 +61,15 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
     grading = grade_fleet(known, policy.signals, snapshot.streaks, now)
     for node in nodes:
         assessment = assessments[node.name]
+        # A GPUDegraded change whose Event is owed is finished whatever the telemetry says now.
+        finish = None if node.excluded else finish_degraded(node)
+        if finish is not None:
+            work.actions.append(finish)
         if node.name in known:
             extra = tuple(_signal_finding(g, policy) for g in _quarantining(node, grading))
             if extra:
                 assessment = assess_node(node, policy, now, extra)
-            _plan_signals(node, grading, work)
+            _plan_signals(node, grading, work, now, degrade=finish is None)
         _plan_node(node, assessment, snapshot, policy, now, work)
     gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_capacity > 0 and not n.excluded)
     breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
@@ -119,8 +123,9 @@ def _signal_finding(g: Graded, policy: HealthPolicy) -> Finding:
     )
 
 
-def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
-    """Skips that explain signals not (yet) acted on, and the GPUDegraded change."""
+def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work, now: float, *, degrade: bool) -> None:
+    """Skips that explain signals not (yet) acted on, and the GPUDegraded change (`degrade`: none is being
+    finished this pass; the next change is planned one pass later, from the finished condition)."""
     name = node.name
     pending = grading.pending(name)
     if pending:
@@ -140,7 +145,7 @@ def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
     if observed:
         work.skip(name, p.SKIP_OBSERVED, "; ".join(g.hit.why for g in observed))
     holding = tuple(g for g in pending if g.action == "degrade")
-    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding)
+    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding, now=now) if degrade else None
     if action is not None:
         work.actions.append(action)
 

@@ -91,6 +91,9 @@ class Action:
     """Which mark of the record: `event_pending` (quarantine, release) or `validation_event`."""
     remove_record_after_event: bool = False
     """Remove the record (matched by `after_event`) once `event` exists (nothing left to remember)."""
+    degradation: str | None = None
+    """The `gpuwarden.io/degradation` mark (encoded, `degrade.DegradationMark`): written before the
+    GPUDegraded condition, removed once `event` exists (only while it still holds this value)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -125,6 +128,8 @@ class Action:
                 if self.settles == "validation"
                 else "clear-event-mark"
             )
+        if self.degradation is not None:
+            out["degradation"] = self.degradation
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         if self.create_job is not None:

@@ -6,6 +6,8 @@ The act sequences:
   record, (4) the record's pending mark cleared;
 - release: (1) untaint + released record (Event pending), (2) GPUHealthy=True, (3) the Event, (4) the mark
   cleared (or the record removed);
+- degrade / clear-degraded: (1) the `gpuwarden.io/degradation` mark, (2) GPUDegraded, (3) the Event, named
+  after the mark, (4) the mark removed;
 - start-validation: (1) the Job, (2) the record naming it (its Event owed), (3) GPUValidationStarted, named
   after the quarantine and the attempt, (4) the record's validation mark cleared;
 - a failed validation: (1) the record (failure appended, its Event owed), (2) GPUValidationFailed (or
@@ -34,12 +36,14 @@ from controller.health.plan import Plan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import FleetSnapshot, JobState
 from controller.health.validation import job_name, validation_event_name
+from gpuwarden.config.health_signals import SignalsConfig
 from gpuwarden.config.health_validation import ValidationConfig
 from gpuwarden.errors import KubeConflict, KubeNotFound
 from gpuwarden.kube import EventRecorder
 from gpuwarden.kube.resources import JsonObject, PatchType, Resource
 from gpuwarden.quarantine import QuarantineRecord, decode
 from gpuwarden.wellknown import (
+    DEGRADATION,
     GPU_DEGRADED_CONDITION,
     GPU_HEALTHY_CONDITION,
     QUARANTINE_RECORD,
@@ -260,6 +264,67 @@ def test_release_requested_before_the_next_leader_still_gets_the_quarantine_even
     asyncio.run(leader_pass(api, NOW + 15))
     assert api.reasons() == ["GPUQuarantineReleased", "GPUQuarantined"]
     assert api.nodes["n1"]["spec"]["taints"] == []
+
+
+# --- degrade: mark → GPUDegraded → Event → mark removed -----------------------------------------------------
+
+HOT: dict[int, dict[str, Any]] = {0: {"clock_event_reasons": 0x40}}  # hw_thermal, graded `degrade`
+DEGRADE_AT_ONCE = HealthPolicy(signals=SignalsConfig.model_validate({"hw_thermal": {"consecutive": 1}}))
+DEGRADED_MESSAGE = "degraded by gpuwarden: hw-thermal on GPU-n1-0"
+DEGRADE_WRITES = ["mark", "condition", "event", "unmark"]
+
+
+@pytest.mark.parametrize(
+    ("start", "telemetry", "status", "event", "kind"),
+    [
+        pytest.param(None, HOT, "True", "GPUDegraded", "degrade", id="degrade"),
+        pytest.param(DEGRADED_MESSAGE, QUIET, "False", "GPUDegradationCleared", "clear-degraded", id="clear"),
+    ],
+)
+@pytest.mark.parametrize("k", range(len(DEGRADE_WRITES) + 1), ids=lambda k: f"killed-after-{k}-writes")
+def test_degradation_killed_between_writes_is_finished_once(
+    k: int, start: str | None, telemetry: dict[int, dict[str, Any]], status: str, event: str, kind: str
+) -> None:
+    api = Api([node_json(tainted=False, annotations={}, healthy="True", degraded=start)], kill_before=k)
+    assert run_with_kill(api, NOW, DEGRADE_AT_ONCE, telemetry) == (k < len(DEGRADE_WRITES))
+    assert api.writes == k
+    api.kill_before = None
+    second = asyncio.run(leader_pass(api, NOW + 15, DEGRADE_AT_ONCE, telemetry))
+
+    cond = api.condition(GPU_DEGRADED_CONDITION)
+    assert cond is not None and cond["status"] == status
+    assert DEGRADATION not in api.nodes["n1"]["metadata"]["annotations"]
+    assert api.reasons() == [event]
+    kinds = {a.kind for a in second.actions}
+    assert kinds == ({kind} if k == 0 else {"finish-event"} if k < len(DEGRADE_WRITES) else set())
+    writes = api.writes
+    asyncio.run(leader_pass(api, NOW + 30, DEGRADE_AT_ONCE, telemetry))
+    assert api.writes == writes, "a finished change must need no further writes"
+
+
+def test_degradation_decided_then_gone_is_finished_then_cleared() -> None:
+    """Killed after the mark; by the next pass the signal is gone: the change is finished as decided (the
+    Event never without its condition), and the pass after clears it with an Event of its own."""
+    api = Api([node_json(tainted=False, annotations={}, healthy="True")], kill_before=1)
+    assert run_with_kill(api, NOW, DEGRADE_AT_ONCE, HOT)
+    api.kill_before = None
+    first = asyncio.run(leader_pass(api, NOW + 15, DEGRADE_AT_ONCE, QUIET))
+    assert [a.kind for a in first.actions] == ["finish-event"]
+    assert api.reasons() == ["GPUDegraded"]
+    second = asyncio.run(leader_pass(api, NOW + 30, DEGRADE_AT_ONCE, QUIET))
+    assert [a.kind for a in second.actions] == ["clear-degraded"]
+    assert api.reasons() == ["GPUDegradationCleared", "GPUDegraded"]
+    cond = api.condition(GPU_DEGRADED_CONDITION)
+    assert cond is not None and cond["status"] == "False"
+
+
+def test_degradation_mark_is_finished_while_telemetry_is_unknown() -> None:
+    api = Api([node_json(tainted=False, annotations={}, healthy="True")], kill_before=1)
+    assert run_with_kill(api, NOW, DEGRADE_AT_ONCE, HOT)
+    api.kill_before = None
+    snap = replace(snapshot(api, HOT), prometheus_ok=False, prometheus_error="down")
+    plan = plan_quarantine(snap, DEGRADE_AT_ONCE, NOW + 15)
+    assert [a.kind for a in plan.actions] == ["finish-event"]
 
 
 # --- validation: Job → record (Event owed) → Event → mark cleared -------------------------------------------
