@@ -126,7 +126,7 @@ class Handoff:
                                                action="Remediate", type=_event_type(reason)):  # fmt: skip
                 return  # still owed on the Node: the next pass tries again under the same name
         try:
-            await patch_with_retry(self.kube, NODES, d.node, lambda cur: _settle_patch(cur, state))
+            await patch_with_retry(self.kube, NODES, d.node, lambda cur: settle_patch(cur, state))
         except KubeError as exc:
             log.warning("remediation debt not cleared; settled again next pass",
                         extra={"node": d.node, "error": str(exc)})  # fmt: skip
@@ -182,7 +182,7 @@ def _event_type(reason: str) -> EventType:
     return EventType.WARNING if reason == "GPURemediationExhausted" else EventType.NORMAL
 
 
-def _settle_patch(current: Mapping[str, Any], owed: RemediationState) -> dict[str, Any] | None:
+def settle_patch(current: Mapping[str, Any], owed: RemediationState) -> dict[str, Any] | None:
     """Clear the debt once settled - only over the state that owed it (a newer state is left alone)."""
     text = ((current.get("metadata") or {}).get("annotations") or {}).get(REMEDIATION_ANNOTATION)
     if decode(text) != decode(owed.encode()):

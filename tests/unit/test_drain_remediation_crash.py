@@ -17,32 +17,22 @@ from typing import Any
 
 import pytest
 
-from controller.drain.handoff import Handoff, _settle_patch, inputs
+from controller.drain.handoff import Handoff, inputs, settle_patch
 from controller.drain.observe import build_snapshot
 from controller.drain.remediation import RemediationState, decide, decode
 from controller.drain.state import DrainState
-from gpuwarden.config.remediation import RemediationConfig
 from gpuwarden.errors import KubeConflict, KubeNotFound
 from gpuwarden.kube import EventRecorder
 from gpuwarden.kube.resources import JsonObject, Resource
 from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN, QUARANTINE_RECORD, QUARANTINE_TAINT, REMEDIATION
+from tests.unit.test_drain_remediation import POLICY
 
 NOW = 1_700_000_000.0
 GPU = "nvidia.com/gpu"
 REBOOT = "remediation.example.com/reboot"
+REPLACE = "remediation.example.com/replace"
 OBJECTS = "/apis/e2e.gpuwarden.io/v1/gpuresets"
-POLICY = RemediationConfig.model_validate(
-    {
-        "enabled": True,
-        "steps": [
-            {"name": "gpu-reset", "action": "object", "resource": "gpuresets", "timeout_seconds": 600,
-             "template": "apiVersion: e2e.gpuwarden.io/v1\nkind: GPUReset\n"
-                         "metadata: {name: '{node}-reset'}\n"},
-            {"name": "reboot", "action": "label", "key": REBOOT, "timeout_seconds": 900},
-        ],
-    }
-)  # fmt: skip
 
 
 class Killed(Exception):
@@ -196,13 +186,14 @@ def test_release_mid_step_killed_between_writes(k: int) -> None:
 
 @pytest.mark.parametrize("k", range(4), ids=lambda k: f"killed-after-{k}-writes")
 def test_exhausted_killed_between_writes(k: int) -> None:
-    """The last (label) step times out: markers removed + state exhausted (Event owed) → Event → cleared."""
-    api = Api(state=RemediationState(1, NOW - 901))
-    api.node["metadata"]["labels"][REBOOT] = "true"
+    """The last (annotation) step times out: markers removed + state exhausted (Event owed) → Event →
+    cleared."""
+    api = Api(state=RemediationState(2, NOW - 901))
+    api.node["metadata"]["annotations"][REPLACE] = "true"
     assert killed_then_led(api, k, NOW) == (k < 3)
     st = api.state()
     assert st is not None and (st.final, st.owes) == ("exhausted", False)
-    assert api.node["metadata"]["labels"] == {}
+    assert REPLACE not in api.node["metadata"]["annotations"]
     assert api.reasons() == ["GPURemediationExhausted"]
 
 
@@ -210,7 +201,7 @@ def test_a_settled_state_is_not_overwritten_by_a_late_clear() -> None:
     """The debt is cleared only over the state that owed it: a newer state on the Node is left alone."""
     owed = RemediationState(0, NOW, event=("GPURemediationStarted", "step gpu-reset (object)"))
     newer = RemediationState(1, NOW + 600, event=("GPURemediationEscalated", "x"))
-    assert _settle_patch({"metadata": {"annotations": {REMEDIATION: newer.encode()}}}, owed) is None
-    patch = _settle_patch({"metadata": {"annotations": {REMEDIATION: owed.encode()}}}, owed)
+    assert settle_patch({"metadata": {"annotations": {REMEDIATION: newer.encode()}}}, owed) is None
+    patch = settle_patch({"metadata": {"annotations": {REMEDIATION: owed.encode()}}}, owed)
     assert patch == {"metadata": {"annotations": {REMEDIATION: owed.settled().encode()}}}
     assert decode(owed.encode()) == owed and not owed.settled().owes

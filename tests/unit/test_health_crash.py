@@ -168,6 +168,17 @@ async def leader_pass(
     return plan
 
 
+def killed_then_next(
+    api: Api, k: int, writes: int, policy: HealthPolicy, per_gpu: dict[int, dict[str, Any]]
+) -> Plan:
+    """A leader killed before write k+1 of a pass of `writes` writes; then the next leader's pass, 15 s on."""
+    api.kill_before = k
+    assert run_with_kill(api, NOW, policy, per_gpu) == (k < writes)
+    assert api.writes == k
+    api.kill_before = None
+    return asyncio.run(leader_pass(api, NOW + 15, policy, per_gpu))
+
+
 def run_with_kill(
     api: Api, now: float, policy: HealthPolicy = DEFAULT, per_gpu: dict[int, dict[str, Any]] = XID_79
 ) -> bool:
@@ -285,11 +296,8 @@ DEGRADE_WRITES = ["mark", "condition", "event", "unmark"]
 def test_degradation_killed_between_writes_is_finished_once(
     k: int, start: str | None, telemetry: dict[int, dict[str, Any]], status: str, event: str, kind: str
 ) -> None:
-    api = Api([node_json(tainted=False, annotations={}, healthy="True", degraded=start)], kill_before=k)
-    assert run_with_kill(api, NOW, DEGRADE_AT_ONCE, telemetry) == (k < len(DEGRADE_WRITES))
-    assert api.writes == k
-    api.kill_before = None
-    second = asyncio.run(leader_pass(api, NOW + 15, DEGRADE_AT_ONCE, telemetry))
+    api = Api([node_json(tainted=False, annotations={}, healthy="True", degraded=start)])
+    second = killed_then_next(api, k, len(DEGRADE_WRITES), DEGRADE_AT_ONCE, telemetry)
 
     cond = api.condition(GPU_DEGRADED_CONDITION)
     assert cond is not None and cond["status"] == status
@@ -354,11 +362,7 @@ def ready_to_validate(**changes: Any) -> Api:
 @pytest.mark.parametrize("k", range(len(START_WRITES) + 1), ids=lambda k: f"killed-after-{k}-writes")
 def test_validation_start_killed_between_writes_is_finished_once(k: int) -> None:
     api = ready_to_validate()
-    api.kill_before = k
-    assert run_with_kill(api, NOW, VALIDATE, QUIET) == (k < len(START_WRITES))
-    assert api.writes == k
-    api.kill_before = None
-    second = asyncio.run(leader_pass(api, NOW + 15, VALIDATE, QUIET))
+    second = killed_then_next(api, k, len(START_WRITES), VALIDATE, QUIET)
 
     rec = api.record()
     assert rec is not None and rec.validation_job == job_name("n1", 1) and rec.validation_attempts == 1
@@ -390,11 +394,7 @@ def test_validation_failure_killed_between_writes_is_finished_once(k: int, attem
                             validation_failures=earlier)  # fmt: skip
     api.jobs[job] = {}
     api.job_state = JobState("", "failed", "BackoffLimitExceeded")
-    api.kill_before = k
-    assert run_with_kill(api, NOW, VALIDATE, QUIET) == (k < len(FAIL_WRITES))
-    assert api.writes == k
-    api.kill_before = None
-    second = asyncio.run(leader_pass(api, NOW + 15, VALIDATE, QUIET))
+    second = killed_then_next(api, k, len(FAIL_WRITES), VALIDATE, QUIET)
 
     rec = api.record()
     assert rec is not None and rec.validation_job == "" and rec.validation_event == ""
