@@ -129,7 +129,7 @@ class Action:
                 else "clear-event-mark"
             )
         if self.degradation is not None:
-            out["degradation"] = self.degradation
+            out["after_event"] = "remove-degradation-mark"
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         if self.create_job is not None:
