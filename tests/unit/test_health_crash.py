@@ -38,7 +38,7 @@ from controller.health.snapshot import FleetSnapshot, JobState
 from controller.health.validation import job_name, validation_event_name
 from gpuwarden.config.health_signals import SignalsConfig
 from gpuwarden.config.health_validation import ValidationConfig
-from gpuwarden.errors import KubeConflict, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeForbidden, KubeNotFound
 from gpuwarden.kube import EventRecorder
 from gpuwarden.kube.resources import JsonObject, PatchType, Resource
 from gpuwarden.quarantine import QuarantineRecord, decode
@@ -66,6 +66,7 @@ class Api:
         self.events: dict[str, JsonObject] = {}
         self.jobs: dict[str, JsonObject] = {}
         self.job_state = JobState("", "running")
+        self.refuse_events = False  # RBAC without events create: every Event answered 403
         self.writes = 0
         self.kill_before = kill_before
 
@@ -103,6 +104,8 @@ class Api:
         self, resource: Resource, body: JsonObject, *, namespace: str | None = None, dry_run: bool = False
     ) -> JsonObject:
         store = self.jobs if resource.kind == "Job" else self.events
+        if store is self.events and self.refuse_events:
+            raise KubeForbidden("events is forbidden", status=403)
         name = body["metadata"]["name"]
         if name in store:
             raise KubeConflict(f"{resource.plural} {name} already exists", status=409, reason="AlreadyExists")
@@ -434,3 +437,15 @@ def test_validation_event_names_are_one_per_quarantine_attempt_and_step() -> Non
     assert validation_event_name("n1", rec.with_(validation_event="GPUValidationStarted")) != (
         validation_event_name("n1", rec)
     )
+
+
+def test_an_event_the_api_refuses_does_not_hold_up_the_node() -> None:
+    """Events forbidden (RBAC): the validation is recorded, its mark given up at once (logged), and the next
+    pass follows the Job as usual instead of retrying the Event forever."""
+    api = ready_to_validate()
+    api.refuse_events = True
+    asyncio.run(leader_pass(api, NOW, VALIDATE, QUIET))
+    rec = api.record()
+    assert rec is not None and rec.validation_job == job_name("n1", 1) and rec.validation_event == ""
+    plan = asyncio.run(leader_pass(api, NOW + 15, VALIDATE, QUIET))
+    assert [a.kind for a in plan.actions] == [] and plan.skips_of("validation-running")
