@@ -164,6 +164,12 @@ class Handoff:
         try:
             obj = render_template(step.template, d.context)
             collection = object_path(obj, step.resource)
+            path = f"{collection}/{(obj.get('metadata') or {}).get('name', '')}"
+            if state is not None and state.delete == path:
+                # The new step's object is the finished step's (one name for both): gone first, then anew.
+                with contextlib.suppress(KubeNotFound):
+                    await self.kube.request("DELETE", path, verb="delete", resource=step.resource)
+                state = replace(state, delete="")
             await self.kube.request("POST", collection, verb="create", resource=step.resource, body=obj,
                                     content_type="application/json")  # fmt: skip
         except KubeConflict:
@@ -172,10 +178,7 @@ class Handoff:
             # The step cannot start: record it, so it times out and the next step follows.
             log.warning("remediation object not created", extra={"node": d.node, "error": str(exc)})
             return state
-        name = (obj.get("metadata") or {}).get("name", "")
-        if state is None:
-            return None
-        return replace(state, object_path=f"{collection}/{name}")
+        return None if state is None else replace(state, object_path=path)
 
 
 def _event_type(reason: str) -> EventType:

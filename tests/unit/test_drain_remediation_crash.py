@@ -11,6 +11,7 @@ memory then run passes from what the API holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from dataclasses import replace
 from typing import Any
@@ -21,6 +22,7 @@ from controller.drain.handoff import Handoff, inputs, settle_patch
 from controller.drain.observe import build_snapshot
 from controller.drain.remediation import RemediationState, decide, decode
 from controller.drain.state import DrainState
+from gpuwarden.config.remediation import RemediationConfig
 from gpuwarden.errors import KubeConflict, KubeNotFound
 from gpuwarden.kube import EventRecorder
 from gpuwarden.kube.resources import JsonObject, Resource
@@ -116,7 +118,7 @@ class Api:
         return sorted(e["reason"] for e in self.events.values())
 
 
-async def leader_pass(api: Api, now: float) -> None:
+async def leader_pass(api: Api, now: float, policy: RemediationConfig = POLICY) -> None:
     """One hand-off pass of a leader with no memory (what DrainLoop._remediate does for the node)."""
     snap = build_snapshot([api.node], [], resource=GPU)
     view = inputs(api.node, snap, {n.name: n for n in snap.nodes})
@@ -124,8 +126,8 @@ async def leader_pass(api: Api, now: float) -> None:
         return
     handoff = Handoff(api, EventRecorder(api, component="drain", instance="leader"))  # type: ignore[arg-type]
     if view.state is not None and not view.state.final and not view.state.owes:
-        view = replace(view, condition=await handoff.condition(view, POLICY))
-    decision = decide(view, POLICY, now)
+        view = replace(view, condition=await handoff.condition(view, policy))
+    decision = decide(view, policy, now)
     if decision is not None:
         await handoff.apply(decision, api.node, dry_run=False)
 
@@ -205,3 +207,27 @@ def test_a_settled_state_is_not_overwritten_by_a_late_clear() -> None:
     patch = settle_patch({"metadata": {"annotations": {REMEDIATION: owed.encode()}}}, owed)
     assert patch == {"metadata": {"annotations": {REMEDIATION: owed.settled().encode()}}}
     assert decode(owed.encode()) == owed and not owed.settled().owes
+
+
+@pytest.mark.parametrize("k", range(5), ids=lambda k: f"killed-after-{k}-writes")
+def test_escalation_to_a_step_with_the_same_object(k: int) -> None:
+    """Two object steps whose templates name one object: the finished one is deleted before the next is
+    created (not after, which would delete the new step's object)."""
+    twice = RemediationConfig.model_validate(
+        {
+            "enabled": True,
+            "steps": [POLICY.steps[0].model_dump(), {**POLICY.steps[0].model_dump(), "name": "again"}],
+        }
+    )
+    api = Api(state=RemediationState(0, NOW - 601, object_path=RESET))
+    api.objects[RESET] = {"status": {"conditions": [{"type": "Complete", "status": "False"}]}}
+    api.kill_before = k
+    with contextlib.suppress(Killed):
+        asyncio.run(leader_pass(api, NOW, twice))
+    api.kill_before = None
+    for i in range(1, 4):
+        asyncio.run(leader_pass(api, NOW + 15 * i, twice))
+    st = api.state()
+    assert st is not None and (st.step, st.object_path, st.owes) == (1, RESET, False)
+    assert api.objects == {RESET: api.objects[RESET]} and "status" not in api.objects[RESET], "a new object"
+    assert api.reasons() == ["GPURemediationEscalated"]
