@@ -124,14 +124,13 @@ def plan_validation(node: NodeState, record: QuarantineRecord, cfg: ValidationCo
         message = f"validation Job {record.validation_job} running; times out in {left:.0f}s"
         return Step(False, skip=(SKIP_VALIDATION_RUNNING, message))
     failures = (*record.validation_failures, why)
+    owed = EVENT_VALIDATION_EXHAUSTED if attempts >= cfg.max_attempts else EVENT_VALIDATION_FAILED
     failed = record.with_(
         validation_job="",
         validation_started=None,
         healthy_since=None,
         validation_failures=failures,
-        validation_event=EVENT_VALIDATION_EXHAUSTED
-        if attempts >= cfg.max_attempts
-        else EVENT_VALIDATION_FAILED,
+        validation_event=owed,
     )
     event = validation_event(node.name, failed, cfg)
     return Step(
