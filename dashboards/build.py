@@ -1168,6 +1168,20 @@ def gpuwarden_itself() -> Dashboard:
                 width=12,
                 description="Quarantine writes that failed and are retried on the next pass.",
             ),
+            Panel(
+                "Transient failures by component and cause",
+                [
+                    Target(
+                        "sum by (component, cause) "
+                        "(increase(gpuwarden_transient_failures_total[$__rate_interval]))",
+                        "{{component}} {{cause}}",
+                    )
+                ],
+                width=12,
+                description="Expected, retried failures (API unreachable, 429, 5xx, watch expiry, conflicts, "
+                "Prometheus down) in the pass scheduler, leader election and the informers; each episode is "
+                "logged once at warning. A steady rate: the API server or Prometheus is struggling.",
+            ),
             Row("Kubernetes and Prometheus clients"),
             Panel(
                 "Kubernetes API requests by verb, resource and outcome",

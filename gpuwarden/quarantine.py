@@ -7,8 +7,8 @@ record must survive a restart or a leader change because it lives on the Node. T
 evidence (reason, XID, GPU UUIDs, first seen, values) an operator reads with `kubectl describe node`, plus
 the little state the decision needs: when the quarantine began (breaker window), the bootID then (reboot
 recovery), when the evidence was last seen gone (healthy period), which evidence an operator already
-dismissed (no re-taint for the same evidence), and whether the quarantine's (or release's) Event is still
-to be written (a leader killed between the taint and its Event).
+dismissed (no re-taint for the same evidence), and whether the quarantine's (or release's, or a validation
+step's) Event is still to be written (a leader killed between the record and its Event).
 
 The rule (`node_quarantine`, `quarantined_ids`): a node is quarantined only while it carries our taint - a
 record alone quarantines nothing (a released or stale record keeps its evidence only to remember what was
@@ -110,6 +110,9 @@ class QuarantineRecord:
     validation_started: float | None = None
     validation_attempts: int = 0
     validation_failures: tuple[str, ...] = ()
+    validation_event: str = ""
+    """The reason of a validation Event still to be written (e.g. `GPUValidationStarted`): set with the
+    record change it reports, cleared once the Event exists (named after the quarantine and the attempt)."""
     event_pending: bool = False
     """Written with the taint (or the release) and cleared once its Event exists: a leader killed between
     the two leaves it set, and the next pass writes the missing Event (named after the record, so once)."""
@@ -150,13 +153,20 @@ class QuarantineRecord:
             body["released_by"] = self.released_by
         if self.suppressed:
             body["suppressed"] = sorted(self.suppressed)
-        if self.validation_job or self.validation_attempts or self.validation_failures:
+        if (
+            self.validation_job
+            or self.validation_attempts
+            or self.validation_failures
+            or self.validation_event
+        ):
             body["validation"] = {
                 "job": self.validation_job,
                 "started": iso(self.validation_started),
                 "attempts": self.validation_attempts,
                 "failures": list(self.validation_failures),
             }
+            if self.validation_event:
+                body["validation"]["event"] = self.validation_event
         if self.event_pending:
             body["event"] = "pending"
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -193,6 +203,7 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
                 validation_started=parse_iso(validation.get("started")),
                 validation_attempts=int(validation.get("attempts", 0)),
                 validation_failures=tuple(str(f) for f in validation.get("failures", [])),
+                validation_event=str(validation.get("event", "")),
                 event_pending=raw.get("event") == "pending",
             ),
             "",

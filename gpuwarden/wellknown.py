@@ -33,6 +33,9 @@ GPU_HEALTHY_CONDITION = "GPUHealthy"
 """Node condition type written by the quarantine (False while quarantined)."""
 GPU_DEGRADED_CONDITION = "GPUDegraded"
 """Node condition type for degradation signals graded `degrade` (no taint)."""
+DEGRADATION = "gpuwarden.io/degradation"
+"""Node annotation, JSON, present only while a `GPUDegraded` change's Event is owed: the change (status,
+message), the Event's note and when it was decided (`at`, RFC 3339, whole seconds: the Event's name)."""
 
 EXPECTED_GPUS = "gpuwarden.io/expected-gpus"
 """Node label (the default of `health.signals.expected_gpus_label`): the node's expected GPU count."""

@@ -126,7 +126,7 @@ class DrainLoop:
             view = inputs(obj, snap, quarantined)
             if view is None:
                 continue
-            if view.state is not None and not view.state.final:
+            if view.state is not None and not view.state.final and not view.state.owes:
                 view = replace(view, condition=await self.handoff.condition(view, policy))
             decision = decide(view, policy, now)
             if decision is not None:

@@ -8,6 +8,12 @@ is False), `timed-out`; the last failing step makes the whole hand-off `exhauste
 quarantined for a human). A released node ends any active step at once and its markers are removed, so
 nothing acts on a healthy node. State lives on the Node (`gpuwarden.io/remediation`), so a new leader
 continues. No I/O, no clock, no logging.
+
+Each transition's Event (and the deletion of the step object it finished) is owed in the state it writes
+(`event`, `delete`) and settled once done; the Event is named after the state (`event_name`). A leader killed
+after the state leaves the debt on the Node, and the next pass only settles it (`RemediationDecision.finish`);
+killed before, the state on the Node is unchanged and the next pass decides the same transition again (its
+step object's 409 AlreadyExists is ours). So each Event is written exactly once.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.config.remediation import RemediationConfig, RemediationStep
@@ -38,14 +44,35 @@ class RemediationState:
     final: str = ""
     object_path: str = ""
     """API path of the object the active step created (object steps), to read its condition."""
+    event: tuple[str, str] | None = None
+    """(reason, note) of the Event this state's transition owes, until it is written."""
+    delete: str = ""
+    """API path of the finished step's object, owed a deletion (so nothing acts on it), until deleted."""
+
+    @property
+    def owes(self) -> bool:
+        return self.event is not None or bool(self.delete)
+
+    def settled(self) -> RemediationState:
+        return replace(self, event=None, delete="")
 
     def encode(self) -> str:
-        return json.dumps(
-            {"step": self.step, "started": iso(self.started), "final": self.final, "object": self.object_path,
-             "history": [{"name": h.name, "outcome": h.outcome, "at": iso(h.at), "why": h.why}
-                         for h in self.history]},
-            sort_keys=True, separators=(",", ":"),
-        )  # fmt: skip
+        body: dict[str, Any] = {
+            "step": self.step, "started": iso(self.started), "final": self.final, "object": self.object_path,
+            "history": [{"name": h.name, "outcome": h.outcome, "at": iso(h.at), "why": h.why}
+                        for h in self.history],
+        }  # fmt: skip
+        if self.event is not None:
+            body["event"] = {"reason": self.event[0], "note": self.event[1]}
+        if self.delete:
+            body["delete"] = self.delete
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def event_name(node: str, state: RemediationState) -> str:
+    """The one name of a transition's Event: the node, the Event, the step's start (hex) and the step."""
+    reason = state.event[0].lower() if state.event else ""
+    return f"{node}.{reason}.{int(state.started):x}.{state.step}"
 
 
 def decode(text: str | None) -> RemediationState | None:
@@ -58,9 +85,12 @@ def decode(text: str | None) -> RemediationState | None:
             StepOutcome(str(h["name"]), str(h["outcome"]), parse_iso(h["at"]) or 0.0, str(h.get("why", "")))
             for h in raw.get("history") or []
         )
+        owed = raw.get("event")
+        event = (str(owed["reason"]), str(owed.get("note", ""))) if owed else None
         return RemediationState(
-            int(raw["step"]), started or 0.0, history, str(raw.get("final", "")), str(raw.get("object", ""))
-        )
+            int(raw["step"]), started or 0.0, history, str(raw.get("final", "")), str(raw.get("object", "")),
+            event, str(raw.get("delete", "")),
+        )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         return None  # unreadable: treated as absent is unsafe (a restart), so callers skip such nodes
 
@@ -82,16 +112,19 @@ class NodeRemediation:
 class RemediationDecision:
     node: str
     state: RemediationState | None
-    """The state to write (None: remove the annotation)."""
+    """The state to write (None: remove the annotation), with what its transition owes (Event, deletion)."""
     apply: RemediationStep | None = None
     """A step to start now (set its marker / create its object)."""
     remove: tuple[RemediationStep, ...] = ()
     """Steps whose label / annotation markers to remove."""
-    event: tuple[str, str] | None = None
-    """(reason, note)."""
     context: Mapping[str, str] = field(default_factory=dict)
-    delete_object: str = ""
-    """API path of a finished step's object to delete, so nothing acts on it any more."""
+    finish: bool = False
+    """The state on the Node already owes its Event or deletion: settle that, write nothing else."""
+
+    @property
+    def event(self) -> tuple[str, str] | None:
+        """(reason, note) of the Event this decision owes."""
+        return self.state.event if self.state is not None else None
 
 
 def _marker(step: RemediationStep) -> bool:
@@ -105,13 +138,18 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Remedia
     steps = policy.steps
     ctx = {"node": n.node, "gpus": ",".join(n.gpus), "reason": n.reason}
     st = n.state
+    now = float(int(now))  # whole seconds, as the state on the Node keeps them (the Event's name)
+    if st is not None and st.owes:
+        return RemediationDecision(
+            n.node, st, finish=True
+        )  # a leader died after the state: settle, nothing else
     if st is None:
         if n.quarantined and n.drain_done:
             first = steps[0]
-            return RemediationDecision(
-                n.node, RemediationState(0, now), apply=first, context={**ctx, "step": first.name},
-                event=("GPURemediationStarted", f"step {first.name} ({first.action})"),
-            )  # fmt: skip
+            started = RemediationState(
+                0, now, event=("GPURemediationStarted", f"step {first.name} ({first.action})")
+            )
+            return RemediationDecision(n.node, started, apply=first, context={**ctx, "step": first.name})
         return None
     if st.final:
         if not n.quarantined:
@@ -125,19 +163,21 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Remedia
             *st.history,
             StepOutcome(current.name, "succeeded", now, "node released by the health controller"),
         )
-        return RemediationDecision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
-                        remove=tuple(s for s in steps[: st.step + 1] if _marker(s)),
-                        delete_object=st.object_path,
-                        event=("GPURemediationSucceeded", f"step {current.name}: node released"))  # fmt: skip
+        event = ("GPURemediationSucceeded", f"step {current.name}: node released")
+        ended = replace(
+            st, history=done, final="succeeded", object_path="", event=event, delete=st.object_path
+        )
+        return RemediationDecision(n.node, ended, remove=tuple(s for s in steps[: st.step + 1] if _marker(s)))
     if current.action == "object" and n.condition is True:
         done = (
             *st.history,
             StepOutcome(current.name, "succeeded", now, f"{current.complete_condition}=True"),
         )
-        return RemediationDecision(n.node, RemediationState(st.step, st.started, done, "succeeded"),
-                        event=("GPURemediationSucceeded",
-                               f"step {current.name}: {current.complete_condition}=True; the node is "
-                               "released once healthy for the healthy period"))  # fmt: skip
+        note = f"step {current.name}: {current.complete_condition}=True; the node is released once healthy"
+        event = ("GPURemediationSucceeded", f"{note} for the healthy period")
+        return RemediationDecision(
+            n.node, replace(st, history=done, final="succeeded", object_path="", event=event)
+        )
     outcome = ""
     if current.action == "object" and n.condition is False:
         outcome, why = "failed", f"{current.complete_condition}=False"
@@ -147,17 +187,19 @@ def decide(n: NodeRemediation, policy: RemediationConfig, now: float) -> Remedia
         return None
     history = (*st.history, StepOutcome(current.name, outcome, now, why))
     if st.step + 1 >= len(steps):
-        return RemediationDecision(n.node, RemediationState(st.step, st.started, history, "exhausted"),
-                        remove=tuple(s for s in steps if _marker(s)), delete_object=st.object_path,
-                        event=("GPURemediationExhausted",
-                               f"every step failed (last: {current.name} {outcome}); the node stays "
-                               "quarantined for an operator"))  # fmt: skip
+        note = f"every step failed (last: {current.name} {outcome})"
+        event = ("GPURemediationExhausted", f"{note}; the node stays quarantined for an operator")
+        ended = replace(
+            st, history=history, final="exhausted", object_path="", event=event, delete=st.object_path
+        )
+        return RemediationDecision(n.node, ended, remove=tuple(s for s in steps if _marker(s)))
     nxt = steps[st.step + 1]
-    note = f"step {current.name} {outcome} ({why}); next: {nxt.name}"
-    return RemediationDecision(n.node, RemediationState(st.step + 1, now, history), apply=nxt,
-                    remove=(current,) if _marker(current) else (), context={**ctx, "step": nxt.name},
-                    delete_object=st.object_path,
-                    event=("GPURemediationEscalated", note))  # fmt: skip
+    event = ("GPURemediationEscalated", f"step {current.name} {outcome} ({why}); next: {nxt.name}")
+    escalated = RemediationState(st.step + 1, now, history, event=event, delete=st.object_path)
+    return RemediationDecision(
+        n.node, escalated, apply=nxt, remove=(current,) if _marker(current) else (),
+        context={**ctx, "step": nxt.name},
+    )  # fmt: skip
 
 
 _PLACEHOLDER = re.compile(r"\{(node|gpus|reason|step)\}")

@@ -38,8 +38,9 @@ from gpuwarden.kube import (
     PatchType,
     patch_with_retry,
 )
-from gpuwarden.quarantine import decode
+from gpuwarden.quarantine import QuarantineRecord, decode
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
+from gpuwarden.wellknown import DEGRADATION as DEGRADATION_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -86,26 +87,40 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
         changes[RECORD_ANNOTATION] = None
     if action.remove_release_request and RELEASE_ANNOTATION in annotations:
         changes[RELEASE_ANNOTATION] = None
+    if action.degradation is not None and annotations.get(DEGRADATION_ANNOTATION) != action.degradation:
+        changes[DEGRADATION_ANNOTATION] = action.degradation  # before the condition: the Event is owed
     if changes:
         patch["metadata"] = {"annotations": changes}
     return patch or None
 
 
 def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:
-    """Clear the pending mark once the Event exists - only over the record that was pending (same start,
-    same release), so a record rewritten since (a new quarantine) is never overwritten."""
+    """Settle the mark that owed `action.event`, now that the Event exists - only the mark this action owed:
+    the record's over the same record (same start, same release; for a validation mark the same attempt and
+    Event), the degradation mark while it holds the same change. A record rewritten since (a new quarantine)
+    or a newer degradation mark is never overwritten."""
     annotations = (current.get("metadata") or {}).get("annotations") or {}
+    changes: dict[str, str | None] = {}
+    if action.degradation is not None and annotations.get(DEGRADATION_ANNOTATION) == action.degradation:
+        changes[DEGRADATION_ANNOTATION] = None
     record, _ = decode(annotations.get(RECORD_ANNOTATION))
     done = action.after_event
-    if record is None or not record.event_pending or done is None:
-        return None
-    if (record.state, record.quarantined_at, record.released_at) != (
-        done.state, done.quarantined_at, done.released_at,
-    ):  # fmt: skip
-        return None
-    # From the record as read now: evidence added since the plan (a concurrent update-record) is kept.
-    value = None if action.remove_record_after_event else record.with_(event_pending=False).encode()
-    return {"metadata": {"annotations": {RECORD_ANNOTATION: value}}}
+    if record is not None and done is not None and _same_record(record, done):
+        # From the record as read now: evidence added since the plan (a concurrent update-record) is kept.
+        if action.settles == "validation":
+            owed = action.event.reason if action.event is not None else ""
+            if record.validation_event == owed and record.validation_attempts == done.validation_attempts:
+                changes[RECORD_ANNOTATION] = record.with_(validation_event="").encode()
+        elif record.event_pending:
+            changes[RECORD_ANNOTATION] = (
+                None if action.remove_record_after_event else record.with_(event_pending=False).encode()
+            )
+    return {"metadata": {"annotations": changes}} if changes else None
+
+
+def _same_record(a: QuarantineRecord, b: QuarantineRecord) -> bool:
+    """The same quarantine (and release): a record rewritten for a new one is not."""
+    return (a.state, a.quarantined_at, a.released_at) == (b.state, b.quarantined_at, b.released_at)
 
 
 def condition_patch(current: JsonObject, update: ConditionUpdate, wall: datetime) -> JsonObject | None:
@@ -208,7 +223,7 @@ class Actuator:
         ):
             return  # the record still says pending: the next pass tries again under the same name
         result.events += 1
-        if action.after_event is None:
+        if action.after_event is None and action.degradation is None:
             return
         try:
             await patch_with_retry(

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 from controller.health import breaker
 from controller.health import plan as p
-from controller.health.degrade import plan_degraded
+from controller.health.degrade import finish_degraded, plan_degraded
 from controller.health.findings import Assessment, Finding, assess_node, fresh_gpus, recovery_holds
 from controller.health.grading import FleetGrading, Graded, grade_fleet
 from controller.health.policy import HealthPolicy, reason_class
 from controller.health.snapshot import EFFECT_STRENGTH, FleetSnapshot, NodeState, Taint
-from controller.health.validation import plan_validation
+from controller.health.validation import finish_validation, plan_validation
 from gpuwarden.quarantine import QuarantineRecord, decode, iso
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -61,11 +61,15 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
     grading = grade_fleet(known, policy.signals, snapshot.streaks, now)
     for node in nodes:
         assessment = assessments[node.name]
+        # A GPUDegraded change whose Event is owed is finished whatever the telemetry says now.
+        finish = None if node.excluded else finish_degraded(node)
+        if finish is not None:
+            work.actions.append(finish)
         if node.name in known:
             extra = tuple(_signal_finding(g, policy) for g in _quarantining(node, grading))
             if extra:
                 assessment = assess_node(node, policy, now, extra)
-            _plan_signals(node, grading, work)
+            _plan_signals(node, grading, work, now, degrade=finish is None)
         _plan_node(node, assessment, snapshot, policy, now, work)
     gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_capacity > 0 and not n.excluded)
     breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
@@ -119,8 +123,9 @@ def _signal_finding(g: Graded, policy: HealthPolicy) -> Finding:
     )
 
 
-def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
-    """Skips that explain signals not (yet) acted on, and the GPUDegraded change."""
+def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work, now: float, *, degrade: bool) -> None:
+    """Skips that explain signals not (yet) acted on, and the GPUDegraded change (`degrade`: none is being
+    finished this pass; the next change is planned one pass later, from the finished condition)."""
     name = node.name
     pending = grading.pending(name)
     if pending:
@@ -140,7 +145,7 @@ def _plan_signals(node: NodeState, grading: FleetGrading, work: _Work) -> None:
     if observed:
         work.skip(name, p.SKIP_OBSERVED, "; ".join(g.hit.why for g in observed))
     holding = tuple(g for g in pending if g.action == "degrade")
-    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding)
+    action = plan_degraded(node, grading.confirmed(name, "degrade"), holding, now=now) if degrade else None
     if action is not None:
         work.actions.append(action)
 
@@ -171,6 +176,11 @@ def _plan_node(
     record, error = decode(node.annotations.get(RECORD_ANNOTATION))
     if error:
         work.skip(node.name, p.SKIP_BAD_RECORD, f"annotation {RECORD_ANNOTATION} {error}; treated as absent")
+    if record is not None and record.validation_event:
+        # A validation step recorded whose Event was not written (the leader died in between): the Event
+        # first, the node's next step one pass later (no write of this pass races the mark).
+        work.actions.append(finish_validation(node.name, record, policy.validation))
+        return
     taint = node.our_taint
     if taint is not None:
         if record is None or record.state != "quarantined":

@@ -85,9 +85,15 @@ class Action:
     first_seen: float | None = None  # of the fault, for the detection-latency metric
     create_job: dict[str, Any] | None = None  # a validation Job to create (namespace set by act.py)
     after_event: QuarantineRecord | None = None
-    """The record to write once `event` exists (its `event_pending` cleared); only over the same record."""
+    """The record whose mark `event` settles, as it is once the Event exists (the mark cleared); the mark is
+    cleared only over the same record (same quarantine and release; for `validation`, the same attempt)."""
+    settles: Literal["event", "validation"] = "event"
+    """Which mark of the record: `event_pending` (quarantine, release) or `validation_event`."""
     remove_record_after_event: bool = False
     """Remove the record (matched by `after_event`) once `event` exists (nothing left to remember)."""
+    degradation: str | None = None
+    """The `gpuwarden.io/degradation` mark (encoded, `degrade.DegradationMark`): written before the
+    GPUDegraded condition, removed once `event` exists (only while it still holds this value)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -115,7 +121,15 @@ class Action:
         if self.event is not None:
             out["event"] = {"reason": self.event.reason, "type": self.event.type, "note": self.event.note}
         if self.after_event is not None:
-            out["after_event"] = "remove-record" if self.remove_record_after_event else "clear-event-mark"
+            out["after_event"] = (
+                "remove-record"
+                if self.remove_record_after_event
+                else "clear-validation-mark"
+                if self.settles == "validation"
+                else "clear-event-mark"
+            )
+        if self.degradation is not None:
+            out["after_event"] = "remove-degradation-mark"
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         if self.create_job is not None:

@@ -5,7 +5,9 @@ When `health.validation` is on, the release the healthy period allows becomes: s
 (DCGM diagnostic, NCCL test) on that node, tolerating our taint → it succeeds: release; it fails or times out:
 keep the quarantine, record why on the node (`gpuwarden.io/quarantine` → `validation`), start the healthy
 period again; after `max_attempts` failures the node waits for an operator. Everything it needs is in the
-record and the Jobs the snapshot lists, so a restarted controller follows the same Job.
+record and the Jobs the snapshot lists, so a restarted controller follows the same Job. Each step's Event
+is owed in the record (`validation.event`) from the write that records the step until the Event exists, and
+named after the quarantine and the attempt, so a leader killed in between loses no Event and repeats none.
 
 What it must not do: no I/O, no clock reads. It renders the Job (act.py creates it, in the configured or the
 controller's namespace) and never plans a release on anything but the named Job's success.
@@ -87,20 +89,25 @@ def plan_validation(node: NodeState, record: QuarantineRecord, cfg: ValidationCo
         name = job_name(node.name, attempts + 1)
         gpus = ",".join(sorted({e.gpu for e in record.evidence if e.gpu}))
         job = render_job(cfg.job_template, name=name, node=node.name, gpus=gpus, reason=record.reason)
-        running = record.with_(validation_job=name, validation_started=now, validation_attempts=attempts + 1)
-        note = (
-            f"healthy period over; validation Job {name} (attempt {attempts + 1}/{cfg.max_attempts}) started"
+        running = record.with_(
+            validation_job=name,
+            validation_started=now,
+            validation_attempts=attempts + 1,
+            validation_event=EVENT_VALIDATION_STARTED,
         )
+        event = validation_event(node.name, running, cfg)
         return Step(
             False,
             action=p.Action(
                 "start-validation",
                 node.name,
                 "validation-started",
-                note,
+                event.note,
                 record=running,
                 create_job=job,
-                event=p.EventSpec(EVENT_VALIDATION_STARTED, "Normal", note, "Validate"),
+                event=event,
+                after_event=running.with_(validation_event=""),
+                settles="validation",
             ),
         )
     job_state = node.validation_jobs.get(record.validation_job)
@@ -117,24 +124,64 @@ def plan_validation(node: NodeState, record: QuarantineRecord, cfg: ValidationCo
         message = f"validation Job {record.validation_job} running; times out in {left:.0f}s"
         return Step(False, skip=(SKIP_VALIDATION_RUNNING, message))
     failures = (*record.validation_failures, why)
-    exhausted = attempts >= cfg.max_attempts
+    owed = EVENT_VALIDATION_EXHAUSTED if attempts >= cfg.max_attempts else EVENT_VALIDATION_FAILED
     failed = record.with_(
-        validation_job="", validation_started=None, healthy_since=None, validation_failures=failures
+        validation_job="",
+        validation_started=None,
+        healthy_since=None,
+        validation_failures=failures,
+        validation_event=owed,
     )
-    if exhausted:
-        reason = EVENT_VALIDATION_EXHAUSTED
-        note = f"validation failed {attempts}x ({why}); quarantine kept until an operator releases the node"
-    else:
-        reason = EVENT_VALIDATION_FAILED
-        note = f"validation failed ({why}); quarantine kept, the healthy period starts again"
+    event = validation_event(node.name, failed, cfg)
     return Step(
         False,
         action=p.Action(
             "update-record",
             node.name,
             "validation-failed",
-            note,
+            event.note,
             record=failed,
-            event=p.EventSpec(reason, "Warning", note, "Validate"),
+            event=event,
+            after_event=failed.with_(validation_event=""),
+            settles="validation",
         ),
+    )
+
+
+def validation_event_name(node: str, record: QuarantineRecord) -> str:
+    """The one name of a validation step's Event: the node, the Event, the quarantine's start, the attempt."""
+    reason = record.validation_event.lower()
+    return f"{node}.{reason}.{int(record.quarantined_at or 0):x}.{record.validation_attempts}"
+
+
+def validation_event(node: str, record: QuarantineRecord, cfg: ValidationConfig) -> p.EventSpec:
+    """The Event the record's validation mark owes, from the record alone: the step that sets the mark and
+    a later pass finishing it (the leader died after the record) write the same Event under the same name."""
+    reason, attempts = record.validation_event, record.validation_attempts
+    name = validation_event_name(node, record)
+    if reason == EVENT_VALIDATION_STARTED:
+        note = (
+            f"healthy period over; validation Job {record.validation_job} "
+            f"(attempt {attempts}/{cfg.max_attempts}) started"
+        )
+        return p.EventSpec(reason, "Normal", note, "Validate", name=name)
+    why = record.validation_failures[-1] if record.validation_failures else "validation failed"
+    if reason == EVENT_VALIDATION_EXHAUSTED:
+        note = f"validation failed {attempts}x ({why}); quarantine kept until an operator releases the node"
+    else:
+        note = f"validation failed ({why}); quarantine kept, the healthy period starts again"
+    return p.EventSpec(reason, "Warning", note, "Validate", name=name)
+
+
+def finish_validation(node: str, record: QuarantineRecord, cfg: ValidationConfig) -> p.Action:
+    """A validation step recorded but its Event not (the leader died in between): the Event (or 409), then
+    the mark cleared. Nothing else is planned for the node in that pass, so no write races the mark."""
+    return p.Action(
+        "finish-event",
+        node,
+        "validation-event-pending",
+        f"validation recorded, but its {record.validation_event} Event is not recorded as written",
+        event=validation_event(node, record, cfg),
+        after_event=record.with_(validation_event=""),
+        settles="validation",
     )

@@ -245,11 +245,15 @@ class EventRecorder:
         action: str,
         type: EventType = EventType.NORMAL,
     ) -> bool:
-        """Write the Event named `name` unless it exists; True when it exists now (written by us or earlier).
+        """Write the Event named `name` unless it exists. True when nothing is left to do: it exists now
+        (written by us or earlier), or the API refused it for good (403, 422, ...: logged, never retried).
+        False when a retry may write it (API unreachable, 429, 5xx): the caller keeps what owes it.
 
         For happenings that must be recorded exactly once across leaders: the caller derives `name` from
         the state it keeps on the API (e.g. the quarantine's start), so a new leader completing a half-done
-        action gets 409 AlreadyExists instead of a duplicate. No series: each name is one Event.
+        action gets 409 AlreadyExists instead of a duplicate. No series: each name is one Event. An Event
+        that can never be written must not hold up the state that owes it (a mark that blocks a node's
+        next step until its Event exists), so a refusal counts as done.
         """
         key = EventKey(regarding, None, reason, action, type, truncate_note(note))
         namespace = regarding.namespace or "default"
@@ -260,9 +264,9 @@ class EventRecorder:
         except KubeConflict:
             return True  # AlreadyExists: the earlier writer got this far
         except KubeError as exc:
-            log.warning("event not recorded", extra={"reason": reason, "regarding": regarding.name,
-                                                     "error": str(exc)})  # fmt: skip
-            return False
+            what = "event not recorded; retried" if exc.retryable else "event refused; not retried"
+            log.warning(what, extra={"reason": reason, "regarding": regarding.name, "error": str(exc)})
+            return not exc.retryable
         return True
 
     async def _write_series(self, key: EventKey, state: SeriesState, wall: datetime) -> JsonObject:

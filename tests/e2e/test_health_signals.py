@@ -31,6 +31,7 @@ from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.quarantine import parse_iso
+from gpuwarden.wellknown import DEGRADATION
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import RunningSimulator, parse_scenario, start
@@ -79,7 +80,8 @@ def reset(cluster: Cluster) -> None:
     for n in NODES:
         node = cluster.get_json("node", n)
         taints = [t for t in node["spec"].get("taints", []) if t.get("key") != TAINT_KEY]
-        patch = {"spec": {"taints": taints or None}, "metadata": {"annotations": {RECORD_ANNOTATION: None}}}
+        annotations = {RECORD_ANNOTATION: None, DEGRADATION: None}
+        patch = {"spec": {"taints": taints or None}, "metadata": {"annotations": annotations}}
         cluster.kubectl("patch", "node", n, "--type=merge", "-p", json.dumps(patch))
         for ctype in ("GPUHealthy", "GPUDegraded"):
             drop = {"status": {"conditions": [{"type": ctype, "$patch": "delete"}]}}

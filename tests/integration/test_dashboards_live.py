@@ -9,8 +9,9 @@ One module-scoped stack, all of it gpuwarden's real code except the two things a
   loop, the nomination loop, the preemption throttle and the scheduler extender (filter, prioritize, bind,
   preempt) behind one HTTP server with /metrics;
 - test doubles for the API server (`FakeApiServer`: objects, merge/strategic/JSON patches, list, watch,
-  binding, one-shot faults to cause a failed write and a bind conflict) and for kube-state-metrics
-  (`ksm_text`: its series names and labels, rendered from the fake API's objects at scrape time).
+  binding, one-shot faults to cause a failed Lease read, a failed write and a bind conflict) and for
+  kube-state-metrics (`ksm_text`: its series names and labels, rendered from the fake API's objects at
+  scrape time).
 Prometheus scrapes all of it every second and evaluates rules/gpuwarden.rules.yaml. Then each panel query of
 dashboards/*.json must return at least one non-NaN sample over the run, and the alerts the injected faults
 should raise are firing (or pending, while their `for` runs) with the labels the runbooks promise.
@@ -889,8 +890,9 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
         stack.push_async_callback(stop_agent)
 
         # The controller: leader election gates the quarantine and nomination loops; every replica runs the
-        # extender and the throttle. One-shot faults: the first quarantine write of gpu-node-002 fails, the
-        # first claim patch of the first bound pod conflicts.
+        # extender and the throttle. One-shot faults: the first Lease read fails (a transient failure,
+        # counted and retried), the first quarantine write of gpu-node-002 fails, the first claim patch of the
+        # first bound pod conflicts.
         elector = LeaderElector(
             kube_controller,
             name="gpuwarden-controller",
@@ -900,6 +902,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             registry=controller_registry,
         )
         stop = asyncio.Event()
+        api.faults[("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuwarden-controller")] = 500
         api.faults[("PATCH", "/api/v1/nodes/gpu-node-002")] = 500
         tasks = [
             asyncio.create_task(elector.run()),

@@ -12,11 +12,12 @@ import pytest
 
 from controller.health.act import condition_patch, node_patch
 from controller.health.decide import plan_quarantine
-from controller.health.degrade import REASON_DEGRADED, plan_degraded
+from controller.health.degrade import REASON_DEGRADED, decode_mark, plan_degraded
 from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import TAINT_KEY, ConditionState, FleetSnapshot, NodeState, Streak, Taint
 from gpuwarden.config.health_signals import SignalsConfig
+from gpuwarden.wellknown import DEGRADATION
 from gpuwarden.wellknown import GPU_DEGRADED_CONDITION as DEGRADED_CONDITION
 from tests.unit.test_health_fixtures import NOW, node, quarantined
 
@@ -25,7 +26,7 @@ INTERVAL = 10.0
 
 def run(passes: list[list[NodeState]], *, signals: dict[str, Any] | None = None,
         prometheus_ok: list[bool] | None = None, **policy: Any) -> list[HealthPlan]:  # fmt: skip
-    """Plan each pass in turn, carrying the debounce streaks as the loop does."""
+    """HealthPlan each pass in turn, carrying the debounce streaks as the loop does."""
     pol = HealthPolicy(signals=SignalsConfig.model_validate(signals or {}), **policy)
     streaks: dict[str, Streak] = {}
     plans = []
@@ -127,8 +128,12 @@ def test_degrade_writes_the_condition_and_an_event_but_no_taint() -> None:
     assert d.condition is not None and d.condition.type == DEGRADED_CONDITION and d.condition.status == "True"
     assert d.condition.message == "degraded by gpuwarden: hw-thermal on GPU-n1-0"
     assert d.event is not None and d.event.reason == "GPUDegraded" and d.event.type == "Warning"
+    assert d.event.name == f"n1.gpudegraded.{int(NOW + 2 * INTERVAL):x}"  # named after the change's time
     current = {"metadata": {"name": "n1"}, "spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}
-    assert node_patch(current, d) is None  # nothing on the Node object itself: no taint, no annotation
+    # On the Node object only the mark that owes the Event (written before the condition): no taint.
+    assert node_patch(current, d) == {"metadata": {"annotations": {DEGRADATION: d.degradation}}}
+    mark = decode_mark(d.degradation)
+    assert mark is not None and mark.condition == d.condition and mark.event("n1") == d.event
     wall = datetime(2026, 12, 2, tzinfo=UTC)
     patch = condition_patch(
         {"status": {"conditions": [{"type": "GPUHealthy", "status": "True"}]}}, d.condition, wall
@@ -160,7 +165,7 @@ def test_plan_degraded_lists_each_signal_once_sorted() -> None:
     (d,) = plan.actions_of("degrade")
     assert d.condition is not None
     assert d.condition.message == "degraded by gpuwarden: hw-thermal on GPU-n1-0, power-brake on GPU-n1-0"
-    assert plan_degraded(QUIET, ()) is None  # never degraded, nothing to clear
+    assert plan_degraded(QUIET, (), now=NOW) is None  # never degraded, nothing to clear
 
 
 def test_quarantined_node_that_stalls_is_not_released() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.errors import KubeForbidden, KubeNotFound
+from gpuwarden.errors import KubeConflict, KubeError, KubeForbidden, KubeNotFound, KubeUnreachable
 from gpuwarden.kube.events import (
     EventRecorder,
     EventType,
@@ -222,6 +222,28 @@ async def test_write_failures_are_swallowed() -> None:
     assert (
         await recorder(api, clock).emit(NODE, reason="GPUQuarantined", note="n", action="Quarantine") is None
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "done"),
+    [
+        pytest.param(None, True, id="written"),
+        pytest.param(KubeConflict("events x already exists", status=409), True, id="exists-already"),
+        pytest.param(KubeUnreachable("503", status=503), False, id="unavailable-retried"),
+        pytest.param(KubeUnreachable("connection refused"), False, id="unreachable-retried"),
+        pytest.param(KubeForbidden("403 cannot create events", status=403), True, id="forbidden-given-up"),
+        pytest.param(KubeError("422 name too long", status=422), True, id="invalid-given-up"),
+    ],
+)
+async def test_emit_once_says_whether_anything_is_left_to_do(error: Exception | None, done: bool) -> None:
+    api, clock = FakeEvents(), Clock()
+    api.fail_create = error
+    ref = ObjectRef("v1", "Node", "gpu-0")
+    written = await recorder(api, clock).emit_once(
+        ref, name="gpu-0.gpuquarantined.1", reason="GPUQuarantined", note="n", action="Taint"
+    )
+    assert written is done
+    assert [e["metadata"]["name"] for e in api.created] == ([] if error else ["gpu-0.gpuquarantined.1"])
 
 
 @pytest.mark.parametrize(
