@@ -36,9 +36,13 @@ SKIP_VALIDATION_RUNNING = "validation-running"
 SKIP_VALIDATION_EXHAUSTED = "validation-exhausted"
 
 
-def job_name(node: str, attempt: int) -> str:
-    """A DNS-label Job name, unique per node and attempt (node names can be longer than a label allows)."""
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+def job_name(node: str, attempt: int, since: float | None = None) -> str:
+    """A DNS-label Job name, unique per node, quarantine (`since`: when it started) and attempt (node names
+    can be longer than a label allows). The quarantine is in the name because finished Jobs are not deleted
+    by us: without it a later quarantine of the node would find the earlier one's succeeded Job under the
+    same name, take it as its own and release the node unvalidated."""
+    key = node if since is None else f"{node}/{int(since)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     return f"gpuwarden-validate-{digest}-{attempt}"
 
 
@@ -86,7 +90,7 @@ def plan_validation(node: NodeState, record: QuarantineRecord, cfg: ValidationCo
                 "(gpuwarden.io/release=now)"
             )
             return Step(False, skip=(SKIP_VALIDATION_EXHAUSTED, message))
-        name = job_name(node.name, attempts + 1)
+        name = job_name(node.name, attempts + 1, record.quarantined_at)
         gpus = ",".join(sorted({e.gpu for e in record.evidence if e.gpu}))
         job = render_job(cfg.job_template, name=name, node=node.name, gpus=gpus, reason=record.reason)
         running = record.with_(

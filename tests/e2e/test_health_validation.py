@@ -196,14 +196,15 @@ async def validate(cluster: Cluster, tmp_path: Path) -> None:
         assert tainted(cluster)
         rec = record(cluster)
         assert rec is not None and rec.validation_attempts == 1 and rec.validation_job == ""
-        assert len(rec.validation_failures) == 1 and job_name(REAL_NODE, 1) in rec.validation_failures[0]
-        job = cluster.get_json("job", job_name(REAL_NODE, 1), "-n", NS)
+        first = job_name(REAL_NODE, 1, rec.quarantined_at)  # the quarantine is part of the name
+        assert len(rec.validation_failures) == 1 and first in rec.validation_failures[0]
+        job = cluster.get_json("job", first, "-n", NS)
         assert job["spec"]["template"]["spec"]["nodeName"] == REAL_NODE
-        pods = cluster.get_json("pods", "-n", NS, "-l", f"job-name={job_name(REAL_NODE, 1)}")["items"]
+        pods = cluster.get_json("pods", "-n", NS, "-l", f"job-name={first}")["items"]
         assert pods and all(
             p["spec"]["nodeName"] == REAL_NODE and p["status"]["phase"] == "Failed" for p in pods
         )
-        logs = cluster.kubectl("logs", "-n", NS, f"job/{job_name(REAL_NODE, 1)}", check=False)
+        logs = cluster.kubectl("logs", "-n", NS, f"job/{first}", check=False)
         assert f"GW_NODE={REAL_NODE}" in logs, logs  # it ran on the real node, with the template substituted
         assert events(cluster, "GPUValidationStarted") and events(cluster, "GPUValidationFailed")
 
@@ -214,7 +215,7 @@ async def validate(cluster: Cluster, tmp_path: Path) -> None:
         )
         assert any(on_node(p) == {"start-validation:validation-started"} for p in seen)
         assert not tainted(cluster) and record(cluster) is None
-        second = cluster.get_json("job", job_name(REAL_NODE, 2), "-n", NS)
+        second = cluster.get_json("job", job_name(REAL_NODE, 2, rec.quarantined_at), "-n", NS)
         assert (second.get("status") or {}).get("succeeded") == 1
         released = next(a for p in seen for a in p.actions if a.kind == "release")
         assert "validation Job" in released.message and "succeeded" in released.message

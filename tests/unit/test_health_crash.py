@@ -368,9 +368,13 @@ def test_validation_start_killed_between_writes_is_finished_once(k: int) -> None
     second = killed_then_next(api, k, len(START_WRITES), VALIDATE, QUIET)
 
     rec = api.record()
-    assert rec is not None and rec.validation_job == job_name("n1", 1) and rec.validation_attempts == 1
+    assert (
+        rec is not None
+        and rec.validation_job == job_name("n1", 1, NOW - 7200)
+        and rec.validation_attempts == 1
+    )
     assert rec.validation_event == ""
-    assert list(api.jobs) == [job_name("n1", 1)]
+    assert list(api.jobs) == [job_name("n1", 1, NOW - 7200)]
     assert api.reasons() == ["GPUValidationStarted"]
     kinds = {a.kind for a in second.actions}
     assert kinds == ({"start-validation"} if k < 2 else {"finish-event"} if k < len(START_WRITES) else set())
@@ -446,6 +450,8 @@ def test_an_event_the_api_refuses_does_not_hold_up_the_node() -> None:
     api.refuse_events = True
     asyncio.run(leader_pass(api, NOW, VALIDATE, QUIET))
     rec = api.record()
-    assert rec is not None and rec.validation_job == job_name("n1", 1) and rec.validation_event == ""
+    assert (
+        rec is not None and rec.validation_job == job_name("n1", 1, NOW - 7200) and rec.validation_event == ""
+    )
     plan = asyncio.run(leader_pass(api, NOW + 15, VALIDATE, QUIET))
     assert [a.kind for a in plan.actions] == [] and plan.skips_of("validation-running")

@@ -55,6 +55,15 @@ def ready(**kw: Any) -> NodeState:
     return replace(n, boot_id="boot-2")
 
 
+def _since() -> float | None:
+    rec, _ = decode(ready().annotations[RECORD_ANNOTATION])
+    return rec.quarantined_at if rec is not None else None
+
+
+SINCE = _since()
+"""When the fixture's quarantine started: part of the validation Job's name."""
+
+
 def with_record(n: NodeState, **changes: Any) -> NodeState:
     rec, _ = decode(n.annotations[RECORD_ANNOTATION])
     assert rec is not None
@@ -128,14 +137,14 @@ def test_first_due_release_starts_the_job_instead() -> None:
         None,
         None,
     )
-    assert a.create_job is not None and a.create_job["metadata"]["name"] == job_name("n1", 1)
-    assert a.record is not None and a.record.validation_job == job_name("n1", 1)
+    assert a.create_job is not None and a.create_job["metadata"]["name"] == job_name("n1", 1, SINCE)
+    assert a.record is not None and a.record.validation_job == job_name("n1", 1, SINCE)
     assert (a.record.validation_started, a.record.validation_attempts) == (NOW, 1)
     assert a.event is not None and a.event.reason == "GPUValidationStarted"
     assert a.create_job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "GPU-n1-0"
 
 
-RUNNING = job_name("n1", 1)
+RUNNING = job_name("n1", 1, SINCE)
 
 
 @pytest.mark.parametrize(
@@ -182,7 +191,7 @@ def test_failure_is_recorded_and_the_healthy_period_restarts() -> None:
 
 
 def test_exhausted_after_max_attempts_waits_for_an_operator() -> None:
-    second = job_name("n1", 2)
+    second = job_name("n1", 2, SINCE)
     n = with_record(ready(), validation_job=second, validation_started=NOW - 60, validation_attempts=2,
                     validation_failures=("first failed",))  # fmt: skip
     n = replace(n, validation_jobs={second: JobState(second, "failed")})
@@ -249,7 +258,7 @@ class FakeApi:
 @pytest.mark.parametrize("exists", [False, True], ids=["created", "already-exists-is-ours"])
 async def test_act_creates_the_job_in_the_configured_namespace_then_records_it(exists: bool) -> None:
     node_obj = {"metadata": {"name": "n1", "annotations": {}, "labels": {}}, "spec": {}}
-    api = FakeApi(node_obj, {job_name("n1", 1)} if exists else set())
+    api = FakeApi(node_obj, {job_name("n1", 1, SINCE)} if exists else set())
     kube = cast(KubeClient, api)
     actuator = Actuator(
         kube,
@@ -260,12 +269,12 @@ async def test_act_creates_the_job_in_the_configured_namespace_then_records_it(e
     )
     result = await actuator.apply(plan(ready()))
     assert result.failures == 0
-    assert api.created == ([] if exists else [("gpu-validate", job_name("n1", 1))])
+    assert api.created == ([] if exists else [("gpu-validate", job_name("n1", 1, SINCE))])
     (record_patch,) = [
         b for b in api.patches if "metadata" in b and RECORD_ANNOTATION in b["metadata"]["annotations"]
     ]
     rec, _ = decode(record_patch["metadata"]["annotations"][RECORD_ANNOTATION])
-    assert rec is not None and rec.validation_job == job_name("n1", 1)
+    assert rec is not None and rec.validation_job == job_name("n1", 1, SINCE)
 
 
 async def test_dry_run_creates_no_job() -> None:
@@ -276,3 +285,10 @@ async def test_dry_run_creates_no_job() -> None:
                         HealthMetrics(CollectorRegistry()), namespace="gpuwarden")  # fmt: skip
     await actuator.apply(plan(ready(), replace(POLICY, dry_run=True)))
     assert api.created == [] and api.patches == []
+
+
+def test_a_later_quarantine_never_takes_an_earlier_ones_job() -> None:
+    """Finished Jobs stay (we never delete them): the same node's next quarantine must not find the last
+    one's succeeded Job under its own name and release the node unvalidated."""
+    first, later = job_name("n1", 1, 1_700_000_000.0), job_name("n1", 1, 1_700_086_400.0)
+    assert first != later and len(later) <= 63
