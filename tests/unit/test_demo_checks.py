@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from typing import Any
 
 import pytest
@@ -72,6 +73,22 @@ def node(name: str, taint: str = "", healthy: str = "", record: bool = False) ->
     }
 
 
+def failed_gpu_node(name: str, failed: int) -> dict[str, Any]:
+    """Quarantined for XID 79 on GPU `failed`, with the topology annotation mapping UUIDs to indices."""
+    topology = {str(i): {"numa": i // 4, "uuid": f"GPU-{name}-{i}"} for i in range(8)}
+    record = {
+        "state": "quarantined",
+        "reason": "xid-79",
+        "evidence": [{"reason": "xid-79", "gpu": f"GPU-{name}-{failed}"}],
+    }
+    out = node(name, "xid-79", "False")
+    out["metadata"]["annotations"] = {
+        "gpuwarden.io/quarantine": json.dumps(record),
+        "gpuwarden.io/gpu-topology": json.dumps(topology),
+    }
+    return out
+
+
 def event(reason: str, name: str, ns: str = "t", note: str = "n") -> dict[str, Any]:
     return {"reason": reason, "note": note, "regarding": {"name": name, "namespace": ns}}
 
@@ -136,6 +153,86 @@ CASES = [
         False,
         "xid-48",
         id="quarantined-for-another-reason",
+    ),
+    pytest.param(
+        make(
+            nodes=[node("n0", "fabric-manager", "False", True)],
+            events=[
+                event(
+                    "GPUQuarantined",
+                    "n0",
+                    "default",
+                    "Fabric Manager status failure (3 consecutive passes); GPUs GPU-a",
+                )
+            ],
+        ),
+        {"quarantined": {"node": "n0", "reason": "fabric-manager", "debounce": 3}},
+        True,
+        "Fabric Manager status failure (3 consecutive passes)",
+        id="quarantined-after-the-debounce",
+    ),
+    pytest.param(
+        make(
+            nodes=[node("n0", "fabric-manager", "False", True)],
+            events=[
+                event(
+                    "GPUQuarantined", "n0", "default", "Fabric Manager status failure (1 consecutive passes)"
+                )
+            ],
+        ),
+        {"quarantined": {"node": "n0", "reason": "fabric-manager", "debounce": 3}},
+        False,
+        "(1 consecutive passes)",
+        id="quarantined-without-the-debounce",
+    ),
+    pytest.param(
+        make(series={"gpuwarden_health_signals": [{"action": "quarantine"}, {"action": "quarantine"}]}),
+        {"signal_state": {"signal": "nvlink_errors", "state": "boot-grace", "min": 2}},
+        True,
+        "nvlink_errors holds on 2 GPU(s)/node(s) in state boot-grace (action once confirmed: quarantine)",
+        id="signal-in-boot-grace",
+    ),
+    pytest.param(
+        make(),
+        {"signal_state": {"signal": "nvlink_errors", "state": "boot-grace"}},
+        False,
+        "holds on 0 GPU(s)",
+        id="signal-not-seen",
+    ),
+    pytest.param(
+        make(
+            nodes=[failed_gpu_node("n0", 2)],
+            pods=[pod("w-b", node="n0", gpus="1"), pod("w-c", node="n1", gpus="2")],
+            events=[event("GPUPodEvicted", "w-a", note="evict: holds a faulty GPU (mode immediate)")],
+        ),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        True,
+        "failed GPU 2: GPUPodEvicted ['w-a']; still on the failed GPU: none; kept on n0: 1 pod(s)",
+        id="drained-gpu-precise",
+    ),
+    pytest.param(
+        make(nodes=[failed_gpu_node("n0", 2)], pods=[pod("w-a", node="n0", gpus="2")]),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        False,
+        "still on the failed GPU: ['w-a']",
+        id="pod-left-on-the-failed-gpu",
+    ),
+    pytest.param(
+        make(
+            nodes=[failed_gpu_node("n0", 2)],
+            events=[event("GPUPodEvicted", "w-a", note="evict: node fault (mode immediate)")],
+        ),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        False,
+        "(evict: node fault",
+        id="drained-node-wide",
+    ),
+    pytest.param(
+        make(events=[event("GPUPreempting", "ft-worker-0", note="evicting t/a to free GPUs 0,1,2 on n0")]),
+        {"gpu_preempting": {"namespace": "t", "workload": "ft"}},
+        True,
+        "ft-worker-0: evicting t/a",
+        id="gpu-preempting",
     ),
     pytest.param(
         make(nodes=[node("n0"), node("n1", "xid-13")]),
