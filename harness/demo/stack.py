@@ -98,6 +98,9 @@ def gpuwarden_config(
             "healthy_period_seconds": 10,
             "gpu_missing_grace_seconds": 15,
             "xid": {"event_window_seconds": 30},
+            # production: 600 s grace, 5 min rate window; the demo's nodes all boot at bring-up, so its
+            # first step falls inside the grace and its Fabric Manager step minutes after it
+            "signals": {"boot_grace_seconds": 90, "window_seconds": 30},
         },
         "nominations": {"loop_interval_seconds": 2, "ttl_seconds": 30},
         "preemption": {"max_chain_depth": 1},
