@@ -72,11 +72,14 @@ class Checks:
         alive: Callable[[], None],
         timeline: Timeline,
         interval: float = 1.0,
+        kubectl: Callable[..., str] | None = None,
     ) -> None:
         self.view, self.kube, self.prom, self.fleet = view, kube, prom, fleet
         self.interval = interval
         self.alive = alive
         self.t = timeline
+        self.kubectl = kubectl
+        """The test bed's kubectl (`Cluster.kubectl`: args -> stdout, raises on failure), for `top_pods`."""
 
     async def check(self, expect: sc.Expect, within: float) -> Outcome:
         """Poll the probe every `interval` s until it holds (then `hold` seconds more) or time runs out."""
@@ -306,6 +309,34 @@ class Checks:
         if not events:
             return False, f"no GPUPreempting Event for a {e.workload} pod"
         return True, f"{events[0]['regarding']['name']}: {str(events[0].get('note', ''))[:160]}"
+
+    async def probe_top_pods(self, e: sc.TopPods) -> Verdict:
+        if self.kubectl is None:
+            return False, "no kubectl to run"
+        args = ("top", "pods", "-n", e.namespace, "-l", f"app={e.workload}", "--no-headers")
+        try:
+            out = await asyncio.to_thread(self.kubectl, *args)
+        except RuntimeError as exc:  # kubectl failed (metrics not served yet, APIService down...)
+            return False, f"kubectl top: {str(exc).splitlines()[0][-160:]}"
+        rows = {parts[0]: parts[1:] for line in out.splitlines() if len(parts := line.split()) == 3}
+        running = {p["metadata"]["name"] for p in self.running(e.namespace, e.workload)}
+        query = (
+            f'sum by (pod) (container_memory_working_set_bytes{{namespace="{e.namespace}",'
+            f'pod=~"{e.workload}-.*",container!=""}})'
+        )
+        result = await self.prom.query(query)
+        samples = result.samples if isinstance(result, Vector) else []
+        prom_mi = {s.labels.get("pod", ""): f"{int(s.value) // 2**20}Mi" for s in samples}
+        agree = [p for p, (_, mem) in rows.items() if prom_mi.get(p) == mem]
+        busy = [p for p, (cpu, _) in rows.items() if cpu not in ("0", "0m")]
+        example = next(iter(sorted(rows.items())), None)
+        shown = f"; e.g. {example[0]} {' '.join(example[1])}" if example else ""
+        detail = (
+            f"kubectl top pods: {len(rows)} rows for {len(running)} running {e.workload} pods{shown}; "
+            f"memory equals Prometheus' working set for {len(agree)}, CPU > 0 for {len(busy)}"
+        )
+        ok = bool(running) and set(rows) == running and len(agree) == len(busy) == len(rows)
+        return ok, detail
 
     async def probe_preempted(self, e: sc.Preempted) -> Verdict:
         victims = await self.events("Preempted", e.namespace)

@@ -256,6 +256,11 @@ class GpuPreempting(Selected):
     """gpuwarden's GPU preemption (make-room) evicted for a pod of the workload: a `GPUPreempting` Event."""
 
 
+class TopPods(Selected):
+    """`kubectl top pods` (metrics.k8s.io, served by the adapter) lists every running pod of the workload,
+    each with CPU and the memory working set Prometheus holds for it."""
+
+
 class Expect(Section):
     """Exactly one outcome key, plus how long to wait for it and how long it must then keep holding."""
 
@@ -275,6 +280,7 @@ class Expect(Section):
     signal_state: SignalState | None = None
     drained: Drained | None = None
     gpu_preempting: GpuPreempting | None = None
+    top_pods: TopPods | None = None
     within: Seconds | None = Field(None, gt=0, description="default: the step's `within`")
     hold: Seconds = Field(0.0, ge=0, description="after first holding, must keep holding this long")
 

@@ -34,8 +34,30 @@ class FakeProm:
         self.series = series
 
     async def query(self, promql: str) -> Vector:
+        """Every series of the first metric named in `promql`, valued 1 unless its labels give `__value__`."""
         metric = next((m for m in self.series if m in promql), "")
-        return Vector([Sample(labels, 0.0, 1.0) for labels in self.series.get(metric, [])])
+        return Vector(
+            [
+                Sample(
+                    {k: v for k, v in labels.items() if k != "__value__"},
+                    0.0,
+                    float(labels.get("__value__", 1)),
+                )
+                for labels in self.series.get(metric, [])
+            ]
+        )
+
+
+def kubectl_printing(text: str) -> Any:
+    def run(*args: str) -> str:
+        assert args[:2] == ("top", "pods"), args
+        return text
+
+    return run
+
+
+def kubectl_failing(*args: str) -> str:
+    raise RuntimeError("kubectl top pods failed (rc=1): error: Metrics API not available")
 
 
 def pod(
@@ -100,13 +122,23 @@ def make(
     series: dict[str, list[dict[str, str]]] | None = None,
     hpas: list[dict[str, Any]] = (),
     alive: Any = lambda: None,
+    kubectl: Any = None,
 ) -> Checks:
     view = ClusterView(kube=None)  # type: ignore[arg-type]
     view.pods.store = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     view.nodes.store = {n["metadata"]["name"]: n for n in nodes}
     view.hpas = list(hpas)
     timeline = Timeline(stream=io.StringIO())
-    return Checks(view, FakeKube(list(events)), FakeProm(series or {}), FLEET, alive, timeline, interval=0.01)  # type: ignore[arg-type]
+    return Checks(
+        view,
+        FakeKube(list(events)),
+        FakeProm(series or {}),
+        FLEET,
+        alive,
+        timeline,
+        interval=0.01,
+        kubectl=kubectl,
+    )  # type: ignore[arg-type]
 
 
 def expect(doc: dict[str, Any]) -> sc.Expect:
@@ -233,6 +265,41 @@ CASES = [
         True,
         "ft-worker-0: evicting t/a",
         id="gpu-preempting",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0"), pod("w-2", node="n1")],
+            series={
+                "container_memory_working_set_bytes": [
+                    {"pod": "w-1", "__value__": str(3 * 2**30)},
+                    {"pod": "w-2", "__value__": str(3 * 2**30)},
+                ]
+            },
+            kubectl=kubectl_printing("w-1   551m   3072Mi\nw-2   548m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        True,
+        "2 rows for 2 running w pods; e.g. w-1 551m 3072Mi; memory equals Prometheus' working set for 2, "
+        "CPU > 0 for 2",
+        id="kubectl-top",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0"), pod("w-2", node="n1")],
+            series={"container_memory_working_set_bytes": [{"pod": "w-1", "__value__": str(3 * 2**30)}]},
+            kubectl=kubectl_printing("w-1   551m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        False,
+        "1 rows for 2 running w pods",
+        id="kubectl-top-misses-a-pod",
+    ),
+    pytest.param(
+        make(pods=[pod("w-1", node="n0")], kubectl=kubectl_failing),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        False,
+        "Metrics API not available",
+        id="kubectl-top-fails",
     ),
     pytest.param(
         make(nodes=[node("n0"), node("n1", "xid-13")]),

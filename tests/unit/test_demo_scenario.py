@@ -55,6 +55,7 @@ def test_the_default_scenario_parses_and_tells_the_whole_story() -> None:
         "signal_state",
         "drained",
         "gpu_preempting",
+        "top_pods",
     } <= keys
     assert DEFAULT_SCENARIO.is_file()
 
