@@ -255,10 +255,11 @@ class Checks:
         result = await self.prom.query(query)
         samples = result.samples if isinstance(result, Vector) else []
         count = sum(s.value for s in samples)
-        action = ", ".join(sorted({s.labels.get("action", "") for s in samples})) or "-"
-        return count >= e.min, (
-            f"controller: {e.signal} holds on {count:g} GPU(s)/node(s) in state {e.state} "
-            f"(action once confirmed: {action})"
+        actions = sorted({a for s in samples if (a := s.labels.get("action", ""))})  # "" while in boot grace
+        action = f" (action {', '.join(actions)})" if actions else ""
+        return (
+            count >= e.min,
+            f"controller: {e.signal} holds on {count:g} GPU(s)/node(s) in state {e.state}{action}",
         )
 
     def failed_gpus(self, node: JsonObject) -> tuple[set[int], str]:
@@ -336,7 +337,7 @@ class Checks:
             f"memory equals Prometheus' working set for {len(agree)}, CPU > 0 for {len(busy)}"
         )
         ok = bool(running) and set(rows) == running and len(agree) == len(busy) == len(rows)
-        return ok, detail
+        return ok and e.pods in (None, len(rows)), detail
 
     async def probe_preempted(self, e: sc.Preempted) -> Verdict:
         victims = await self.events("Preempted", e.namespace)

@@ -260,6 +260,8 @@ class TopPods(Selected):
     """`kubectl top pods` (metrics.k8s.io, served by the adapter) lists every running pod of the workload,
     each with CPU and the memory working set Prometheus holds for it."""
 
+    pods: int | None = Field(None, ge=1, description="also require this many pods listed")
+
 
 class Expect(Section):
     """Exactly one outcome key, plus how long to wait for it and how long it must then keep holding."""

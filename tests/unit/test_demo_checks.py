@@ -221,7 +221,7 @@ CASES = [
         make(series={"gpuwarden_health_signals": [{"action": "quarantine"}, {"action": "quarantine"}]}),
         {"signal_state": {"signal": "nvlink_errors", "state": "boot-grace", "min": 2}},
         True,
-        "nvlink_errors holds on 2 GPU(s)/node(s) in state boot-grace (action once confirmed: quarantine)",
+        "nvlink_errors holds on 2 GPU(s)/node(s) in state boot-grace (action quarantine)",
         id="signal-in-boot-grace",
     ),
     pytest.param(
@@ -293,6 +293,17 @@ CASES = [
         False,
         "1 rows for 2 running w pods",
         id="kubectl-top-misses-a-pod",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0")],
+            series={"container_memory_working_set_bytes": [{"pod": "w-1", "__value__": str(3 * 2**30)}]},
+            kubectl=kubectl_printing("w-1   551m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t", "pods": 2}},
+        False,
+        "1 rows for 1 running w pods",
+        id="kubectl-top-fewer-pods-than-asked",
     ),
     pytest.param(
         make(pods=[pod("w-1", node="n0")], kubectl=kubectl_failing),
