@@ -19,8 +19,8 @@ import httpx
 from gpuwarden.kube import PODS, KubeClient
 from harness.demo import manifests
 from harness.demo.checks import Checks
-from harness.demo.observer import ClusterView
-from harness.demo.scenario import Action, Deploy, Expect, Job
+from harness.demo.observer import ClusterView, gpu_ids, is_bound
+from harness.demo.scenario import Action, Deploy, Expect, Faults, Job
 from harness.demo.stack import Stack
 from harness.demo.timeline import Timeline
 
@@ -105,14 +105,37 @@ class Actions:
         await self._simulator("POST", "/control/load", body.model_dump())
         self.t.action(f"load on {body.namespace}/{body.workload} -> {body.qps:g} QPS")
 
-    async def _fault(self, body: Any) -> None:
-        faults = body.expand()
+    def _held_gpus(self, body: Faults) -> tuple[dict[str, list[int]], str]:
+        """`gpus_of`: per node, the GPUs of the workload's first pod there (by name); and what that was."""
+        assert body.gpus_of is not None
+        sel = body.gpus_of
+        chosen: dict[str, list[int]] = {}
+        said = []
+        for node in body.nodes:
+            pods = sorted(
+                (
+                    p
+                    for p in self.view.workload_pods(sel.namespace, sel.workload)
+                    if is_bound(p) and p["spec"].get("nodeName") == node and gpu_ids(p)
+                ),
+                key=lambda p: str(p["metadata"]["name"]),
+            )
+            if not pods:
+                raise ActionFailed(f"no pod of {sel.namespace}/{sel.workload} holds a GPU on {node}")
+            chosen[node] = gpu_ids(pods[0])
+            gpus = ",".join(map(str, chosen[node]))
+            said.append(f"{node} GPU {gpus} (held by {pods[0]['metadata']['name']})")
+        return chosen, "; ".join(said)
+
+    async def _fault(self, body: Faults) -> None:
+        held, where = self._held_gpus(body) if body.gpus_of is not None else ({}, "")
+        faults = body.expand(held)
         await self._simulator("POST", "/control/faults", faults)
         extra = body.model_extra or {}
         what = " ".join(f"{k}={v}" for k, v in extra.items())
         gpus = f" x {len(body.gpus)} GPUs" if body.gpus else ""
         nodes = ", ".join(body.nodes) if len(body.nodes) <= 3 else f"{len(body.nodes)} nodes"
-        self.t.action(f"fault injected: {what} on {nodes}{gpus} ({len(faults)} fault(s))")
+        self.t.action(f"fault injected: {what} on {where or nodes + gpus} ({len(faults)} fault(s))")
 
     async def _clear_faults(self, body: Any) -> None:
         result = await self._simulator("DELETE", "/control/faults", body.model_dump(exclude_none=True))

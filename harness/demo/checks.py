@@ -13,6 +13,7 @@ What it must not do: change anything.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,8 @@ from gpuwarden.errors import GpuwardenError
 from gpuwarden.kube import EVENTS, JsonObject, KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
-from gpuwarden.wellknown import GPU_IDS
+from gpuwarden.quarantine import decode
+from gpuwarden.wellknown import GPU_IDS, GPU_TOPOLOGY
 from gpuwarden.wellknown import NUMA_NODE as NUMA
 from gpuwarden.wellknown import QUARANTINE_RECORD as QUARANTINE_ANNOTATION
 from harness.demo import scenario as sc
@@ -70,11 +72,14 @@ class Checks:
         alive: Callable[[], None],
         timeline: Timeline,
         interval: float = 1.0,
+        kubectl: Callable[..., str] | None = None,
     ) -> None:
         self.view, self.kube, self.prom, self.fleet = view, kube, prom, fleet
         self.interval = interval
         self.alive = alive
         self.t = timeline
+        self.kubectl = kubectl
+        """The test bed's kubectl (`Cluster.kubectl`: args -> stdout, raises on failure), for `top_pods`."""
 
     async def check(self, expect: sc.Expect, within: float) -> Outcome:
         """Poll the probe every `interval` s until it holds (then `hold` seconds more) or time runs out."""
@@ -208,7 +213,7 @@ class Checks:
             f"Prometheus shows XID {e.code} on {len(set(e.nodes) & nodes)}/{len(e.nodes)} nodes",
         )
 
-    async def probe_quarantined(self, e: sc.Node) -> Verdict:
+    async def probe_quarantined(self, e: sc.Quarantined) -> Verdict:
         node = self.node_or_missing(e.node)
         taint = our_taint(node)
         record = (node["metadata"].get("annotations") or {}).get(QUARANTINE_ANNOTATION)
@@ -216,8 +221,14 @@ class Checks:
         if taint is None or (e.reason and taint.get("value") != e.reason) or not record or healthy != "False":
             return False, node_state(taint, record, healthy)
         events = [x for x in await self.events("GPUQuarantined") if x["regarding"].get("name") == e.node]
-        note = str(events[0].get("note", ""))[:120] if events else "no GPUQuarantined Event yet"
-        return bool(events), f"taint {taint_text(taint)}, GPUHealthy=False, Event: {note}"
+        if not events:
+            return False, f"taint {taint_text(taint)}, GPUHealthy=False, no GPUQuarantined Event yet"
+        note = str(events[0].get("note", ""))
+        if e.debounce is None:
+            return True, f"taint {taint_text(taint)}, GPUHealthy=False, Event: {note[:120]}"
+        held = f"({e.debounce} consecutive passes)"
+        why = note.split("; GPUs", 1)[0]  # the Event's why; GPU UUIDs and the taint follow
+        return held in note, f"taint {taint_text(taint)}, GPUHealthy=False, Event: {why[:160]}"
 
     async def probe_not_quarantined(self, e: sc.Nodes) -> Verdict:
         tainted = sorted(n for n in e.nodes if (node := self.view.node(n)) is not None and our_taint(node))
@@ -238,6 +249,95 @@ class Checks:
         ]
         note = str(events[0].get("note", ""))[:120] if events else "no GPUQuarantineReleased Event yet"
         return bool(events), f"no taint, GPUHealthy=True, Event: {note}"
+
+    async def probe_signal_state(self, e: sc.SignalState) -> Verdict:
+        query = f'sum by (action) (gpuwarden_health_signals{{signal="{e.signal}",state="{e.state}"}})'
+        result = await self.prom.query(query)
+        samples = result.samples if isinstance(result, Vector) else []
+        count = sum(s.value for s in samples)
+        actions = sorted({a for s in samples if (a := s.labels.get("action", ""))})  # "" while in boot grace
+        action = f" (action {', '.join(actions)})" if actions else ""
+        return (
+            count >= e.min,
+            f"controller: {e.signal} holds on {count:g} GPU(s)/node(s) in state {e.state}{action}",
+        )
+
+    def failed_gpus(self, node: JsonObject) -> tuple[set[int], str]:
+        """GPU indices the node's quarantine record names (UUIDs mapped through the topology annotation)."""
+        annotations = node["metadata"].get("annotations") or {}
+        record, _ = decode(annotations.get(QUARANTINE_ANNOTATION))
+        if record is None:
+            return set(), "no quarantine record"
+        try:
+            topology = json.loads(annotations.get(GPU_TOPOLOGY) or "{}")
+        except ValueError:
+            return set(), "topology annotation unreadable"
+        uuids = {ev.gpu for ev in record.evidence if ev.gpu}
+        index = {str(v.get("uuid")): int(k) for k, v in topology.items() if isinstance(v, dict)}
+        return {index[u] for u in uuids if u in index}, ""
+
+    async def probe_drained(self, e: sc.Drained) -> Verdict:
+        node = self.node_or_missing(e.node)
+        failed, why = self.failed_gpus(node)
+        if not failed:
+            return False, why or "the quarantine record names no GPU the topology maps"
+        pattern = re.compile(rf"^{re.escape(e.workload)}-")
+        evicted = [
+            x
+            for x in await self.events("GPUPodEvicted", e.namespace)
+            if pattern.match(str(x["regarding"].get("name", "")))
+        ]
+        on_node = [p for p in self.running(e.namespace, e.workload) if p["spec"].get("nodeName") == e.node]
+        stuck = sorted(p["metadata"]["name"] for p in on_node if failed & set(gpu_ids(p)))
+        kept = sorted(p["metadata"]["name"] for p in on_node if not failed & set(gpu_ids(p)))
+        wide = [x for x in evicted if "holds a faulty GPU" not in str(x.get("note", ""))]
+        names = sorted(str(x["regarding"]["name"]) for x in evicted)
+        gpus = ",".join(map(str, sorted(failed)))
+        detail = (
+            f"failed GPU {gpus}: GPUPodEvicted {names or 'none'}"
+            f"{' (' + str(wide[0].get('note', ''))[:80] + ')' if wide else ''}; "
+            f"still on the failed GPU: {stuck or 'none'}; kept on {e.node}: {len(kept)} pod(s)"
+        )
+        return bool(evicted) and not stuck and not wide, detail
+
+    async def probe_gpu_preempting(self, e: sc.GpuPreempting) -> Verdict:
+        pattern = re.compile(rf"^{re.escape(e.workload)}-")
+        events = [
+            x
+            for x in await self.events("GPUPreempting", e.namespace)
+            if pattern.match(str(x["regarding"].get("name", "")))
+        ]
+        if not events:
+            return False, f"no GPUPreempting Event for a {e.workload} pod"
+        return True, f"{events[0]['regarding']['name']}: {str(events[0].get('note', ''))[:160]}"
+
+    async def probe_top_pods(self, e: sc.TopPods) -> Verdict:
+        if self.kubectl is None:
+            return False, "no kubectl to run"
+        args = ("top", "pods", "-n", e.namespace, "-l", f"app={e.workload}", "--no-headers")
+        try:
+            out = await asyncio.to_thread(self.kubectl, *args)
+        except RuntimeError as exc:  # kubectl failed (metrics not served yet, APIService down...)
+            return False, f"kubectl top: {str(exc).splitlines()[0][-160:]}"
+        rows = {parts[0]: parts[1:] for line in out.splitlines() if len(parts := line.split()) == 3}
+        running = {p["metadata"]["name"] for p in self.running(e.namespace, e.workload)}
+        query = (
+            f'sum by (pod) (container_memory_working_set_bytes{{namespace="{e.namespace}",'
+            f'pod=~"{e.workload}-.*",container!=""}})'
+        )
+        result = await self.prom.query(query)
+        samples = result.samples if isinstance(result, Vector) else []
+        prom_mi = {s.labels.get("pod", ""): f"{int(s.value) // 2**20}Mi" for s in samples}
+        agree = [p for p, (_, mem) in rows.items() if prom_mi.get(p) == mem]
+        busy = [p for p, (cpu, _) in rows.items() if cpu not in ("0", "0m")]
+        example = next(iter(sorted(rows.items())), None)
+        shown = f"; e.g. {example[0]} {' '.join(example[1])}" if example else ""
+        detail = (
+            f"kubectl top pods: {len(rows)} rows for {len(running)} running {e.workload} pods{shown}; "
+            f"memory equals Prometheus' working set for {len(agree)}, CPU > 0 for {len(busy)}"
+        )
+        ok = bool(running) and set(rows) == running and len(agree) == len(busy) == len(rows)
+        return ok and e.pods in (None, len(rows)), detail
 
     async def probe_preempted(self, e: sc.Preempted) -> Verdict:
         victims = await self.events("Preempted", e.namespace)

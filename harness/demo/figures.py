@@ -19,14 +19,20 @@ from harness.demo import scenario as sc
 
 TAINT_COLOUR = "#8B1A1A"
 XID_COLOURS = {13: plots.AMBER, 31: plots.AMBER, 43: plots.AMBER, 45: plots.AMBER}
-QUARANTINE_EVENTS = ("GPUQuarantined", "GPUQuarantineReleased", "QuarantineBreakerOpen")
-PREEMPTION_EVENTS = ("Preempted", "PreemptionThrottled", "NominationCleared")
+SIGNAL_BARS = (  # (query, bar text, colour): fabric/NVLink signals drawn like the XIDs, top half
+    (queries.FABRIC_MANAGER_FAILED, "Fabric Manager failure", plots.PALETTE[2]),
+    (queries.NVLINK_ERRORS, "NVLink errors", plots.PALETTE[4]),
+)
+QUARANTINE_EVENTS = ("GPUQuarantined", "GPUQuarantineReleased", "QuarantineBreakerOpen", "GPUDrainStarted")
+PREEMPTION_EVENTS = ("Preempted", "PreemptionThrottled", "NominationCleared", "GPUPreempting")
 MARKERS = {
     "GPUQuarantined": ("v", plots.RED),
     "GPUQuarantineReleased": ("^", plots.PALETTE[1]),
+    "GPUDrainStarted": ("s", plots.PALETTE[5]),
     "Preempted": ("X", plots.RED),
     "PreemptionThrottled": ("v", plots.AMBER),
     "NominationCleared": ("D", plots.PALETTE[4]),
+    "GPUPreempting": ("P", plots.PALETTE[2]),
 }
 
 
@@ -114,9 +120,27 @@ def _scenario_nodes(scenario: sc.DemoScenario) -> set[str]:
     return nodes
 
 
+def signal_bars(ctx: Context) -> tuple[dict[str, list[plots.Bar]], list[tuple[str, str, str]]]:
+    """Per node, when the fabric/NVLink signals held in DCGM (top half); and the legend entries used."""
+    bars: dict[str, list[plots.Bar]] = {}
+    legend = []
+    for query, text, colour in SIGNAL_BARS:
+        series = ctx.reader.range(query)
+        for s in series:
+            spans = queries.intervals(s.points)
+            bars.setdefault(s.labels.get("Hostname", ""), []).extend(
+                plots.Bar(a, b, colour, "\\\\", text, "top") for a, b in spans
+            )
+        if series:
+            legend.append((f"{text} in DCGM", colour, "\\\\"))
+    return bars, legend
+
+
 def quarantine_figure(ctx: Context) -> Path:
-    """Per node: the XID DCGM reports (top half, hatched) and our taint (bottom half, solid)."""
+    """Per node: the XIDs and fabric/NVLink signals DCGM reports (top half, hatched) and our taint (bottom
+    half, solid)."""
     xids = {s.labels.get("Hostname", ""): s.points for s in ctx.reader.range(queries.XID_LAST)}
+    signals, signal_legend = signal_bars(ctx)
     taints: dict[str, list[plots.Bar]] = {}
     for s in ctx.reader.range(queries.QUARANTINED):
         node, reason = s.labels.get("node", ""), s.labels.get("reason", "")
@@ -125,7 +149,8 @@ def quarantine_figure(ctx: Context) -> Path:
             for a, b in queries.intervals(s.points)
         )
     order = ctx.scenario.fleet.node_names()
-    shown = sorted(_scenario_nodes(ctx.scenario) | set(xids) | set(taints), key=lambda n: (n not in order, n))
+    touched = _scenario_nodes(ctx.scenario) | set(xids) | set(taints) | set(signals)
+    shown = sorted(touched, key=lambda n: (n not in order, n))
     lanes, legend_codes = [], set()
     for node in shown:
         by_code: dict[int, list[tuple[float, float]]] = {}
@@ -138,7 +163,7 @@ def quarantine_figure(ctx: Context) -> Path:
             bars += [
                 plots.Bar(a, b, colour, "///", f"XID {code}", "top") for a, b in queries.intervals(points)
             ]
-        lanes.append(plots.Lane(node, bars + taints.get(node, [])))
+        lanes.append(plots.Lane(node, bars + signals.get(node, []) + taints.get(node, [])))
     markers = [
         plots.Marker(event_time(e), str(e["regarding"].get("name", "")), str(e["reason"]))
         for e in ctx.events
@@ -148,11 +173,13 @@ def quarantine_figure(ctx: Context) -> Path:
         (f"XID {c} in DCGM_FI_DEV_XID_ERRORS", XID_COLOURS.get(c, plots.RED), "///")
         for c in sorted(legend_codes)
     ]
+    legend += signal_legend
     legend.append(("taint gpuwarden.io/gpu-unhealthy", TAINT_COLOUR, ""))
     first_step = ctx.steps[0][1] + ctx.t0 if ctx.steps else ctx.t0
     return plots.lanes_chart(
         ctx.out / "quarantine.png",
-        title="Quarantine: hardware XIDs taint the node until it recovers; the XID 13 storm taints nothing",
+        title="Quarantine: hardware XIDs and fabric faults taint the node until it recovers; an XID 13 storm "
+        "or a boot-time NVLink flap taints nothing",
         t0=ctx.t0, window=(first_step - 5, ctx.t_end), steps=ctx.steps, lanes=lanes, markers=markers,
         legend=legend, marker_styles=MARKERS,
     )  # fmt: skip

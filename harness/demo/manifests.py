@@ -111,11 +111,17 @@ def pod_template(w: Workload) -> dict[str, Any]:
         ]
     if w.priority_class:
         spec["priorityClassName"] = w.priority_class
+    affinity: dict[str, Any] = {}
     if w.nodes:
         term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": w.nodes}]}
-        spec["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-        }
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [term]}
+    if w.prefer_nodes:
+        pref = {"key": "kubernetes.io/hostname", "operator": "In", "values": w.prefer_nodes}
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchExpressions": [pref]}}
+        ]
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": affinity}
     return {"metadata": metadata, "spec": spec}
 
 

@@ -48,6 +48,10 @@ def gpu_utilization(namespace: str, workload: str) -> str:
 
 
 XID_LAST = "max by (Hostname) (DCGM_FI_DEV_XID_ERRORS)"
+FABRIC_MANAGER_FAILED = "count by (Hostname) (DCGM_FI_DEV_FABRIC_MANAGER_STATUS == 4)"
+"""GPUs per node whose Fabric Manager status is Failure (dcgmFabricManagerStatus_t 4)."""
+NVLINK_ERRORS = "count by (Hostname) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL[5s]) > 0)"
+"""GPUs per node whose NVLink CRC flit error counter is moving."""
 QUARANTINED = "gpuwarden_demo_node_quarantined"
 
 

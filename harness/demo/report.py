@@ -21,7 +21,13 @@ from harness.demo.queries import RangeReader
 from harness.demo.scenario import DemoScenario
 from harness.demo.timeline import Timeline
 
-REPORTED_EVENTS = figures.QUARANTINE_EVENTS + figures.PREEMPTION_EVENTS
+REPORTED_EVENTS = (
+    *figures.QUARANTINE_EVENTS,
+    *figures.PREEMPTION_EVENTS,
+    "GPUPodEvicted",
+    "GPUDrainDone",
+    "GPUPreemptionNotPossible",
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,9 @@ def _figures(record: RunRecord, out: Path, events: list[JsonObject]) -> list[tup
     made.append(
         (
             figures.quarantine_figure(ctx),
-            "One row per node the scenario touched. Hatched: the XID "
-            "DCGM reports; solid: our taint. Markers: GPUQuarantined / GPUQuarantineReleased Events.",
+            "One row per node the scenario touched. Hatched: the XIDs, Fabric Manager failures and NVLink "
+            "errors DCGM reports; solid: our taint. Markers: GPUQuarantined / GPUQuarantineReleased and "
+            "GPUDrainStarted Events.",
         )
     )
     if record.placements:
@@ -101,8 +108,9 @@ def _figures(record: RunRecord, out: Path, events: list[JsonObject]) -> list[tup
             (
                 preemptions,
                 "One row per pod, highest priority first. Bars: bound to a node (text); hatched: "
-                "terminating or nominated. Markers: the scheduler's Preempted Events, the controller's "
-                "PreemptionThrottled and NominationCleared Events.",
+                "terminating or nominated. Markers: Preempted Events (the scheduler's, and the controller's "
+                "GPU preemption's), the controller's PreemptionThrottled, NominationCleared and "
+                "GPUPreempting Events.",
             )
         )
     return made

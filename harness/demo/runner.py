@@ -56,7 +56,9 @@ async def _play(
         {"url": stack.prometheus.url, "timeout_seconds": 5, "retries": 0}
     )
     async with PrometheusClient(prom_cfg) as prom:
-        checks = Checks(view, kube, prom, scenario.fleet, stack.check_processes, t)
+        assert stack.cluster is not None
+        kubectl = stack.cluster.kubectl
+        checks = Checks(view, kube, prom, scenario.fleet, stack.check_processes, t, kubectl=kubectl)
         actions = Actions(stack, view, kube, checks, t)
         for i, step in enumerate(scenario.steps, 1):
             t.phase(f"step {i}/{len(scenario.steps)} [{step.name}] {step.title}", step=step.name)

@@ -68,6 +68,11 @@ class Workload(Section):
     priority_class: str | None = None
     pool: str | None = Field(None, description="run only on this pool's nodes (tolerates its taint)")
     nodes: list[str] | None = Field(None, description="run only on these nodes (required node affinity)")
+    prefer_nodes: list[str] | None = Field(
+        None,
+        description="prefer these nodes (preferred node affinity, weight 100): where the scheduler puts the "
+        "first pods while every node is empty, which is otherwise a random pick among equals",
+    )
     topology_policy: Literal["single-numa", "prefer-numa", "single-pcie", "none"] | None = None
     hold: bool = Field(
         False, description="add a finalizer so a deleted pod stays terminating (a job checkpointing)"
@@ -98,6 +103,13 @@ class Load(Section):
     qps: float = Field(ge=0)
 
 
+class Selected(Section):
+    """Pods of one workload (label `app=<workload>`)."""
+
+    workload: str
+    namespace: str = "default"
+
+
 class Faults(Section):
     """Simulator faults (see harness/simulator/control.py), fanned out over `nodes` x `gpus`.
 
@@ -108,12 +120,25 @@ class Faults(Section):
     model_config = ConfigDict(extra="allow", frozen=True)
     nodes: list[str] = Field(min_length=1)
     gpus: list[int] | None = Field(None, description="GPU indices; omitted: the fault has no `gpu`")
+    gpus_of: Selected | None = Field(
+        None,
+        description="instead of `gpus`: on each node, the GPUs held by the workload's first pod there (by "
+        "name), resolved when the fault is injected; no such pod fails the action",
+    )
 
-    def expand(self) -> list[dict[str, Any]]:
+    @model_validator(mode="after")
+    def _one_gpu_choice(self) -> Faults:
+        if self.gpus is not None and self.gpus_of is not None:
+            raise ValueError("give `gpus` or `gpus_of`, not both")
+        return self
+
+    def expand(self, gpus_by_node: dict[str, list[int]] | None = None) -> list[dict[str, Any]]:
+        """One simulator fault per node and GPU; `gpus_by_node` (from `gpus_of`) overrides `gpus` per node."""
         rest = dict(self.model_extra or {})
-        gpus: list[int | None] = list(self.gpus) if self.gpus is not None else [None]
         out = []
         for node in self.nodes:
+            chosen = (gpus_by_node or {}).get(node, self.gpus)
+            gpus: list[int | None] = list(chosen) if chosen is not None else [None]
             for gpu in gpus:
                 out.append({**rest, "node": node, **({"gpu": gpu} if gpu is not None else {})})
         return out
@@ -157,13 +182,6 @@ class HpaMetrics(Section):
     metrics: list[str] = Field(min_length=1)
 
 
-class Selected(Section):
-    """Pods of one workload (label `app=<workload>`)."""
-
-    workload: str
-    namespace: str = "default"
-
-
 class FollowPods(Selected):
     pods: int | None = Field(None, ge=1, description="also require this many bound pods")
 
@@ -180,6 +198,29 @@ class NumaAligned(Selected):
 class Node(Section):
     node: str
     reason: str | None = Field(None, description="taint value, e.g. xid-79")
+
+
+class Quarantined(Node):
+    debounce: int | None = Field(
+        None,
+        ge=1,
+        description="a graded signal: the GPUQuarantined Event says it held this many consecutive passes",
+    )
+
+
+class SignalState(Section):
+    """The controller's `gpuwarden_health_signals{signal,state}` gauge, as Prometheus scraped it."""
+
+    signal: str = Field(description="health.signals name, e.g. nvlink_errors")
+    state: Literal["boot-grace", "debouncing", "confirmed"]
+    min: int = Field(1, ge=1, description="at least this many GPUs (or nodes) in that state")
+
+
+class Drained(Selected):
+    """The drain moved the workload's pods off the GPUs the node's quarantine record names, and only those:
+    GPUPodEvicted Events (GPU scope), no pod of it left on a failed GPU, its others on the node untouched."""
+
+    node: str
 
 
 class Nodes(Section):
@@ -211,6 +252,17 @@ class NominationCleared(Selected):
     pass
 
 
+class GpuPreempting(Selected):
+    """gpuwarden's GPU preemption (make-room) evicted for a pod of the workload: a `GPUPreempting` Event."""
+
+
+class TopPods(Selected):
+    """`kubectl top pods` (metrics.k8s.io, served by the adapter) lists every running pod of the workload,
+    each with CPU and the memory working set Prometheus holds for it."""
+
+    pods: int | None = Field(None, ge=1, description="also require this many pods listed")
+
+
 class Expect(Section):
     """Exactly one outcome key, plus how long to wait for it and how long it must then keep holding."""
 
@@ -220,13 +272,17 @@ class Expect(Section):
     running: Running | None = None
     numa_aligned: NumaAligned | None = None
     xid_seen: XidSeen | None = None
-    quarantined: Node | None = None
+    quarantined: Quarantined | None = None
     not_quarantined: Nodes | None = None
     released: Node | None = None
     preempted: Preempted | None = None
     throttled: Throttled | None = None
     nominated: Nominated | None = None
     nomination_cleared: NominationCleared | None = None
+    signal_state: SignalState | None = None
+    drained: Drained | None = None
+    gpu_preempting: GpuPreempting | None = None
+    top_pods: TopPods | None = None
     within: Seconds | None = Field(None, gt=0, description="default: the step's `within`")
     hold: Seconds = Field(0.0, ge=0, description="after first holding, must keep holding this long")
 
@@ -319,10 +375,12 @@ def _cross_problems(s: DemoScenario) -> list[tuple[str, str]]:
                     problems.append((f"{where}.{action.key}.pool", f"unknown pool {w.pool!r}"))
                 if w.priority_class is not None and w.priority_class not in s.priority_classes:
                     problems.append((f"{where}.{action.key}.priority_class", f"unknown {w.priority_class!r}"))
-                bad = [n for n in w.nodes or () if n not in nodes]
-                problems += [(f"{where}.{action.key}.nodes", f"unknown node {n!r}") for n in bad]
+                for key in ("nodes", "prefer_nodes"):
+                    bad = [n for n in getattr(w, key) or () if n not in nodes]
+                    problems += [(f"{where}.{action.key}.{key}", f"unknown node {n!r}") for n in bad]
             if action.fault is not None:
-                for k, body in enumerate(action.fault.expand()):
+                placeholder = {n: [0] for n in action.fault.nodes} if action.fault.gpus_of else None
+                for k, body in enumerate(action.fault.expand(placeholder)):
                     if body["node"] not in nodes:
                         problems.append((f"{where}.fault.nodes", f"unknown node {body['node']!r}"))
                         break

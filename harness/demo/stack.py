@@ -50,7 +50,24 @@ APIS = (
     ("custom.metrics.k8s.io", "v1beta2"),
     ("custom.metrics.k8s.io", "v1beta1"),
     ("external.metrics.k8s.io", "v1beta1"),
+    ("metrics.k8s.io", "v1beta1"),  # kubectl top, from the simulator's cAdvisor series
 )
+RATE = "[5s]"  # five 1 s scrapes (kube-prometheus: 120 s = four 30 s scrapes)
+
+
+def resource_rule(series: str, rate: bool) -> dict[str, Any]:
+    """prometheus-adapter `resourceRules` entry over cAdvisor series; a node's usage is the sum of its
+    containers' (the simulated nodes run nothing else: no node-exporter to read)."""
+    value = f'{series}{{<<.LabelMatchers>>,container!="",pod!=""}}'
+    if rate:
+        value = f"irate({value}{RATE})"
+    query = f"sum by (<<.GroupBy>>) ({value})"
+    return {
+        "containerQuery": query,
+        "nodeQuery": query,
+        "containerLabel": "container",
+        "resources": {"overrides": {k: {"resource": k} for k in ("namespace", "pod", "node")}},
+    }
 
 
 def free_port() -> int:
@@ -91,6 +108,10 @@ def gpuwarden_config(
             "relist_interval_seconds": 5,
             "cache": {"refresh_interval_seconds": 1, "max_age_seconds": 10},
             "presets": {"requests_per_second": {"rate_window_seconds": 10}},
+            "resourceRules": {
+                "cpu": resource_rule("container_cpu_usage_seconds_total", rate=True),
+                "memory": resource_rule("container_memory_working_set_bytes", rate=False),
+            },
         },
         "health": {
             "loop_interval_seconds": 1,
@@ -98,6 +119,9 @@ def gpuwarden_config(
             "healthy_period_seconds": 10,
             "gpu_missing_grace_seconds": 15,
             "xid": {"event_window_seconds": 30},
+            # production: 600 s grace, 5 min rate window; the demo's nodes all boot at bring-up, so its
+            # first step falls inside the grace and its Fabric Manager step minutes after it
+            "signals": {"boot_grace_seconds": 90, "window_seconds": 30},
         },
         "nominations": {"loop_interval_seconds": 2, "ttl_seconds": 30},
         "preemption": {"max_chain_depth": 1},
@@ -220,7 +244,8 @@ class Stack:
             "numa_nodes": fleet.numa_nodes,
             "node_name_pattern": fleet.node_name_pattern,
         }
-        sim_scenario.write_text(yaml.safe_dump({"fleet": sim_fleet, "exporter": {"tick": 1}}))
+        exporter = {"tick": 1, "cadvisor": True}  # cAdvisor series: what `kubectl top` reads through us
+        sim_scenario.write_text(yaml.safe_dump({"fleet": sim_fleet, "exporter": exporter}))
         listen = f"{LOCALHOST}:{self.ports['simulator']}"
         self.simulator = ManagedProcess(
             "gpuwarden simulate",

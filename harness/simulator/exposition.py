@@ -133,6 +133,12 @@ def _energy(gpus: list[Gpu]) -> Iterable[str]:
 XID = Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 XID_COUNT = Family("DCGM_EXP_XID_ERRORS_COUNT", "counter", "reported XIDs during last window")
 HTTP_REQUESTS = Family("http_requests_total", "counter", "Total HTTP requests served by the pod (simulated).")
+CONTAINER_CPU = Family(
+    "container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed in seconds."
+)
+CONTAINER_MEMORY = Family(
+    "container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes."
+)
 
 # One series per exported GPU; order as in dcgm-exporter's etc/dcp-metrics-included.csv.
 PER_GPU: tuple[tuple[Family, Values], ...] = (
@@ -296,6 +302,7 @@ class Renderer:
         ex = fleet.scenario.exporter
         self._hostname = ex.hostname_label
         self._k8s = ex.kubernetes
+        self._cadvisor = ex.cadvisor
         switch_names = {NVSWITCH_FATAL.name, NVSWITCH_NON_FATAL.name}
         enabled = set(ex.metrics) if ex.metrics is not None else {*ALL_FAMILIES, *switch_names}
         nvlink = fleet.model.nvlink
@@ -416,7 +423,8 @@ class Renderer:
         return out
 
     def render_apps(self) -> list[Chunk]:
-        """http_requests_total for every pod serving a workload (as the pods' own /metrics would)."""
+        """http_requests_total for every pod serving a workload (as the pods' own /metrics would); with
+        `exporter.cadvisor`, also its container's cAdvisor CPU and memory (as the kubelet's would)."""
         pods = sorted(self.fleet.pods.values(), key=lambda p: (p.namespace, p.name))
         if not pods:
             return []
@@ -425,7 +433,22 @@ class Renderer:
             f'pod="{escape(p.name)}"}} {int(p.requests)}'
             for p in pods
         ]
-        return [Chunk(HTTP_REQUESTS.header.encode()), Chunk(("\n".join(lines) + "\n").encode())]
+        out = [Chunk(HTTP_REQUESTS.header.encode()), Chunk(("\n".join(lines) + "\n").encode())]
+        if self._cadvisor:
+            labels = [
+                f'{{container="{escape(p.container)}",namespace="{escape(p.namespace)}",node="{escape(p.node)}",'
+                f'pod="{escape(p.name)}"}}'
+                for p in pods
+            ]
+            cpu = [
+                f"{CONTAINER_CPU.name}{lab} {p.cpu_seconds:.6f}" for p, lab in zip(pods, labels, strict=True)
+            ]
+            mem = [
+                f"{CONTAINER_MEMORY.name}{lab} {p.memory_bytes}" for p, lab in zip(pods, labels, strict=True)
+            ]
+            for family, body in ((CONTAINER_CPU, cpu), (CONTAINER_MEMORY, mem)):
+                out += [Chunk(family.header.encode()), Chunk(("\n".join(body) + "\n").encode())]
+        return out
 
     def render_chunks(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> list[Chunk]:
         """The whole fleet (default, block-cached), one node's exporter (`node`), or only app metrics."""

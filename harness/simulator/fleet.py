@@ -141,6 +141,7 @@ class Fleet:
                 per_pod = (w.pod_qps(t0) + w.pod_qps(t1)) / 2 * dt
                 for pod in w.pods.values():
                     pod.requests += per_pod
+                    pod.cpu_seconds += (pod.cpu_cores(t0) + pod.cpu_cores(t1)) / 2 * dt
         k = dt * 1000.0  # W * s -> mJ
         for node in self.nodes.values():
             for g in node.gpus:

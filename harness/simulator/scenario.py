@@ -159,6 +159,12 @@ class ExporterSpec(Section):
     tick: Duration = Field(
         1.0, gt=0, description="simulation step (s): counters advance and /metrics is cached per step"
     )
+    cadvisor: bool = Field(
+        False,
+        description="also serve each mapped pod's cAdvisor container series (container_cpu_usage_seconds_"
+        "total, container_memory_working_set_bytes with namespace, pod, container, node), as the kubelet "
+        "would: what metrics.k8s.io resource rules read",
+    )
 
 
 class LoadPoint(Section):

@@ -66,9 +66,19 @@ class WorkloadState:
         return self.curve.qps(now) / len(self.pods) if self.pods else 0.0
 
 
+POD_IDLE_CORES = 0.05
+"""Host CPU of a serving pod with idle GPUs (its process and runtime)."""
+CORES_PER_BUSY_GPU = 1.0
+"""Host CPU a fully busy GPU costs its pod (feeding it: tokenizing, batching, copies)."""
+POD_BASE_MEMORY = 2**30
+HOST_MEMORY_PER_GPU = 2 * 2**30
+"""Host working set: 1 GiB for the process plus 2 GiB per GPU (pinned staging buffers)."""
+
+
 @dataclass(eq=False)
 class Pod:
-    """A pod holding GPUs of one node; `requests` integrates its QPS (http_requests_total)."""
+    """A pod holding GPUs of one node; `requests` integrates its QPS (http_requests_total), `cpu_seconds` its
+    host CPU (the cAdvisor counter)."""
 
     namespace: str
     name: str
@@ -77,11 +87,21 @@ class Pod:
     node: str
     gpus: tuple[int, ...]
     requests: float = 0.0
+    cpu_seconds: float = 0.0
 
     def gpu_util(self, now: float) -> float:
         """Utilization (%) of each GPU the pod holds: its share of the QPS over its GPUs' capacity."""
         per_gpu = self.workload.pod_qps(now) / len(self.gpus)
         return min(100.0, 100.0 * per_gpu / self.workload.qps_per_gpu)
+
+    def cpu_cores(self, now: float) -> float:
+        """Host cores in use: idle cost plus a core per fully busy GPU."""
+        return POD_IDLE_CORES + CORES_PER_BUSY_GPU * len(self.gpus) * self.gpu_util(now) / 100.0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory working set (constant: the model lives in GPU memory)."""
+        return POD_BASE_MEMORY + HOST_MEMORY_PER_GPU * len(self.gpus)
 
 
 class PlacementError(ValueError):

@@ -6,7 +6,11 @@ carried by the loop as in production).
   taint visible within loop + 2 s of that pass;
 - an NVLink CRC burst on a node inside its boot grace (kwok nodes just turned Ready) → nothing, every pass;
 - a HW-thermal clock event → `GPUDegraded=True` + Event, no taint; gone → condition back to False;
-- a stalled exporter (fresh samples, frozen energy counter) → unknown, no taint, the stalled-GPUs gauge.
+- a stalled exporter (fresh samples, frozen energy counter) → unknown, no taint, the stalled-GPUs gauge, and
+  the shipped `GPUTelemetryStalled` alert firing in this Prometheus for that GPU only. The rule is taken from
+  rules/gpuwarden.rules.yaml as shipped (expression, labels, annotations) with its durations scaled by 1/30
+  (`[10m]` → `[20s]`, `for: 5m` → `for: 10s`): unscaled it needs 15 minutes of stall. The unscaled timing is
+  promtool-tested (rules/tests/fabric.test.yaml, including a "must not fire yet" step).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.health.loop import HealthLoop
@@ -42,6 +47,19 @@ pytestmark = pytest.mark.e2e
 
 NODES = [f"hs-node-{i}" for i in range(4)]
 NS = "gpuwarden-signals-e2e"
+RULES = Path(__file__).resolve().parents[2] / "rules" / "gpuwarden.rules.yaml"
+STALL_ALERT = "GPUTelemetryStalled"
+TIME_SCALE = {"[10m]": "[20s]", "5m": "10s"}  # the shipped windows and `for`, divided by 30
+
+
+def scaled_stall_rule(source: Path, out: Path) -> Path:
+    """The shipped GPUTelemetryStalled rule, unchanged but for its durations (TIME_SCALE), as a rule file."""
+    groups = yaml.safe_load(source.read_text())["groups"]
+    (rule,) = [r for g in groups for r in g["rules"] if r.get("alert") == STALL_ALERT]
+    assert rule["expr"].count("[10m]") == 2 and rule["for"] == "5m", "the shipped rule changed: rescale it"
+    scaled = {**rule, "expr": rule["expr"].replace("[10m]", TIME_SCALE["[10m]"]), "for": TIME_SCALE["5m"]}
+    out.write_text(yaml.safe_dump({"groups": [{"name": "stall-scaled", "rules": [scaled]}]}, sort_keys=False))
+    return out
 
 
 def signals_config(cluster: Cluster) -> Config:
@@ -121,6 +139,12 @@ class Env:
         items = self.cluster.get_json("events.events.k8s.io", "-A")["items"]
         return [e for e in items if e.get("reason") == reason]
 
+    async def alerts(self, name: str) -> list[dict[str, Any]]:
+        """Active (pending or firing) alerts of this name in the test's Prometheus (/api/v1/alerts)."""
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+            body = (await http.get(f"{self.prom.url}/api/v1/alerts")).json()
+        return [a for a in body["data"]["alerts"] if a["labels"].get("alertname") == name]
+
 
 @pytest_asyncio.fixture
 async def env(cluster: Cluster, hs_nodes: list[str], tmp_path: Path) -> AsyncIterator[Env]:
@@ -130,7 +154,8 @@ async def env(cluster: Cluster, hs_nodes: list[str], tmp_path: Path) -> AsyncIte
     )
     sim = await start(scenario)
     target = scrape_target("dcgm", f"127.0.0.1:{sim.port}", scrape_interval_seconds=1.0)
-    prom = LocalPrometheus(tmp_path / "prom", [target])
+    rules = scaled_stall_rule(RULES, tmp_path / "stall.rules.yaml")
+    prom = LocalPrometheus(tmp_path / "prom", [target], rule_files=[rules])  # rules evaluated every 1 s
     await prom.start()
     try:
         await prom.wait_for_up("dcgm")
@@ -248,3 +273,16 @@ async def test_stalled_exporter_is_unknown_and_never_tainted(env: Env, loop: Hea
     assert "hs-node-3" not in env.taints()
     (gauge,) = loop.metrics.stalled_gpus.collect()
     assert [s.value for s in gauge.samples] == [1.0]
+
+    # The shipped alert fires for exactly the stalled GPU (bounded wait; the stall began before the passes).
+    deadline = time.monotonic() + 60
+    active = await env.alerts(STALL_ALERT)
+    while not any(a["state"] == "firing" for a in active):
+        assert time.monotonic() < deadline, f"{STALL_ALERT} not firing within 60 s; active: {active}"
+        await asyncio.sleep(1)
+        active = await env.alerts(STALL_ALERT)
+    (alert,) = active  # no other GPU of the fleet, healthy ones included, is pending or firing
+    labels = alert["labels"]
+    assert (labels["Hostname"], labels["gpu"], labels["severity"]) == ("hs-node-3", "4", "warning"), labels
+    assert alert["annotations"]["summary"] == "DCGM telemetry of GPU 4 on hs-node-3 is frozen"
+    assert alert["annotations"]["runbook_url"].endswith("docs/runbooks.md#gputelemetrystalled")

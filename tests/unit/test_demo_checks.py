@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from typing import Any
 
 import pytest
@@ -33,8 +34,30 @@ class FakeProm:
         self.series = series
 
     async def query(self, promql: str) -> Vector:
+        """Every series of the first metric named in `promql`, valued 1 unless its labels give `__value__`."""
         metric = next((m for m in self.series if m in promql), "")
-        return Vector([Sample(labels, 0.0, 1.0) for labels in self.series.get(metric, [])])
+        return Vector(
+            [
+                Sample(
+                    {k: v for k, v in labels.items() if k != "__value__"},
+                    0.0,
+                    float(labels.get("__value__", 1)),
+                )
+                for labels in self.series.get(metric, [])
+            ]
+        )
+
+
+def kubectl_printing(text: str) -> Any:
+    def run(*args: str) -> str:
+        assert args[:2] == ("top", "pods"), args
+        return text
+
+    return run
+
+
+def kubectl_failing(*args: str) -> str:
+    raise RuntimeError("kubectl top pods failed (rc=1): error: Metrics API not available")
 
 
 def pod(
@@ -72,6 +95,22 @@ def node(name: str, taint: str = "", healthy: str = "", record: bool = False) ->
     }
 
 
+def failed_gpu_node(name: str, failed: int) -> dict[str, Any]:
+    """Quarantined for XID 79 on GPU `failed`, with the topology annotation mapping UUIDs to indices."""
+    topology = {str(i): {"numa": i // 4, "uuid": f"GPU-{name}-{i}"} for i in range(8)}
+    record = {
+        "state": "quarantined",
+        "reason": "xid-79",
+        "evidence": [{"reason": "xid-79", "gpu": f"GPU-{name}-{failed}"}],
+    }
+    out = node(name, "xid-79", "False")
+    out["metadata"]["annotations"] = {
+        "gpuwarden.io/quarantine": json.dumps(record),
+        "gpuwarden.io/gpu-topology": json.dumps(topology),
+    }
+    return out
+
+
 def event(reason: str, name: str, ns: str = "t", note: str = "n") -> dict[str, Any]:
     return {"reason": reason, "note": note, "regarding": {"name": name, "namespace": ns}}
 
@@ -83,13 +122,23 @@ def make(
     series: dict[str, list[dict[str, str]]] | None = None,
     hpas: list[dict[str, Any]] = (),
     alive: Any = lambda: None,
+    kubectl: Any = None,
 ) -> Checks:
     view = ClusterView(kube=None)  # type: ignore[arg-type]
     view.pods.store = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     view.nodes.store = {n["metadata"]["name"]: n for n in nodes}
     view.hpas = list(hpas)
     timeline = Timeline(stream=io.StringIO())
-    return Checks(view, FakeKube(list(events)), FakeProm(series or {}), FLEET, alive, timeline, interval=0.01)  # type: ignore[arg-type]
+    return Checks(
+        view,
+        FakeKube(list(events)),
+        FakeProm(series or {}),
+        FLEET,
+        alive,
+        timeline,
+        interval=0.01,
+        kubectl=kubectl,
+    )  # type: ignore[arg-type]
 
 
 def expect(doc: dict[str, Any]) -> sc.Expect:
@@ -136,6 +185,132 @@ CASES = [
         False,
         "xid-48",
         id="quarantined-for-another-reason",
+    ),
+    pytest.param(
+        make(
+            nodes=[node("n0", "fabric-manager", "False", True)],
+            events=[
+                event(
+                    "GPUQuarantined",
+                    "n0",
+                    "default",
+                    "Fabric Manager status failure (3 consecutive passes); GPUs GPU-a",
+                )
+            ],
+        ),
+        {"quarantined": {"node": "n0", "reason": "fabric-manager", "debounce": 3}},
+        True,
+        "Fabric Manager status failure (3 consecutive passes)",
+        id="quarantined-after-the-debounce",
+    ),
+    pytest.param(
+        make(
+            nodes=[node("n0", "fabric-manager", "False", True)],
+            events=[
+                event(
+                    "GPUQuarantined", "n0", "default", "Fabric Manager status failure (1 consecutive passes)"
+                )
+            ],
+        ),
+        {"quarantined": {"node": "n0", "reason": "fabric-manager", "debounce": 3}},
+        False,
+        "(1 consecutive passes)",
+        id="quarantined-without-the-debounce",
+    ),
+    pytest.param(
+        make(series={"gpuwarden_health_signals": [{"action": "quarantine"}, {"action": "quarantine"}]}),
+        {"signal_state": {"signal": "nvlink_errors", "state": "boot-grace", "min": 2}},
+        True,
+        "nvlink_errors holds on 2 GPU(s)/node(s) in state boot-grace (action quarantine)",
+        id="signal-in-boot-grace",
+    ),
+    pytest.param(
+        make(),
+        {"signal_state": {"signal": "nvlink_errors", "state": "boot-grace"}},
+        False,
+        "holds on 0 GPU(s)",
+        id="signal-not-seen",
+    ),
+    pytest.param(
+        make(
+            nodes=[failed_gpu_node("n0", 2)],
+            pods=[pod("w-b", node="n0", gpus="1"), pod("w-c", node="n1", gpus="2")],
+            events=[event("GPUPodEvicted", "w-a", note="evict: holds a faulty GPU (mode immediate)")],
+        ),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        True,
+        "failed GPU 2: GPUPodEvicted ['w-a']; still on the failed GPU: none; kept on n0: 1 pod(s)",
+        id="drained-gpu-precise",
+    ),
+    pytest.param(
+        make(nodes=[failed_gpu_node("n0", 2)], pods=[pod("w-a", node="n0", gpus="2")]),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        False,
+        "still on the failed GPU: ['w-a']",
+        id="pod-left-on-the-failed-gpu",
+    ),
+    pytest.param(
+        make(
+            nodes=[failed_gpu_node("n0", 2)],
+            events=[event("GPUPodEvicted", "w-a", note="evict: node fault (mode immediate)")],
+        ),
+        {"drained": {"node": "n0", "namespace": "t", "workload": "w"}},
+        False,
+        "(evict: node fault",
+        id="drained-node-wide",
+    ),
+    pytest.param(
+        make(events=[event("GPUPreempting", "ft-worker-0", note="evicting t/a to free GPUs 0,1,2 on n0")]),
+        {"gpu_preempting": {"namespace": "t", "workload": "ft"}},
+        True,
+        "ft-worker-0: evicting t/a",
+        id="gpu-preempting",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0"), pod("w-2", node="n1")],
+            series={
+                "container_memory_working_set_bytes": [
+                    {"pod": "w-1", "__value__": str(3 * 2**30)},
+                    {"pod": "w-2", "__value__": str(3 * 2**30)},
+                ]
+            },
+            kubectl=kubectl_printing("w-1   551m   3072Mi\nw-2   548m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        True,
+        "2 rows for 2 running w pods; e.g. w-1 551m 3072Mi; memory equals Prometheus' working set for 2, "
+        "CPU > 0 for 2",
+        id="kubectl-top",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0"), pod("w-2", node="n1")],
+            series={"container_memory_working_set_bytes": [{"pod": "w-1", "__value__": str(3 * 2**30)}]},
+            kubectl=kubectl_printing("w-1   551m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        False,
+        "1 rows for 2 running w pods",
+        id="kubectl-top-misses-a-pod",
+    ),
+    pytest.param(
+        make(
+            pods=[pod("w-1", node="n0")],
+            series={"container_memory_working_set_bytes": [{"pod": "w-1", "__value__": str(3 * 2**30)}]},
+            kubectl=kubectl_printing("w-1   551m   3072Mi\n"),
+        ),
+        {"top_pods": {"workload": "w", "namespace": "t", "pods": 2}},
+        False,
+        "1 rows for 1 running w pods",
+        id="kubectl-top-fewer-pods-than-asked",
+    ),
+    pytest.param(
+        make(pods=[pod("w-1", node="n0")], kubectl=kubectl_failing),
+        {"top_pods": {"workload": "w", "namespace": "t"}},
+        False,
+        "Metrics API not available",
+        id="kubectl-top-fails",
     ),
     pytest.param(
         make(nodes=[node("n0"), node("n1", "xid-13")]),

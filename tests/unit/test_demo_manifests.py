@@ -80,6 +80,17 @@ def test_pool_nodes_priority_and_hold_shape_the_pods() -> None:
     assert terms[0]["matchExpressions"][0]["values"] == ["n1", "n2"]
 
 
+def test_preferred_nodes_are_a_preferred_node_affinity_beside_the_required_one() -> None:
+    spec = manifests.pod_template(Deploy(name="w", nodes=["n1", "n2"], prefer_nodes=["n2"]))["spec"]
+    affinity = spec["affinity"]["nodeAffinity"]
+    (preferred,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["weight"] == 100
+    assert preferred["preference"]["matchExpressions"][0]["values"] == ["n2"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in affinity
+    alone = manifests.pod_template(Deploy(name="w", prefer_nodes=["n2"]))["spec"]["affinity"]["nodeAffinity"]
+    assert list(alone) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+
+
 def test_a_training_job_is_one_bare_pod_per_worker() -> None:
     pods = manifests.workload_objects(Job(name="pretrain", namespace="t", parallelism=2, gpus=4))
     assert [p["kind"] for p in pods] == ["Pod", "Pod"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.demo import plots
+from harness.demo import figures, plots, queries
 from harness.demo.figures import event_time
-from harness.demo.queries import intervals
+from harness.demo.queries import Series, intervals
 from harness.demo.report import RunRecord, _html
 from harness.demo.scenario import load_demo_scenario
 from harness.demo.timeline import Timeline
@@ -95,3 +95,36 @@ def test_html_lists_every_outcome_and_escapes_text(tmp_path: Path) -> None:
     assert "FAILED: 1/2 expected outcomes observed" in page
     assert "HPA desired 8 &lt;ok&gt;" in page and "NOT observed" in page
     assert "<img src='quarantine.png'" in page and "bring up 20s" in page
+
+
+class FakeReader:
+    """Range answers by query, as `queries.RangeReader.range` returns them."""
+
+    def __init__(self, answers: dict[str, list[Series]]) -> None:
+        self.answers = answers
+
+    def range(self, query: str) -> list[Series]:
+        return self.answers.get(query, [])
+
+
+def test_quarantine_figure_draws_fabric_and_nvlink_signals_beside_xids_and_taints(tmp_path: Path) -> None:
+    t0 = 1_000.0
+    held = [(t0 + i, 8.0) for i in range(10, 30)]
+    reader = FakeReader(
+        {
+            queries.FABRIC_MANAGER_FAILED: [Series({"Hostname": "gpu-node-03"}, held)],
+            queries.NVLINK_ERRORS: [Series({"Hostname": "gpu-node-01"}, held)],
+            queries.QUARANTINED: [Series({"node": "gpu-node-03", "reason": "fabric-manager"}, held[3:])],
+        }
+    )
+    steps = [("one", 0.0)]
+    ctx = figures.Context(tmp_path, t0, t0 + 60, steps, reader, [], load_demo_scenario())  # type: ignore[arg-type]
+    bars, legend = figures.signal_bars(ctx)
+    assert {n: [b.text for b in bs] for n, bs in bars.items()} == {
+        "gpu-node-03": ["Fabric Manager failure"],
+        "gpu-node-01": ["NVLink errors"],
+    }
+    assert [entry[0] for entry in legend] == ["Fabric Manager failure in DCGM", "NVLink errors in DCGM"]
+    path = figures.quarantine_figure(ctx)
+    width, height = png_size(path)
+    assert width > 500 and height > 200

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
 from harness.demo.scenario import (
     DEFAULT_SCENARIO,
@@ -17,6 +18,7 @@ from harness.demo.scenario import (
     load_demo_scenario,
     parse_demo_scenario,
 )
+from harness.demo.stack import deep_merge, gpuwarden_config
 
 MINIMAL: dict[str, Any] = {
     "name": "t",
@@ -50,8 +52,23 @@ def test_the_default_scenario_parses_and_tells_the_whole_story() -> None:
         "throttled",
         "nomination_cleared",
         "released",
+        "signal_state",
+        "drained",
+        "gpu_preempting",
+        "top_pods",
     } <= keys
     assert DEFAULT_SCENARIO.is_file()
+
+
+def test_the_demo_config_with_the_default_scenario_merged_is_a_valid_gpuwarden_config() -> None:
+    doc = gpuwarden_config(
+        kubeconfig=Path("k"), prometheus_url="http://127.0.0.1:9", adapter_port=1, extender_port=2,
+        tls=(Path("c"), Path("k")),
+    )  # fmt: skip
+    config = Config.model_validate(deep_merge(doc, load_demo_scenario().config))
+    assert config.drain.enabled and config.preemption.make_room.enabled
+    # the boot-flap step runs inside the grace, the fabric step outside it (examples/demo/default.yaml)
+    assert config.health.signals.boot_grace_seconds == 90
 
 
 def test_a_minimal_scenario_parses() -> None:
@@ -118,6 +135,29 @@ def _with(path: str, value: Any) -> dict[str, Any]:
             id="fault-validated-by-simulator-schema",
         ),
         pytest.param(
+            _with(
+                "steps.0.do.0",
+                {
+                    "fault": {
+                        "kind": "xid",
+                        "code": 79,
+                        "nodes": ["gpu-node-00"],
+                        "gpus": [1],
+                        "gpus_of": {"workload": "w"},
+                    }
+                },
+            ),
+            "steps[0].do[0].fault",
+            "not both",
+            id="fault-gpus-twice",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.prefer_nodes", ["gpu-node-42"]),
+            "steps[0].do[0].deploy.prefer_nodes",
+            "unknown node",
+            id="preferred-node",
+        ),
+        pytest.param(
             _with("steps.0.do.0", {"fault": {"kind": "xid", "code": 79, "nodes": ["gpu-node-77"]}}),
             "steps[0].do[0].fault.nodes",
             "unknown node",
@@ -154,9 +194,22 @@ def test_faults_fan_out_over_nodes_and_gpus() -> None:
     assert whole_node.expand() == [{"kind": "exporter_down", "node": "a"}]
 
 
+def test_faults_on_the_gpus_a_workload_holds_take_them_per_node_when_injected() -> None:
+    faults = Faults.model_validate(
+        {"kind": "xid", "code": 79, "nodes": ["a", "b"], "gpus_of": {"workload": "w", "namespace": "t"}}
+    )
+    assert faults.expand({"a": [2], "b": [4, 5]}) == [
+        {"kind": "xid", "code": 79, "node": "a", "gpu": 2},
+        {"kind": "xid", "code": 79, "node": "b", "gpu": 4},
+        {"kind": "xid", "code": 79, "node": "b", "gpu": 5},
+    ]
+    assert "gpus_of" not in faults.expand({"a": [2]})[0]
+
+
 def test_expect_body_and_key() -> None:
     e = Expect.model_validate({"quarantined": {"node": "n", "reason": "xid-79"}, "within": 5})
-    assert e.key == "quarantined" and e.body.model_dump() == {"node": "n", "reason": "xid-79"}
+    assert e.key == "quarantined"
+    assert e.body.model_dump(exclude_none=True) == {"node": "n", "reason": "xid-79"}
 
 
 def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:

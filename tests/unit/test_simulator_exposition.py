@@ -209,6 +209,23 @@ def test_app_metrics_per_pod() -> None:
     ]
 
 
+def test_cadvisor_series_per_pod_follow_its_gpu_load_only_when_asked_for() -> None:
+    assert not lines(Renderer(make()).render(dcgm=False), "container_cpu_usage_seconds_total")
+    fleet = make({"exporter": {"cadvisor": True}})
+    fleet.advance(10)  # web-0: 50 QPS on one GPU of 100 QPS -> 50 % -> 0.05 + 0.5 cores
+    text = Renderer(fleet).render(dcgm=False)
+    labels = '{container="web",namespace="shop",node="gpu-node-000",pod="web-0"}'
+    assert lines(text, "container_cpu_usage_seconds_total") == [
+        f"container_cpu_usage_seconds_total{labels} 5.500000"
+    ]
+    assert lines(text, "container_memory_working_set_bytes") == [
+        f"container_memory_working_set_bytes{labels} {3 * 2**30}"  # 1 GiB + 2 GiB per GPU
+    ]
+    kinds = {f.name: f.type for f in families(text).values()}
+    assert kinds["container_cpu_usage_seconds"] == "counter"
+    assert kinds["container_memory_working_set_bytes"] == "gauge"
+
+
 def test_block_cache_renders_exactly_what_a_fresh_renderer_does() -> None:
     fleet = make({"fleet": {"nodes": 70, "gpus_per_node": 8}})  # 560 GPUs: several cache blocks per family
     cached = Renderer(fleet)
