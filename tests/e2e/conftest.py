@@ -411,6 +411,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, extender_port: int) -> Ite
         scheduler_config=scheduler,
         hpa_sync_period="2s",
         hpa_downscale_stabilization="3s",
+        # HPA minReplicas 0 on Object/External metrics: beta and on by default from 1.37, alpha before.
+        kwokctl_options={"kubeFeatureGates": "HPAScaleToZero=true"},
     )
     t0 = time.monotonic()
     created = Cluster.create(config, binaries)

@@ -48,6 +48,7 @@ from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
 pytestmark = pytest.mark.e2e
 
 APP = "llm"
+ZERO = "llm-zero"  # scaled 0 -> N -> 0 by an HPA on an External metric (HPAScaleToZero)
 SERVICE = "gpuwarden-adapter-e2e"
 
 
@@ -59,6 +60,7 @@ class Workload:
     namespace: str
     utilization: float = 20.0
     qps: float = 1.0
+    gateway_qps: float = 0.0  # requests/s a gateway in front of ZERO sees: exists with no pod running
     _counters: dict[str, float] = field(default_factory=dict)
     _last: float = field(default_factory=time.monotonic)
     _pods: list[str] = field(default_factory=list)
@@ -88,6 +90,10 @@ class Workload:
                 self._counters[pod] = self._counters.get(pod, 0.0) + self.qps * dt
                 labels = f'pod="{pod}",namespace="{self.namespace}"'
                 lines.append(f"http_requests_total{{{labels}}} {self._counters[pod]:.3f}")
+            self._counters[ZERO] = self._counters.get(ZERO, 0.0) + self.gateway_qps * dt
+            lines.append("# TYPE gateway_requests_total counter")
+            labels = f'service="{ZERO}",namespace="{self.namespace}"'
+            lines.append(f"gateway_requests_total{{{labels}}} {self._counters[ZERO]:.3f}")
             return "\n".join(lines) + "\n"
 
 
@@ -169,6 +175,14 @@ def stack(
                 "relist_interval_seconds": 5,
                 "cache": {"refresh_interval_seconds": 1, "max_age_seconds": 10},
                 "presets": {"requests_per_second": {"rate_window_seconds": 10}},
+                "externalRules": [
+                    {
+                        "seriesQuery": 'gateway_requests_total{namespace!="",service!=""}',
+                        "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
+                        "name": {"matches": "^gateway_requests_total$", "as": "gateway_requests_per_second"},
+                        "metricsQuery": "sum(rate(<<.Series>>{<<.LabelMatchers>>}[10s])) by (namespace)",
+                    }
+                ],
             },
         }
     )
@@ -283,3 +297,84 @@ def test_hpa_scales_on_gpu_utilization_and_qps_from_our_adapter(
     )
     assert body["kind"] == "MetricValueList" and body["items"], body
     assert {i["value"] for i in body["items"]} == {"20"}
+
+
+def _zero_replicas(cluster: Cluster, namespace: str) -> int:
+    return int(cluster.get_json("deployment", ZERO, "-n", namespace)["spec"].get("replicas", 0))
+
+
+def _wait_zero(cluster: Cluster, namespace: str, want: int) -> float:
+    t0 = time.monotonic()
+    try:
+        poll(
+            lambda: _zero_replicas(cluster, namespace) == want,
+            timeout=120,
+            what=f"{ZERO} replicas == {want}",
+        )
+    except TimeoutError as exc:
+        describe = cluster.kubectl("describe", "hpa", ZERO, "-n", namespace, check=False)
+        raise AssertionError(f"{exc}\n--- kubectl describe hpa\n{describe}") from exc
+    return time.monotonic() - t0
+
+
+def test_hpa_scales_to_zero_and_back_on_our_external_metric(
+    cluster: Cluster, namespace: str, stack: tuple[Workload, CollectorRegistry, int, Path]
+) -> None:
+    """`minReplicas: 0` on an External metric (HPAScaleToZero; beta and on by default from 1.37, the test bed
+    turns the gate on for older releases): no KEDA needed to park an inference Deployment at zero."""
+    workload, registry, _, _ = stack
+    workload.gateway_qps = 0.0
+    pod = pod_manifest(ZERO, gpus=1, nodeSelector={"nvidia.com/gpu.present": "true"})
+    cluster.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": ZERO, "namespace": namespace},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": ZERO}},
+                "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+            },
+        },
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": ZERO, "namespace": namespace},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": ZERO},
+                "minReplicas": 0,
+                "maxReplicas": 4,
+                "metrics": [
+                    {
+                        "type": "External",
+                        "external": {
+                            "metric": {
+                                "name": "gateway_requests_per_second",
+                                "selector": {"matchLabels": {"service": ZERO}},
+                            },
+                            "target": {"type": "AverageValue", "averageValue": "5"},
+                        },
+                    }
+                ],
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+            },
+        },
+    )
+    hpa = cluster.get_json("hpa", ZERO, "-n", namespace)
+    assert hpa["spec"]["minReplicas"] == 0, hpa["spec"]  # the API server kept it: the gate is on
+
+    down = _wait_zero(cluster, namespace, 0)  # no traffic: 1 -> 0
+    workload.gateway_qps = 12.0  # 12 req/s / 5 per replica -> 3, from zero
+    up = _wait_zero(cluster, namespace, 3)
+    status = cluster.get_json("hpa", ZERO, "-n", namespace)["status"]
+    value = status["currentMetrics"][0]["external"]["current"]["averageValue"]
+    workload.gateway_qps = 0.0  # traffic stops: back to zero
+    again = _wait_zero(cluster, namespace, 0)
+    print(
+        f"\n[e2e] HPA scale-to-zero on gateway_requests_per_second: 1 -> 0 in {down:.1f}s, "
+        f"0 -> 3 in {up:.1f}s (averageValue {value}), 3 -> 0 in {again:.1f}s"
+    )
+    served = registry.get_sample_value(
+        "gpuwarden_adapter_requests_total", {"route": "external", "code": "200"}
+    )
+    assert served and served > 0
