@@ -89,6 +89,8 @@ class BindOutcome:
     policy: str = ""
     would_fail: str = ""
     """Dry-run only: the error a real run would have returned (the pod was bound anyway, unclaimed)."""
+    dra_class: str = ""
+    """The node is DRA-backed (controller/gpus/dra.py): bound as asked, no GPU set chosen or recorded."""
 
 
 def _shows(seen: PodInfo, node: str, claim: Claim) -> bool:
@@ -289,8 +291,14 @@ class Binder:
             if pod.gpus <= 0:
                 await self._api.bind_pod(ns, name, pod.uid, node)
                 return BindOutcome("bound")
-            if self._dry_run:
-                return await self._bind_dry(pod, node)
+        view = self._model.view(node)
+        if view is not None and view.dra_class:
+            # DRA has allocated the devices already (its PreBind runs before an extender's bind): a set
+            # chosen here would be fiction, so none is recorded.
+            await self._api.bind_pod(ns, name, pod.uid, node)
+            return BindOutcome("bound", dra_class=view.dra_class)
+        if cached is None and self._dry_run:
+            return await self._bind_dry(pod, node)
         claimed = await self._claim(pod, node)
         if not isinstance(claimed, tuple):
             return claimed

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.extenderv1 import ExtenderBindingArgs
+from controller.gpus.dra import passthrough_note
 from controller.gpus.fit import Choice, Policy
 from gpuwarden.kube import EventType, ObjectRef
 from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent
@@ -27,6 +28,7 @@ from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent
 log = logging.getLogger(__name__)
 
 ASSIGNED = "GPUsAssigned"
+DRA = "GPUsAllocatedByDRA"
 FAILED = "GPUBindFailed"
 ACTION = "Bind"
 QUEUE_CAPACITY = 256
@@ -83,6 +85,7 @@ def bind_event(
     policy: str = "",
     dry_run: bool = False,
     would_fail: str = "",
+    dra_class: str = "",
 ) -> BindEvent | None:
     """The event for one bind outcome, or None (a non-GPU pod, an idempotent repeat, a vanished pod).
 
@@ -98,6 +101,11 @@ def bind_event(
         return BindEvent(
             args.pod_namespace, args.pod_name, args.pod_uid, args.node, FAILED, EventType.WARNING,
             f"[dry-run] would fail: {would_fail}",
+        )  # fmt: skip
+    if kind == "bound" and dra_class:
+        return BindEvent(
+            args.pod_namespace, args.pod_name, args.pod_uid, args.node, DRA, EventType.NORMAL,
+            passthrough_note(args.node, dra_class),
         )  # fmt: skip
     if kind != "bound" or choice is None:
         return None

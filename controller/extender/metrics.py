@@ -61,7 +61,8 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
         ),
         filter_nodes=Counter(
             "gpuwarden_extender_filter_nodes_total",
-            "Candidate nodes judged by filter: passed, failed (preemption may help), unresolvable.",
+            "Candidate nodes judged by filter: passed, failed (preemption may help), unresolvable, "
+            "dra_passthrough (DRA-backed nodes passed through unjudged).",
             ["result"],
             registry=registry,
         ),

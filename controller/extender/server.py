@@ -181,7 +181,8 @@ class ExtenderService:
         if result.fragmented:
             result = explain_room(pod, result, dict(nodes), self.current_settings(), self.clock())
         for label, count in (
-            ("passed", len(result.passed)),
+            ("passed", len(result.passed) - len(result.dra)),
+            ("dra_passthrough", len(result.dra)),
             ("failed", len(result.failed)),
             ("unresolvable", len(result.unresolvable)),
         ):
@@ -246,6 +247,7 @@ class ExtenderService:
                 policy=outcome.policy,
                 dry_run=self.events.dry_run,
                 would_fail=outcome.would_fail,
+                dra_class=outcome.dra_class,
             )
         )
 

@@ -46,6 +46,9 @@ from gpuwarden.promtypes import Vector
 log = logging.getLogger(__name__)
 
 NRT = Resource("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", "NodeResourceTopology", False)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False)
+"""DRA's DeviceClasses (GA API from 1.34): which extended resources DRA serves on nodes without a device
+plugin (dra.py). Optional like the NRT CRD: an API server without it is checked again every few minutes."""
 SBE_METRIC = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
 
 
@@ -101,6 +104,7 @@ class ModelFeed:
         tasks = [informer.run() for informer in self._own]
         if self.model.topology_source != "annotation":
             tasks.append(self._nrts())
+        tasks.append(self._device_classes())
         if tasks:
             await asyncio.gather(*tasks)
         else:  # every informer is the process's shared one: nothing of our own to run
@@ -157,6 +161,30 @@ class ModelFeed:
                 self.model.delete_nrt(object_key(event.object))
             elif event.type != SYNCED:
                 self.model.upsert_nrt(event.object)
+
+    async def _device_classes(self) -> None:
+        while not await self._available(DEVICE_CLASSES, "DRA DeviceClasses (resource.k8s.io/v1)"):
+            await self._sleep(self._nrt_recheck)
+        classes: dict[str, Mapping[str, Any]] = {}
+        async for event in self._informer(DEVICE_CLASSES).events():
+            if event.type == SYNCED:
+                continue
+            if event.type == DELETED:
+                classes.pop(object_key(event.object), None)
+            else:
+                classes[object_key(event.object)] = event.object
+            self.model.set_device_classes(classes.values())
+
+    async def _available(self, resource: Resource, what: str) -> bool:
+        try:
+            await self._client.list_page(resource, limit=1)
+        except KubeNotFound:
+            log.info(f"{what} not served; checking again later")
+            return False
+        except KubeError as exc:
+            log.warning(f"cannot list {what}", extra={"error": str(exc)})
+            return False
+        return True
 
     async def _nrt_available(self) -> bool:
         try:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.gpus.dra import dra_class_for_node, extended_resource_classes
 from controller.gpus.objects import NodeInfo, PodInfo, node_info, pod_info
 from controller.gpus.topology import NodeTopology, TopologyError, count_only, parse_nrt, uuid_map
 from gpuwarden.quarantine import quarantined_ids
@@ -94,6 +95,9 @@ class NodeView:
     holders: tuple[Holder, ...] = ()
     """The bound pods that make up `used` and `used_unknown`."""
     error_trend: float | None = None
+    dra_class: str = ""
+    """The DeviceClass through which DRA serves the GPU resource on this node ("" = device plugin or no GPUs;
+    dra.py): the extender passes such a node through and promises no GPU set on it."""
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """decide.py's cache of answers derived from this (immutable) view; dropped with the view."""
     preempting: bool = field(init=False, compare=False, repr=False, default=False)
@@ -147,6 +151,7 @@ def build_view(
     nrt: NodeTopology | str | None,
     pods: Iterable[PodInfo],
     error_trend: float | None = None,
+    dra_class: str = "",
 ) -> NodeView:
     """Join a node, its NRT (topology or parse error) and the pods related to it into a `NodeView`."""
     topology: NodeTopology | None = info.topology
@@ -193,6 +198,7 @@ def build_view(
         nominated=tuple(nominated),
         holders=tuple(holders),
         error_trend=error_trend,
+        dra_class=dra_class,
     )
 
 
@@ -224,6 +230,8 @@ class ClusterModel:
         """Views dropped by a change, until their node's next view is built: when the new one is equal (the
         change did not touch what decisions read, e.g. a pod's status or resourceVersion), the old view and
         the answers cached on it are kept."""
+        self._dra_classes: dict[str, str] = {}
+        """extended resource -> DeviceClass (dra.py), from the DeviceClass watch when the feed runs one."""
         self._numa_max: dict[str, int] = {}
         self._numa_max_count: Counter[int] = Counter()
         self.nodes_synced = False
@@ -339,6 +347,17 @@ class ClusterModel:
             if p.node_name and p.gpus > 0 and not p.terminated and not p.terminating
         ]
 
+    def set_device_classes(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """The cluster's DeviceClasses (all of them, as listed or after a watch event): which extended
+        resources DRA serves; nodes without a device plugin are re-viewed when that changes."""
+        classes = extended_resource_classes(objs)
+        if classes != self._dra_classes:
+            self._dra_classes = classes
+            self._dirty([name for name, info in self._nodes.items() if not info.device_plugin])
+
+    def _dra_class(self, info: NodeInfo) -> str:
+        return dra_class_for_node(info.device_plugin, self.resource, self._dra_classes)
+
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
 
@@ -355,7 +374,7 @@ class ClusterModel:
         if info is None:
             return None
         pods = (self._pods[k] for k in self._by_node.get(name, ()))
-        view = build_view(info, self._nrt.get(name), pods, self._trends.get(name))
+        view = build_view(info, self._nrt.get(name), pods, self._trends.get(name), self._dra_class(info))
         if old is not None and old == view:
             view = old
         self._views[name] = view
@@ -378,4 +397,6 @@ class ClusterModel:
         fresh = {p.key: p for p in listed if p.holds_gpus}
         cached = (self._pods[k] for k in self._by_node.get(name, ()))
         pods = [p for p in cached if p.key not in fresh and p.gpu_ids is None]
-        return build_view(info, self._nrt.get(name), [*pods, *fresh.values()], self._trends.get(name))
+        return build_view(
+            info, self._nrt.get(name), [*pods, *fresh.values()], self._trends.get(name), self._dra_class(info)
+        )

@@ -154,6 +154,9 @@ class NodeInfo:
     topology_error: str = ""
     quarantine: NodeQuarantine | None = None
     """Our quarantine of the node (`gpuwarden.quarantine.node_quarantine`); None: not quarantined."""
+    device_plugin: bool = True
+    """The node lists the GPU resource in its allocatable (a device plugin owns the name there, even at 0);
+    False on a node without GPUs or with DRA-backed ones (controller/gpus/dra.py)."""
 
     @property
     def quarantine_reason(self) -> str | None:
@@ -164,7 +167,8 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
     """Parse a v1.Node (JSON)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     annotations = meta.get("annotations") or {}
-    allocatable = _int((status.get("allocatable") or {}).get(resource, 0))
+    listed = status.get("allocatable") or {}
+    allocatable = _int(listed.get(resource, 0))
     topology, error = None, ""
     if TOPOLOGY_ANNOTATION in annotations:
         try:
@@ -172,4 +176,6 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
         except TopologyError as exc:
             error = str(exc)
     quarantine = node_quarantine(spec.get("taints") or [], annotations)
-    return NodeInfo(str(meta.get("name", "")), allocatable, topology, error, quarantine)
+    return NodeInfo(
+        str(meta.get("name", "")), allocatable, topology, error, quarantine, device_plugin=resource in listed
+    )

@@ -261,6 +261,7 @@ CONTROLLER_CLUSTER = {
     ("", "events", ""): "list",
     ("events.k8s.io", "events", ""): "create patch list watch",
     ("topology.node.k8s.io", "noderesourcetopologies", ""): "list watch",
+    ("resource.k8s.io", "deviceclasses", ""): "list watch",
 }
 CONTROLLER_NAMESPACE = {
     ("coordination.k8s.io", "leases", "gpuwarden-controller"): "get update",

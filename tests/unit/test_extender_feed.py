@@ -114,6 +114,45 @@ async def test_feed_without_nrt_crd_rechecks_later() -> None:
     assert checks == [300, 300]
 
 
+async def test_feed_follows_device_classes_for_dra_backed_nodes() -> None:
+    gpu_class = {
+        "metadata": {"name": "gpu.example.com"},
+        "spec": {"extendedResourceName": "nvidia.com/gpu"},
+    }
+    dra = node("d")
+    dra["status"] = {"allocatable": {"cpu": "64"}}
+    source = FakeSource(
+        lists={"nodes": [node("n"), dra], "pods": [], "deviceclasses": [gpu_class]}, watches={}
+    )
+    model = ClusterModel()
+    feed = ModelFeed(cast(KubeClient, source), model, freeze_gc_after_sync=False)
+
+    def dra_seen() -> bool:
+        view = model.view("d") if model.synced else None
+        return view is not None and view.dra_class == "gpu.example.com"
+
+    await run_for(feed.run(), dra_seen)
+    assert model.view("n").dra_class == ""  # type: ignore[union-attr]
+
+
+async def test_feed_without_device_classes_rechecks_later() -> None:
+    source = FakeSource(lists={"nodes": [node("n")], "pods": []}, watches={})
+    source.crd_missing.add("deviceclasses")  # an API server before resource.k8s.io/v1 (1.34)
+    checks: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        checks.append(seconds)
+        await asyncio.sleep(0)
+
+    model = ClusterModel()
+    feed = ModelFeed(
+        cast(KubeClient, source), model, nrt_recheck_seconds=300, sleep=sleep, freeze_gc_after_sync=False
+    )
+    await run_for(feed.run(), lambda: model.synced and len(checks) >= 2)
+    assert set(checks) == {300}
+    assert model.view("n").dra_class == ""  # type: ignore[union-attr]
+
+
 def test_trend_query_and_parsing() -> None:
     assert trend_query(["Hostname", "hostname"], 'cluster="a"') == (
         'sum by (Hostname, hostname) (increase(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{cluster="a"}[1h]))'
