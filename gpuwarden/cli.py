@@ -34,6 +34,8 @@ gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prom
   simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
   demo          the main job on a local kwok GPU fleet, end to end, with an HTML report
   keda convert  rewrite ScaledObjects' prometheus triggers as gpuwarden external triggers (where equal)
+  dra claim-template
+                a ResourceClaimTemplate asking DRA-backed nodes for NUMA- or PCIe-aligned GPUs
 
 Config: one YAML file (--config); env overrides GPUWARDEN_<SECTION>__<KEY>; flags override both.
 """
@@ -237,6 +239,29 @@ def _cmd_keda_convert(args: argparse.Namespace) -> int:
     return EXIT_FAILED if args.strict and kept else EXIT_OK
 
 
+def _cmd_dra_claim_template(args: argparse.Namespace) -> int:
+    import yaml
+
+    from controller.gpus.claimtemplate import TemplateError, claim_template, pod_usage
+
+    try:
+        template = claim_template(
+            gpus=args.gpus,
+            policy=args.policy,
+            device_class=args.device_class,
+            namespace=args.namespace,
+            name=args.name or "",
+        )
+    except TemplateError as exc:
+        print(f"gpuwarden dra claim-template: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    usage = yaml.safe_dump(pod_usage(template["metadata"]["name"]), sort_keys=False)
+    print("# Use it from a pod (instead of an nvidia.com/gpu limit):")
+    print("\n".join(f"#   {line}" for line in usage.rstrip().splitlines()))
+    sys.stdout.write(yaml.safe_dump(template, sort_keys=False))
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         from harness.demo import run_demo
@@ -375,6 +400,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--push", action="store_true", help="external-push triggers (activate from zero at once)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any prometheus trigger was kept")
     p.set_defaults(func=_cmd_keda_convert)
+
+    p = sub.add_parser("dra", help="DRA tools (claim-template)", description="Tools for DRA-backed GPUs.")
+    dra = p.add_subparsers(dest="dra_command", metavar="COMMAND", required=True)
+    p = dra.add_parser(
+        "claim-template",
+        help="print a ResourceClaimTemplate that asks DRA for aligned GPUs",
+        description="On DRA-backed nodes the scheduler's DRA plugin picks the devices and the claim it "
+        "generates for nvidia.com/gpu has no topology constraint. Print a ResourceClaimTemplate that asks "
+        "for N devices sharing resource.kubernetes.io/numaNode (single-numa; Kubernetes 1.37+, the driver "
+        "must publish it) or resource.kubernetes.io/pcieRoot (single-pcie), aligned-if-possible "
+        "(prefer-numa, a prioritized list) or unconstrained (none), with the pod fragment that uses it "
+        "(docs/extender.md#topology-on-dra-nodes).",
+    )
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs (devices) the claim asks for")
+    p.add_argument(
+        "--policy",
+        default="single-numa",
+        help="single-numa, single-pcie, prefer-numa or none (default %(default)s)",
+    )
+    p.add_argument(
+        "--device-class",
+        default="gpu.nvidia.com",
+        help="DeviceClass of the GPUs (default %(default)s, NVIDIA's DRA driver)",
+    )
+    p.add_argument("--namespace", default="default", help="namespace of the template (default %(default)s)")
+    p.add_argument("--name", help="template name (default gpus-<n>-<policy>)")
+    p.set_defaults(func=_cmd_dra_claim_template)
 
     p = sub.add_parser("demo", help="run the main job on a local kwok GPU fleet and write a report")
     p.add_argument("--scenario", type=Path, help="scripted demo scenario (default: the one in the repo)")
