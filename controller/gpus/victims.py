@@ -410,6 +410,7 @@ def revise_candidates(
 ) -> Revision:
     """The preempt verb's victim choice: per candidate node (victim UIDs as the scheduler chose them, by
     count), the victims that free a GPU set the policy accepts, or the node omitted when none can.
+    DRA-backed nodes (dra.py) are passed as the scheduler chose: no GPU set can be promised there.
 
     The scheduler's victims are kept (they may free CPU or memory we do not model) - except where they are all
     GPU holders, one of them busy, and reclaimable idle pods alone free a policy set: then the idle pods are
@@ -421,7 +422,7 @@ def revise_candidates(
     refused: dict[str, str] = {}
     for node, uids in candidates.items():
         view = views.get(node)
-        if view is None or pod.gpus <= 0:
+        if view is None or pod.gpus <= 0 or view.dra_class:  # DRA allocates there: no GPU set to free
             if uids:
                 out[node] = tuple(uids)
             continue

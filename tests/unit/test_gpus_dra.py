@@ -16,6 +16,7 @@ from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.dra import dra_class_for_node, extended_resource_classes
 from controller.gpus.fit import FitVerdict, Settings, assess, filter_nodes, score_nodes
 from controller.gpus.objects import node_info, pod_info
+from controller.gpus.victims import revise_candidates
 from tests.unit.extender_support import RESOURCE, FakePodApi, model, node, pod
 
 NOW = 1_700_000_000.0
@@ -145,3 +146,15 @@ def test_dra_bind_event_explains_the_passthrough() -> None:
     assert event is not None and event.reason == DRA
     assert "node d serves its GPUs through DRA (DeviceClass gpu.example.com)" in event.note
     assert "records no GPU set" in event.note
+
+
+def test_preempt_verb_keeps_the_schedulers_victims_on_a_dra_node() -> None:
+    """No GPU victims are added or swapped where DRA allocates; an empty candidate is not filled in."""
+    m, _ = mixed()
+    m.upsert_pod(pod("low", 2, node="d", priority=0))
+    views = {"d": m.view("d")}
+    incoming = pod_info(pod("p", 4, priority=100), RESOURCE)
+    revised = revise_candidates(incoming, {"d": ["uid-low"]}, views, SETTINGS, NOW)
+    assert dict(revised.victims) == {"d": ("uid-low",)}
+    empty = revise_candidates(incoming, {"d": []}, views, SETTINGS, NOW)
+    assert dict(empty.victims) == {}
