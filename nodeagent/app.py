@@ -23,19 +23,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
 from gpuwarden.quarantine import node_quarantine, quarantined_ids
-from gpuwarden.selfmetrics import metrics_handler, new_registry
+from gpuwarden.selfmetrics import new_registry
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
+from nodeagent.listener import Listener, Reply, Route
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
 from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
 from nodeagent.topology.annotation import render
@@ -344,33 +351,28 @@ class NodeAgent:
     def ready(self) -> bool:
         return self.pods.synced.is_set() and self.last_read_ok
 
-    def app(self) -> web.Application:
-        app = web.Application()
+    def routes(self) -> dict[str, Route]:
+        """The listener's paths: liveness, readiness (pod watch synced, PodResources answering), metrics."""
 
-        async def ok(_request: web.Request) -> web.Response:
-            return web.Response(text="ok")
+        def ok() -> Reply:
+            return Reply.text("ok")
 
-        async def ready(_request: web.Request) -> web.Response:
+        def ready() -> Reply:
             if not self.pods.synced.is_set():
-                return web.Response(status=503, text="pod watch not synced yet")
+                return Reply.text("pod watch not synced yet", 503)
             if not self.last_read_ok:
-                return web.Response(
-                    status=503, text=f"PodResources not answering at {self.reader.socket_path}"
-                )
-            return web.Response(text="ok")
+                return Reply.text(f"PodResources not answering at {self.reader.socket_path}", 503)
+            return Reply.text("ok")
 
-        app.router.add_get("/healthz", ok)
-        app.router.add_get("/livez", ok)
-        app.router.add_get("/readyz", ready)
-        app.router.add_get("/metrics", metrics_handler(self.registry))  # type: ignore[arg-type]
-        return app
+        def metrics() -> Reply:
+            return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+        return {"/healthz": ok, "/livez": ok, "/readyz": ready, "/metrics": metrics}
 
     async def run(self) -> None:
         host, _, port = self.cfg.listen.rpartition(":")
-        runner = web.AppRunner(self.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host or "0.0.0.0", int(port))
-        await site.start()
+        listener = Listener(self.routes())
+        await listener.start(host, int(port))
         log.info(
             "node agent running",
             extra={"node": self.node, "listen": self.cfg.listen, "dry_run": self.cfg.dry_run},
@@ -391,7 +393,7 @@ class NodeAgent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.reader.aclose()
-            await runner.cleanup()
+            await listener.close()
 
 
 async def run_node_agent(config: Config) -> None:
