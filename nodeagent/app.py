@@ -21,7 +21,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,7 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpuwarden.config.root import Config
+from gpuwarden.config.lean import LeanConfig
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
 from gpuwarden.quarantine import node_quarantine, quarantined_ids
@@ -48,6 +48,12 @@ from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
 from nodeagent.topology.annotation import render
 from nodeagent.topology.discover import discover
 from nodeagent.topology.model import TopologyReadError
+
+if TYPE_CHECKING:
+    from gpuwarden.config.root import Config
+
+AgentConfig = Union["Config", LeanConfig]
+"""The models' `Config`, or the lean loader's view of a plainly valid node-agent file (same attributes)."""
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +128,7 @@ class AgentMetrics:
         )
 
 
-def node_name_from(config: Config, env: dict[str, str] | None = None) -> str:
+def node_name_from(config: AgentConfig, env: dict[str, str] | None = None) -> str:
     """`node_agent.node_name`, else $NODE_NAME; raise if neither is set."""
     env = dict(os.environ) if env is None else env
     name = config.node_agent.node_name or env.get("NODE_NAME", "")
@@ -137,7 +143,7 @@ class NodeAgent:
     """The running agent for one node."""
 
     def __init__(
-        self, config: Config, kube: KubeClient, node: str, *, registry: CollectorRegistry | None = None
+        self, config: AgentConfig, kube: KubeClient, node: str, *, registry: CollectorRegistry | None = None
     ) -> None:
         self.config = config
         self.cfg = config.node_agent
@@ -396,7 +402,7 @@ class NodeAgent:
             await listener.close()
 
 
-async def run_node_agent(config: Config) -> None:
+async def run_node_agent(config: AgentConfig) -> None:
     """Entry point of `gpuwarden node-agent`."""
     node = node_name_from(config)
     k = config.kubernetes
