@@ -402,16 +402,23 @@ class NodeAgent:
             await listener.close()
 
 
-async def run_node_agent(config: AgentConfig) -> None:
-    """Entry point of `gpuwarden node-agent`."""
-    node = node_name_from(config)
+def kube_client(config: AgentConfig) -> KubeClient:
+    """The agent's API client: a few requests a minute and two watches, so plain asyncio streams, not
+    aiohttp's pool (gpuwarden/kube/minihttp.py says why)."""
     k = config.kubernetes
-    kube = KubeClient.from_config(
+    return KubeClient.from_config(
         kubeconfig=k.kubeconfig,
         context=k.context,
         request_timeout=k.request_timeout_seconds,
         field_manager=k.field_manager,
+        http="streams",
     )
+
+
+async def run_node_agent(config: AgentConfig) -> None:
+    """Entry point of `gpuwarden node-agent`."""
+    node = node_name_from(config)
+    kube = kube_client(config)
     try:
         await NodeAgent(config, kube, node).run()
     finally:

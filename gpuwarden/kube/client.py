@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -41,7 +41,11 @@ from gpuwarden.kube.status import (
     outcome_of,
 )
 from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
-from gpuwarden.kube.transport import AsyncTransport, parse_object
+from gpuwarden.kube.wire import parse_object
+
+if TYPE_CHECKING:
+    from gpuwarden.kube.minihttp import MiniTransport
+    from gpuwarden.kube.transport import AsyncTransport
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
@@ -122,6 +126,7 @@ class KubeClient:
         request_timeout: float = 30.0,
         field_manager: str = "gpuwarden",
         registry: CollectorRegistry | None = None,
+        http: Literal["aiohttp", "streams"] = "aiohttp",
     ) -> None:
         self._configuration = configuration
         self.user_agent = f"gpuwarden/{__version__}"
@@ -137,20 +142,26 @@ class KubeClient:
         self.request_timeout = request_timeout
         self.field_manager = field_manager
         self.metrics = kube_metrics(registry)
-        self._transport = (
-            AsyncTransport(
-                configuration,
-                max_connections=max_connections,
-                max_watches=max_watches,
-                timeout=request_timeout,
-                user_agent=self.user_agent,
-                decode_pool=self._pool,
-                credential_ttl=credential_ttl,
-            )
-            if AsyncTransport.supports(configuration)
-            else None
-        )
-        """Non-streaming requests go here (native async); None (a proxy is configured): the thread pool."""
+        self._transport: AsyncTransport | MiniTransport | None = None
+        """Requests and watches go here (native async); None (a proxy is configured): the thread pool.
+        `http="aiohttp"`: a keep-alive pool (`transport.py`), for heavy traffic; `"streams"`: a connection
+        per request on plain asyncio (`minihttp.py`), for the node agent's few requests without aiohttp."""
+        if not getattr(configuration, "proxy", None):
+            if http == "streams":
+                from gpuwarden.kube.minihttp import MiniTransport
+
+                self._transport = MiniTransport(
+                    configuration, timeout=request_timeout, user_agent=self.user_agent,
+                    decode_pool=self._pool, credential_ttl=credential_ttl,
+                )  # fmt: skip
+            else:
+                from gpuwarden.kube.transport import AsyncTransport
+
+                self._transport = AsyncTransport(
+                    configuration, max_connections=max_connections, max_watches=max_watches,
+                    timeout=request_timeout, user_agent=self.user_agent, decode_pool=self._pool,
+                    credential_ttl=credential_ttl,
+                )  # fmt: skip
 
     def _api_client(self, configuration: Any, pool_size: int) -> Any:
         from kubernetes.client import ApiClient

@@ -180,12 +180,12 @@ def test_file_problems_go_to_the_full_loader(tmp_path: Path, text: str, env: dic
 
 def test_node_agent_entry_point_imports_no_pydantic_aiohttp_or_kubernetes() -> None:
     """Issue 29 (node agent idle RSS ≤ 40 MiB): these cost ~13, ~10 and ~18 MiB. Import what
-    `gpuwarden node-agent` imports, load a plainly valid config, build the Kubernetes client."""
+    `gpuwarden node-agent` imports, load a plainly valid config, build the agent's Kubernetes client."""
     code = (
         "import sys, os, pathlib, tempfile\n"
         "import gpuwarden.cli, nodeagent.app\n"
         "from gpuwarden.config.lean import load_lean\n"
-        "from gpuwarden.kube import KubeClient\n"
+        "from nodeagent.app import kube_client\n"
         "d = pathlib.Path(tempfile.mkdtemp())\n"
         "(d / 'c.yaml').write_text('node_agent:\\n  listen: 0.0.0.0:9402\\nlogging:\\n  format: json\\n')\n"
         "(d / 'k').write_text(\"clusters: [{name: c, cluster: {server: 'https://h:6443'}}]\\n"
@@ -193,9 +193,9 @@ def test_node_agent_entry_point_imports_no_pydantic_aiohttp_or_kubernetes() -> N
         'current-context: c\\n")\n'
         "config = load_lean(d / 'c.yaml', {}, {'kubernetes.kubeconfig': str(d / 'k')})\n"
         "assert config is not None\n"
-        "KubeClient.from_config(kubeconfig=config.kubernetes.kubeconfig)\n"
-        "heavy = ('pydantic', 'pydantic_core', 'kubernetes')\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('aiohttp.web'))\n"
+        "kube_client(config)\n"
+        "heavy = ('pydantic', 'pydantic_core', 'kubernetes', 'aiohttp', 'urllib3')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

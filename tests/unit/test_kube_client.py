@@ -45,6 +45,20 @@ def kubeconfig(tmp_path: Path, server: str, token: str = "s3cret") -> Path:
     return path
 
 
+@pytest.fixture(autouse=True, params=["aiohttp", "streams"])
+def http(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both transports: aiohttp's pool (adapter, controller) and plain asyncio streams
+    (the node agent); both must map every failure alike."""
+    original = KubeClient.__init__
+
+    def init(self: KubeClient, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("http", request.param)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KubeClient, "__init__", init)
+    return str(request.param)
+
+
 # ------------------------------------------------------------------------------------------ configuration
 def test_kubeconfig_path_and_context(tmp_path: Path) -> None:
     cfg = load_configuration(kubeconfig=kubeconfig(tmp_path, "http://127.0.0.1:1"), context="other")
