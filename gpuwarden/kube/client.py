@@ -3,10 +3,11 @@
 Why it exists: `gpuwarden.kube` is the one Kubernetes access module (docs/architecture.md) and this is its
 client; nothing else calls the API, so error mapping and request metrics live in one place. The official
 client is synchronous, untyped and raises its own exceptions. Requests (get, list, create, patch, delete, raw
-`request`) are native-async over a keep-alive pool (`transport.py`; large bodies decoded on a bounded thread
-pool), so a burst of calls waits on the network, not on threads; watches read their streams with the
-`kubernetes` client on a separate thread pool so a few long-lived watches cannot starve short calls. A
-configured proxy sends requests through the thread pool too. Objects are plain JSON dicts
+`request`) and watches are native-async: over aiohttp's keep-alive pool (`transport.py`; large bodies decoded
+on a bounded thread pool), so a burst of calls waits on the network, not on threads, or, for the node
+agent's few requests, over plain asyncio streams (`minihttp.py`, `http="streams"`: no aiohttp in memory).
+A configured proxy sends requests and watches through the `kubernetes` client on thread pools instead.
+Connection facts come from `connection.py` when plain (no `kubernetes` import), else from `kubernetes`. Objects are plain JSON dicts
 (`_preload_content=False` and `json.loads`), never the generated models, because model deserialization of a
 5,000-node list costs seconds of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see
 `status.py`) and every request is counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
