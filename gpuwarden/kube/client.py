@@ -7,10 +7,11 @@ client is synchronous, untyped and raises its own exceptions. Requests (get, lis
 on a bounded thread pool), so a burst of calls waits on the network, not on threads, or, for the node
 agent's few requests, over plain asyncio streams (`minihttp.py`, `http="streams"`: no aiohttp in memory).
 A configured proxy sends requests and watches through the `kubernetes` client on thread pools instead.
-Connection facts come from `connection.py` when plain (no `kubernetes` import), else from `kubernetes`. Objects are plain JSON dicts
-(`_preload_content=False` and `json.loads`), never the generated models, because model deserialization of a
-5,000-node list costs seconds of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see
-`status.py`) and every request is counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
+Connection facts come from `connection.py` when plain (no `kubernetes` import), else from `kubernetes`.
+Objects are plain JSON dicts (`_preload_content=False` and `json.loads`), never the generated models,
+because model deserialization of a 5,000-node list costs seconds of CPU. Failures come out as
+`gpuwarden.errors.KubeError` subclasses (see `status.py`) and every request is counted in
+`gpuwarden_kube_requests_total{verb,resource,outcome}`.
 
 What it must not do: read `~/.kube/config` (or `$KUBECONFIG`) unless a path is passed explicitly, touch the
 `kubernetes` package's process-global default configuration, retry on its own (callers own retry policy:
