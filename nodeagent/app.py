@@ -23,20 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-
 from gpuwarden.config.lean import LeanConfig
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.litemetrics import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Gauge,
+    Histogram,
+    Registry,
+    generate_latest,
+    new_registry,
+)
 from gpuwarden.quarantine import node_quarantine, quarantined_ids
-from gpuwarden.selfmetrics import new_registry
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
@@ -77,7 +76,7 @@ def quarantined_devices(
 class AgentMetrics:
     """The agent's self-metrics (one registry per process)."""
 
-    registry: CollectorRegistry
+    registry: Registry
     assignments: Counter = field(init=False)
     reads: Counter = field(init=False)
     reconcile_seconds: Histogram = field(init=False)
@@ -143,7 +142,7 @@ class NodeAgent:
     """The running agent for one node."""
 
     def __init__(
-        self, config: AgentConfig, kube: KubeClient, node: str, *, registry: CollectorRegistry | None = None
+        self, config: AgentConfig, kube: KubeClient, node: str, *, registry: Registry | None = None
     ) -> None:
         self.config = config
         self.cfg = config.node_agent

@@ -28,8 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from prometheus_client import CollectorRegistry
-
 from gpuwarden import __version__
 from gpuwarden.errors import ConfigError, KubeError
 from gpuwarden.kube.connection import Connection, from_kubeconfig
@@ -46,8 +44,11 @@ from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
 from gpuwarden.kube.wire import parse_object
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from gpuwarden.kube.minihttp import MiniTransport
     from gpuwarden.kube.transport import AsyncTransport
+    from gpuwarden.litemetrics import Registry
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
@@ -127,7 +128,7 @@ class KubeClient:
         credential_ttl: float = 1.0,
         request_timeout: float = 30.0,
         field_manager: str = "gpuwarden",
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | Registry | None = None,
         http: Literal["aiohttp", "streams"] = "aiohttp",
     ) -> None:
         self._configuration = configuration

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry
 
+from gpuwarden.litemetrics import Registry
 from nodeagent.admission import Candidate, Preference, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
 from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
@@ -114,7 +114,7 @@ async def device_plugin_part(tmp: Path) -> None:
 
     plugin = GpuDevicePlugin(
         resource="nvidia.com/gpu", plugin_dir=tmp, socket_name="gw.sock", prefer=prefer_fn,
-        visible_env="NVIDIA_VISIBLE_DEVICES", registry=CollectorRegistry(),
+        visible_env="NVIDIA_VISIBLE_DEVICES", registry=Registry(),
     )  # fmt: skip
     await plugin.set_devices(dict.fromkeys(GPUS, True))
     ours = await serve(plugin, tmp / "gw.sock")

@@ -178,8 +178,8 @@ def test_file_problems_go_to_the_full_loader(tmp_path: Path, text: str, env: dic
         load_config(path, env)
 
 
-def test_node_agent_entry_point_imports_no_pydantic_aiohttp_or_kubernetes() -> None:
-    """Issue 29 (node agent idle RSS ≤ 40 MiB): these cost ~13, ~10 and ~18 MiB. Import what
+def test_node_agent_entry_point_imports_no_pydantic_aiohttp_kubernetes_or_prometheus_client() -> None:
+    """Issue 29 (node agent idle RSS ≤ 40 MiB): these cost ~13, ~10, ~18 and ~3 MiB. Import what
     `gpuwarden node-agent` imports, load a plainly valid config, build the agent's Kubernetes client."""
     code = (
         "import sys, os, pathlib, tempfile\n"
@@ -194,7 +194,7 @@ def test_node_agent_entry_point_imports_no_pydantic_aiohttp_or_kubernetes() -> N
         "config = load_lean(d / 'c.yaml', {}, {'kubernetes.kubeconfig': str(d / 'k')})\n"
         "assert config is not None\n"
         "kube_client(config)\n"
-        "heavy = ('pydantic', 'pydantic_core', 'kubernetes', 'aiohttp', 'urllib3')\n"
+        "heavy = ('pydantic', 'pydantic_core', 'kubernetes', 'aiohttp', 'urllib3', 'prometheus_client')\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "print(','.join(bad))\n"
     )
