@@ -40,7 +40,6 @@ from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
-from nodeagent.deviceplugin import GpuDevicePlugin
 from nodeagent.listener import Listener, Reply, Route
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
 from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
@@ -50,6 +49,7 @@ from nodeagent.topology.model import TopologyReadError
 
 if TYPE_CHECKING:
     from gpuwarden.config.root import Config
+    from nodeagent.deviceplugin import GpuDevicePlugin
 
 AgentConfig = Union["Config", LeanConfig]
 """The models' `Config`, or the lean loader's view of a plainly valid node-agent file (same attributes)."""
@@ -157,6 +157,9 @@ class NodeAgent:
         self.index_by_id: dict[str, int] = {}
         self.plugin: GpuDevicePlugin | None = None
         if self.cfg.device_plugin.enabled:
+            # Enforce mode only: its code and the device-plugin API stubs are not loaded otherwise.
+            from nodeagent.deviceplugin import GpuDevicePlugin
+
             dpc = self.cfg.device_plugin
             self.plugin = GpuDevicePlugin(
                 resource=self.cfg.resource_name,
