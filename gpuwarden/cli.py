@@ -72,6 +72,15 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return code
 
 
+def _with_common(args: argparse.Namespace, overrides: dict[str, object]) -> dict[str, object]:
+    return {
+        **overrides,
+        "kubernetes.kubeconfig": str(args.kubeconfig) if args.kubeconfig else None,
+        "logging.level": args.log_level,
+        "logging.format": args.log_format,
+    }
+
+
 def _load(args: argparse.Namespace, overrides: dict[str, object]) -> Any:
     """Load config (file < env < flags) and set up logging; on error print every problem and return None."""
     from gpuwarden import logs
@@ -79,12 +88,7 @@ def _load(args: argparse.Namespace, overrides: dict[str, object]) -> Any:
     from gpuwarden.config.report import format_problems
     from gpuwarden.errors import ConfigError
 
-    overrides = {
-        **overrides,
-        "kubernetes.kubeconfig": str(args.kubeconfig) if args.kubeconfig else None,
-        "logging.level": args.log_level,
-        "logging.format": args.log_format,
-    }
+    overrides = _with_common(args, overrides)
     try:
         config = load_config(args.config, os.environ, overrides)
     except ConfigError as exc:
@@ -155,7 +159,16 @@ def _cmd_node_agent(args: argparse.Namespace) -> int:
         overrides["node_agent.dry_run"] = True
     if args.device_plugin:
         overrides["node_agent.device_plugin.enabled"] = True
-    config = _load(args, overrides)
+    from gpuwarden import logs
+    from gpuwarden.config.lean import load_lean
+
+    # A plainly valid node-agent file is read without pydantic (gpuwarden/config/lean.py says why);
+    # anything else, errors included, is judged by the full loader.
+    config: Any = load_lean(args.config, os.environ, _with_common(args, overrides))
+    if config is not None:
+        logs.setup(config.logging.level, config.logging.format)
+    else:
+        config = _load(args, overrides)
     if config is None:
         return EXIT_FAILED
     from nodeagent.app import node_name_from, run_node_agent

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwarden import __version__
+
+if TYPE_CHECKING:  # aiohttp.web only where a handler is made: the node agent serves without it
+    from aiohttp import web
 
 PREFIX = "gpuwarden_"
 
@@ -66,6 +69,7 @@ class SnapshotCollector(Collector):
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], object]:
     """An aiohttp handler exposing `registry` in the Prometheus text format."""
+    from aiohttp import web
 
     async def handle(_request: web.Request) -> web.Response:
         body = generate_latest(registry)

@@ -13,11 +13,15 @@ What it must not do: retry, sleep or swallow anything - callers keep their own r
 from __future__ import annotations
 
 import logging
-
-from prometheus_client import CollectorRegistry, Counter
+from typing import TYPE_CHECKING
 
 from gpuwarden.errors import KubeError, KubeGone, KubeUnreachable, PrometheusError
-from gpuwarden.kube.metrics import kube_metrics
+from gpuwarden.kube.metrics import CounterFamily, kube_metrics
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.litemetrics import Registry
 
 CAUSES = ("api-unreachable", "api-throttled", "api-server-error", "watch-expired", "conflict", "prometheus")
 
@@ -37,7 +41,7 @@ def transient_cause(exc: BaseException) -> str | None:
     return None
 
 
-def transient_counter(registry: CollectorRegistry | None) -> Counter:
+def transient_counter(registry: CollectorRegistry | Registry | None) -> CounterFamily:
     """`gpuwarden_transient_failures_total{component, cause}`: every occurrence, logged or not (one
     counter per registry, shared by the pass scheduler and leader election)."""
     return kube_metrics(registry).transient_failures
@@ -46,7 +50,7 @@ def transient_counter(registry: CollectorRegistry | None) -> Counter:
 class Episodes:
     """Per key (a loop's name), whether a transient episode is running and of which cause."""
 
-    def __init__(self, counter: Counter, log: logging.Logger) -> None:
+    def __init__(self, counter: CounterFamily, log: logging.Logger) -> None:
         self._counter = counter
         self._log = log
         self._open: dict[str, str] = {}

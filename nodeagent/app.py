@@ -21,26 +21,38 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from gpuwarden.config.root import Config
+from gpuwarden.config.lean import LeanConfig
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import NODES, PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.litemetrics import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Gauge,
+    Histogram,
+    Registry,
+    generate_latest,
+    new_registry,
+)
 from gpuwarden.quarantine import node_quarantine, quarantined_ids
-from gpuwarden.selfmetrics import metrics_handler, new_registry
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
-from nodeagent.deviceplugin import GpuDevicePlugin
+from nodeagent.listener import Listener, Reply, Route
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
 from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
 from nodeagent.topology.annotation import render
 from nodeagent.topology.discover import discover
 from nodeagent.topology.model import TopologyReadError
+
+if TYPE_CHECKING:
+    from gpuwarden.config.root import Config
+    from nodeagent.deviceplugin import GpuDevicePlugin
+
+AgentConfig = Union["Config", LeanConfig]
+"""The models' `Config`, or the lean loader's view of a plainly valid node-agent file (same attributes)."""
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +76,7 @@ def quarantined_devices(
 class AgentMetrics:
     """The agent's self-metrics (one registry per process)."""
 
-    registry: CollectorRegistry
+    registry: Registry
     assignments: Counter = field(init=False)
     reads: Counter = field(init=False)
     reconcile_seconds: Histogram = field(init=False)
@@ -115,7 +127,7 @@ class AgentMetrics:
         )
 
 
-def node_name_from(config: Config, env: dict[str, str] | None = None) -> str:
+def node_name_from(config: AgentConfig, env: dict[str, str] | None = None) -> str:
     """`node_agent.node_name`, else $NODE_NAME; raise if neither is set."""
     env = dict(os.environ) if env is None else env
     name = config.node_agent.node_name or env.get("NODE_NAME", "")
@@ -130,7 +142,7 @@ class NodeAgent:
     """The running agent for one node."""
 
     def __init__(
-        self, config: Config, kube: KubeClient, node: str, *, registry: CollectorRegistry | None = None
+        self, config: AgentConfig, kube: KubeClient, node: str, *, registry: Registry | None = None
     ) -> None:
         self.config = config
         self.cfg = config.node_agent
@@ -145,6 +157,9 @@ class NodeAgent:
         self.index_by_id: dict[str, int] = {}
         self.plugin: GpuDevicePlugin | None = None
         if self.cfg.device_plugin.enabled:
+            # Enforce mode only: its code and the device-plugin API stubs are not loaded otherwise.
+            from nodeagent.deviceplugin import GpuDevicePlugin
+
             dpc = self.cfg.device_plugin
             self.plugin = GpuDevicePlugin(
                 resource=self.cfg.resource_name,
@@ -344,33 +359,28 @@ class NodeAgent:
     def ready(self) -> bool:
         return self.pods.synced.is_set() and self.last_read_ok
 
-    def app(self) -> web.Application:
-        app = web.Application()
+    def routes(self) -> dict[str, Route]:
+        """The listener's paths: liveness, readiness (pod watch synced, PodResources answering), metrics."""
 
-        async def ok(_request: web.Request) -> web.Response:
-            return web.Response(text="ok")
+        def ok() -> Reply:
+            return Reply.text("ok")
 
-        async def ready(_request: web.Request) -> web.Response:
+        def ready() -> Reply:
             if not self.pods.synced.is_set():
-                return web.Response(status=503, text="pod watch not synced yet")
+                return Reply.text("pod watch not synced yet", 503)
             if not self.last_read_ok:
-                return web.Response(
-                    status=503, text=f"PodResources not answering at {self.reader.socket_path}"
-                )
-            return web.Response(text="ok")
+                return Reply.text(f"PodResources not answering at {self.reader.socket_path}", 503)
+            return Reply.text("ok")
 
-        app.router.add_get("/healthz", ok)
-        app.router.add_get("/livez", ok)
-        app.router.add_get("/readyz", ready)
-        app.router.add_get("/metrics", metrics_handler(self.registry))  # type: ignore[arg-type]
-        return app
+        def metrics() -> Reply:
+            return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+        return {"/healthz": ok, "/livez": ok, "/readyz": ready, "/metrics": metrics}
 
     async def run(self) -> None:
         host, _, port = self.cfg.listen.rpartition(":")
-        runner = web.AppRunner(self.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host or "0.0.0.0", int(port))
-        await site.start()
+        listener = Listener(self.routes())
+        await listener.start(host, int(port))
         log.info(
             "node agent running",
             extra={"node": self.node, "listen": self.cfg.listen, "dry_run": self.cfg.dry_run},
@@ -391,19 +401,26 @@ class NodeAgent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.reader.aclose()
-            await runner.cleanup()
+            await listener.close()
 
 
-async def run_node_agent(config: Config) -> None:
-    """Entry point of `gpuwarden node-agent`."""
-    node = node_name_from(config)
+def kube_client(config: AgentConfig) -> KubeClient:
+    """The agent's API client: a few requests a minute and two watches, so plain asyncio streams, not
+    aiohttp's pool (gpuwarden/kube/minihttp.py says why)."""
     k = config.kubernetes
-    kube = KubeClient.from_config(
+    return KubeClient.from_config(
         kubeconfig=k.kubeconfig,
         context=k.context,
         request_timeout=k.request_timeout_seconds,
         field_manager=k.field_manager,
+        http="streams",
     )
+
+
+async def run_node_agent(config: AgentConfig) -> None:
+    """Entry point of `gpuwarden node-agent`."""
+    node = node_name_from(config)
+    kube = kube_client(config)
     try:
         await NodeAgent(config, kube, node).run()
     finally:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuwarden.litemetrics import Counter, Gauge, Histogram, Registry
 from nodeagent.admission import Preference
 from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
 from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
@@ -40,7 +40,7 @@ PreferFn = Callable[[Sequence[str], Sequence[str], int], Awaitable[Preference]]
 
 
 class DevicePluginMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.calls = Histogram(
             "gpuwarden_node_device_plugin_call_seconds",
             "Device-plugin calls from the kubelet, by method.",
@@ -92,7 +92,7 @@ class GpuDevicePlugin(dp_grpc.DevicePluginServicer):
         socket_name: str,
         prefer: PreferFn,
         visible_env: str,
-        registry: CollectorRegistry,
+        registry: Registry,
         index_of: Mapping[str, int] | None = None,
         pass_device_specs: bool = False,
     ) -> None:

@@ -13,118 +13,44 @@ and converted by the field's type (`true`, `20`, `2.5` work). Variables without 
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gpuwarden.config.metric_rules import PrometheusAdapterRules
 from gpuwarden.config.modelpath import fill_empty_sections
+from gpuwarden.config.overrides import (
+    CLI_ORIGIN,
+    ENV_PREFIX,
+    apply_override,
+    cli_overrides,
+    env_overrides,
+    parse_env_value,
+)
 from gpuwarden.config.report import Problem, format_problems, problems_from_validation
-from gpuwarden.config.root import SECTIONS, Config
+from gpuwarden.config.root import Config
 from gpuwarden.config.yamlsource import Path as DataPath
 from gpuwarden.config.yamlsource import dotted, parse_yaml
 from gpuwarden.errors import ConfigError
 
+__all__ = [
+    "CLI_ORIGIN",
+    "ENV_PREFIX",
+    "apply_override",
+    "check_config",
+    "cli_overrides",
+    "env_overrides",
+    "load_config",
+    "parse_env_value",
+    "summary",
+]
+
 RawCheck = Callable[[Mapping[str, Any]], list[tuple[DataPath, str]]]
 """A further check on the merged raw config, e.g. the adapter's template compiler for `check-config`:
 (data path, reason) per problem. Injected by the caller, so this kernel module imports no deployable."""
-
-ENV_PREFIX = "GPUWARDEN_"
-CLI_ORIGIN = "from the command line"
-
-
-def parse_env_value(raw: str) -> Any:
-    """An environment value: YAML/JSON for lists and mappings, None for null, otherwise the string itself."""
-    text = raw.strip()
-    if text in ("null", "~", "Null", "NULL"):
-        return None
-    if text.startswith(("[", "{")):
-        return yaml.safe_load(text)
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return json.loads(text)
-    return raw
-
-
-def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[DataPath, Any, str]], list[Problem]]:
-    """(path, value, origin) for every `GPUWARDEN_<SECTION>__<KEY>` variable, sorted by name; and problems."""
-    overrides: list[tuple[DataPath, Any, str]] = []
-    problems: list[Problem] = []
-    for name in sorted(env):
-        if not name.upper().startswith(ENV_PREFIX):
-            continue
-        rest = name[len(ENV_PREFIX) :]
-        if "__" not in rest:
-            section = next((s for s in SECTIONS if rest.lower().startswith(s + "_")), None)
-            if section is not None:
-                fixed = f"{ENV_PREFIX}{section.upper()}__{rest[len(section) + 1 :]}"
-                problems.append((f"env {name}", f"not applied: separate the section with '__', i.e. {fixed}"))
-            continue
-        parts = rest.lower().split("__")
-        if any(not p for p in parts):
-            problems.append((f"env {name}", "empty path segment: use exactly two '_' between keys"))
-            continue
-        try:
-            value = parse_env_value(env[name])
-        except (yaml.YAMLError, json.JSONDecodeError) as exc:
-            problems.append((".".join(parts), f"cannot parse the value of {name} as YAML/JSON: {exc}"))
-            continue
-        overrides.append((tuple(parts), value, f"from {name}"))
-    return overrides, problems
-
-
-def cli_overrides(values: Mapping[str, object]) -> tuple[list[tuple[DataPath, Any, str]], list[Problem]]:
-    """(path, value, origin) for dotted-path overrides; None values (flags not given) are skipped."""
-    overrides: list[tuple[DataPath, Any, str]] = []
-    problems: list[Problem] = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        parts = tuple(key.split("."))
-        if any(not p for p in parts):
-            problems.append(("(command line)", f"{key!r} is not a dotted field path such as prometheus.url"))
-            continue
-        overrides.append((parts, value, CLI_ORIGIN))
-    return overrides, problems
-
-
-def _match_key(mapping: dict[Any, Any], seg: Hashable) -> Hashable:
-    """The existing key `seg` refers to (exact, else case-insensitive, so `79` finds the int key 79)."""
-    if seg in mapping:
-        return seg
-    lowered = str(seg).lower()
-    return next((k for k in mapping if str(k).lower() == lowered), seg)
-
-
-def apply_override(
-    raw: dict[Any, Any], path: DataPath, value: Any, origin: str, origins: dict[DataPath, str]
-) -> Problem | None:
-    """Set `path` in `raw` (creating mappings as needed) and record where the value came from."""
-    node = raw
-    actual: list[Hashable] = []
-    for seg in path[:-1]:
-        key = _match_key(node, seg)
-        actual.append(key)
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            return (
-                dotted(tuple(actual)),
-                f"cannot apply override ({origin}): the value here is not a mapping",
-            )
-        node = child
-    key = _match_key(node, path[-1])
-    node[key] = value
-    full = (*actual, key)
-    for known in [p for p in origins if p[: len(full)] == full]:
-        del origins[known]
-    origins[full] = origin
-    return None
 
 
 def _read(path: Path) -> tuple[str | None, Problem | None]:

@@ -22,20 +22,9 @@ from gpuwarden.config.node_agent import NodeAgentConfig
 from gpuwarden.config.nominations import NominationsConfig
 from gpuwarden.config.preemption import PreemptionConfig
 from gpuwarden.config.prometheus import PrometheusConfig
+from gpuwarden.config.sections import SECTIONS
 
-SECTIONS = (
-    "prometheus",
-    "kubernetes",
-    "adapter",
-    "health",
-    "drain",
-    "nominations",
-    "idle",
-    "preemption",
-    "extender",
-    "node_agent",
-    "logging",
-)
+__all__ = ["SECTIONS", "Config"]
 
 
 class Config(Section):

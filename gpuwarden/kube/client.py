@@ -3,13 +3,15 @@
 Why it exists: `gpuwarden.kube` is the one Kubernetes access module (docs/architecture.md) and this is its
 client; nothing else calls the API, so error mapping and request metrics live in one place. The official
 client is synchronous, untyped and raises its own exceptions. Requests (get, list, create, patch, delete, raw
-`request`) are native-async over a keep-alive pool (`transport.py`; large bodies decoded on a bounded thread
-pool), so a burst of calls waits on the network, not on threads; watches read their streams with the
-`kubernetes` client on a separate thread pool so a few long-lived watches cannot starve short calls. A
-configured proxy sends requests through the thread pool too. Objects are plain JSON dicts
-(`_preload_content=False` and `json.loads`), never the generated models, because model deserialization of a
-5,000-node list costs seconds of CPU. Failures come out as `gpuwarden.errors.KubeError` subclasses (see
-`status.py`) and every request is counted in `gpuwarden_kube_requests_total{verb,resource,outcome}`.
+`request`) and watches are native-async: over aiohttp's keep-alive pool (`transport.py`; large bodies decoded
+on a bounded thread pool), so a burst of calls waits on the network, not on threads, or, for the node
+agent's few requests, over plain asyncio streams (`minihttp.py`, `http="streams"`: no aiohttp in memory).
+A configured proxy sends requests and watches through the `kubernetes` client on thread pools instead.
+Connection facts come from `connection.py` when plain (no `kubernetes` import), else from `kubernetes`.
+Objects are plain JSON dicts (`_preload_content=False` and `json.loads`), never the generated models,
+because model deserialization of a 5,000-node list costs seconds of CPU. Failures come out as
+`gpuwarden.errors.KubeError` subclasses (see `status.py`) and every request is counted in
+`gpuwarden_kube_requests_total{verb,resource,outcome}`.
 
 What it must not do: read `~/.kube/config` (or `$KUBECONFIG`) unless a path is passed explicitly, touch the
 `kubernetes` package's process-global default configuration, retry on its own (callers own retry policy:
@@ -23,12 +25,13 @@ import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
-
-from prometheus_client import CollectorRegistry
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from gpuwarden import __version__
 from gpuwarden.errors import ConfigError, KubeError
+from gpuwarden.kube.connection import Connection, from_kubeconfig
+from gpuwarden.kube.connection import in_cluster as in_cluster_connection
 from gpuwarden.kube.metrics import kube_metrics
 from gpuwarden.kube.resources import JsonObject, ObjectList, PatchType, Resource
 from gpuwarden.kube.status import (
@@ -38,7 +41,14 @@ from gpuwarden.kube.status import (
     outcome_of,
 )
 from gpuwarden.kube.stream import AnyWatchStream, AsyncWatchStream, WatchStream
-from gpuwarden.kube.transport import AsyncTransport, parse_object
+from gpuwarden.kube.wire import parse_object
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.kube.minihttp import MiniTransport
+    from gpuwarden.kube.transport import AsyncTransport
+    from gpuwarden.litemetrics import Registry
 
 T = TypeVar("T")
 Query = list[tuple[str, str]]
@@ -60,18 +70,26 @@ def load_configuration(
     context: str | None = None,
     in_cluster: bool | None = None,
 ) -> Any:
-    """A fresh `kubernetes.client.Configuration` from `kubeconfig` (+ `context`) or the service account.
+    """How to reach the API server from `kubeconfig` (+ `context`) or the service account: a `Connection`
+    when the plain fields say it all (`connection.py`), else a fresh `kubernetes.client.Configuration`.
 
     `in_cluster=None` means "in-cluster when no kubeconfig is given". The user's default kubeconfig is never
     read implicitly. Errors are `ConfigError`s naming the `kubernetes.*` field to fix.
     """
+    if kubeconfig is not None and in_cluster:
+        raise ConfigError([("kubernetes.in_cluster", "set either in_cluster or kubeconfig, not both")])
+    plain = (
+        from_kubeconfig(Path(kubeconfig), context)
+        if kubeconfig is not None
+        else (in_cluster_connection(os.environ) if in_cluster is not False else None)
+    )
+    if plain is not None:
+        return plain  # the common cases, without importing `kubernetes` (connection.py says why)
     from kubernetes.client import Configuration
     from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
 
     configuration = Configuration()
     if kubeconfig is not None:
-        if in_cluster:
-            raise ConfigError([("kubernetes.in_cluster", "set either in_cluster or kubeconfig, not both")])
         try:
             load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=os.fspath(kubeconfig),
@@ -110,39 +128,58 @@ class KubeClient:
         credential_ttl: float = 1.0,
         request_timeout: float = 30.0,
         field_manager: str = "gpuwarden",
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | Registry | None = None,
+        http: Literal["aiohttp", "streams"] = "aiohttp",
     ) -> None:
+        self._configuration = configuration
+        self.user_agent = f"gpuwarden/{__version__}"
+        self._api = (
+            None
+            if isinstance(configuration, Connection)
+            else self._api_client(configuration, max_workers + max_watches)
+        )
+        """The `kubernetes` client, for the threaded path (a proxy) and watches without our transport;
+        None for a `Connection`, which always has our transport."""
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kube")
+        self._watch_pool = ThreadPoolExecutor(max_watches, thread_name_prefix="kube-watch")
+        self.request_timeout = request_timeout
+        self.field_manager = field_manager
+        self.metrics = kube_metrics(registry)
+        self._transport: AsyncTransport | MiniTransport | None = None
+        """Requests and watches go here (native async); None (a proxy is configured): the thread pool.
+        `http="aiohttp"`: a keep-alive pool (`transport.py`), for heavy traffic; `"streams"`: a connection
+        per request on plain asyncio (`minihttp.py`), for the node agent's few requests without aiohttp."""
+        if not getattr(configuration, "proxy", None):
+            if http == "streams":
+                from gpuwarden.kube.minihttp import MiniTransport
+
+                self._transport = MiniTransport(
+                    configuration, timeout=request_timeout, user_agent=self.user_agent,
+                    decode_pool=self._pool, credential_ttl=credential_ttl,
+                )  # fmt: skip
+            else:
+                from gpuwarden.kube.transport import AsyncTransport
+
+                self._transport = AsyncTransport(
+                    configuration, max_connections=max_connections, max_watches=max_watches,
+                    timeout=request_timeout, user_agent=self.user_agent, decode_pool=self._pool,
+                    credential_ttl=credential_ttl,
+                )  # fmt: skip
+
+    def _api_client(self, configuration: Any, pool_size: int) -> Any:
         from kubernetes.client import ApiClient
         from urllib3.util.retry import Retry
 
-        configuration.connection_pool_maxsize = max_workers + max_watches
+        configuration.connection_pool_maxsize = pool_size
         # urllib3 would otherwise retry on its own (and sleep out a 503's Retry-After on a pool thread).
         # Only a refused connection is retried once: the request was never sent, so that is always safe.
         configuration.retries = Retry(
             total=None, connect=1, read=0, redirect=0, status=0, other=0, respect_retry_after_header=False
         )
         configuration.client_go_retries = False
-        self._api = ApiClient(configuration)
-        self._api.user_agent = f"gpuwarden/{__version__}"
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kube")
-        self._watch_pool = ThreadPoolExecutor(max_watches, thread_name_prefix="kube-watch")
-        self.request_timeout = request_timeout
-        self.field_manager = field_manager
-        self.metrics = kube_metrics(registry)
-        self._transport = (
-            AsyncTransport(
-                configuration,
-                max_connections=max_connections,
-                max_watches=max_watches,
-                timeout=request_timeout,
-                user_agent=self._api.user_agent,
-                decode_pool=self._pool,
-                credential_ttl=credential_ttl,
-            )
-            if AsyncTransport.supports(configuration)
-            else None
-        )
-        """Non-streaming requests go here (native async); None (a proxy is configured): the thread pool."""
+        api = ApiClient(configuration)
+        api.user_agent = self.user_agent
+        return api
 
     @classmethod
     def from_config(
@@ -161,7 +198,7 @@ class KubeClient:
     @property
     def host(self) -> str:
         """The API server URL."""
-        return str(self._api.configuration.host)
+        return str(self._configuration.host)
 
     # --- the blocking part, always on a pool thread ------------------------------------------------------
 
@@ -179,15 +216,17 @@ class KubeClient:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        api = self._api
+        assert api is not None, "a Connection always has the async transport"
         headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         try:
-            method, url, headers, body, _ = self._api.param_serialize(
+            method, url, headers, body, _ = api.param_serialize(
                 method, path, query_params=query or None, header_params=headers, body=body,
                 auth_settings=["BearerToken"],
             )  # fmt: skip
-            response = self._api.call_api(method, url, headers, body, _request_timeout=timeout).response
+            response = api.call_api(method, url, headers, body, _request_timeout=timeout).response
         except ApiException as exc:
             raise error_from_api_exception(exc) from None
         except (HTTPError, OSError) as exc:
@@ -443,7 +482,8 @@ class KubeClient:
             await self._transport.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._watch_pool.shutdown(wait=False, cancel_futures=True)
-        await asyncio.get_running_loop().run_in_executor(None, self._api.rest_client.close)
+        if self._api is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._api.rest_client.close)
 
     async def __aenter__(self) -> KubeClient:
         return self

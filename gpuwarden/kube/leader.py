@@ -26,15 +26,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Protocol
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, Protocol
 
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube.events import micro_time
 from gpuwarden.kube.metrics import kube_metrics
 from gpuwarden.kube.resources import LEASES, JsonObject, Resource, resource_version
 from gpuwarden.transient import Episodes
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwarden.litemetrics import Registry
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ class LeaderElector:
         durations: LeaseDurations | None = None,
         on_started_leading: Callback | None = None,
         on_stopped_leading: Callback | None = None,
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | Registry | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:

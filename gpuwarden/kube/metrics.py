@@ -4,7 +4,9 @@ Why a module of its own: the client, the watch loop and the leader elector all c
 series, and a registry must get each series exactly once even when several clients or electors share it
 (two electors in one test process, or an adapter and a controller loop in one binary). So metrics are
 created once per injected `CollectorRegistry` and handed out from a weak cache. With no registry the
-metrics are created unregistered: counting still works, nothing global is touched.
+metrics are created unregistered: counting still works, nothing global is touched. A
+`gpuwarden.litemetrics.Registry` (the node agent's), or no registry, gets the same series from
+`litemetrics`, so a process that never exposes prometheus_client's registry does not import it.
 
 This module must not grow snapshot-style state (e.g. "objects in cache"); those belong to collect-on-scrape
 collectors (`gpuwarden.selfmetrics.SnapshotCollector`) next to the data they describe.
@@ -15,29 +17,56 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from gpuwarden import litemetrics
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+
+class Incrementable(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class Settable(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class CounterFamily(Protocol):
+    """A labelled counter: prometheus_client's or `litemetrics`'."""
+
+    def labels(self, *labelvalues: Any) -> Incrementable: ...
+
+
+class GaugeFamily(Protocol):
+    def labels(self, *labelvalues: Any) -> Settable: ...
 
 
 @dataclass(frozen=True)
 class KubeMetrics:
     """The series this package writes; label values stay low-cardinality (verbs, plurals, outcomes)."""
 
-    requests: Counter
+    requests: CounterFamily
     """`gpuwarden_kube_requests_total{verb, resource, outcome}`; outcome is `success` or an error class."""
-    leader: Gauge
+    leader: GaugeFamily
     """`gpuwarden_leader{lease}`: 1 while this process holds the Lease, else 0."""
-    leader_transitions: Counter
+    leader_transitions: CounterFamily
     """`gpuwarden_leader_transitions_total{lease}`: times this process started or stopped leading."""
-    transient_failures: Counter
+    transient_failures: CounterFamily
     """`gpuwarden_transient_failures_total{component, cause}` (see gpuwarden.transient)."""
 
 
-_cache: weakref.WeakKeyDictionary[CollectorRegistry, KubeMetrics] = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[Any, KubeMetrics] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def _create(registry: CollectorRegistry | None) -> KubeMetrics:
+def _create(registry: CollectorRegistry | litemetrics.Registry | None) -> KubeMetrics:
+    if registry is None or isinstance(registry, litemetrics.Registry):
+        Counter: Any = litemetrics.Counter
+        Gauge: Any = litemetrics.Gauge
+    else:
+        from prometheus_client import Counter, Gauge
     return KubeMetrics(
         requests=Counter(
             "gpuwarden_kube_requests_total",
@@ -67,7 +96,7 @@ def _create(registry: CollectorRegistry | None) -> KubeMetrics:
     )
 
 
-def kube_metrics(registry: CollectorRegistry | None) -> KubeMetrics:
+def kube_metrics(registry: CollectorRegistry | litemetrics.Registry | None) -> KubeMetrics:
     """The metrics for `registry`, created and registered on first use; unregistered ones for None."""
     if registry is None:
         return _create(None)

@@ -20,9 +20,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-
-import aiohttp
+from typing import Any, Protocol
 
 from gpuwarden.errors import KubeError
 from gpuwarden.kube.resources import JsonObject
@@ -142,15 +140,25 @@ class WatchStream:
         await self.aclose()
 
 
+class StreamingBody(Protocol):
+    """A 2xx response body being received, as the async transports hand it over."""
+
+    async def readany(self) -> bytes:
+        """The next bytes (b"" at the end); a transport failure raises a `KubeError`."""
+        ...
+
+    def close(self) -> None:
+        """Drop the connection (never back to a pool)."""
+        ...
+
+
 class AsyncWatchStream:
     """A single watch request read on the event loop; iterate it, then `aclose()` it (or `async with`)."""
 
-    def __init__(
-        self, opener: Callable[[], Awaitable[aiohttp.ClientResponse]], count: Callable[[str], None]
-    ) -> None:
+    def __init__(self, opener: Callable[[], Awaitable[StreamingBody]], count: Callable[[str], None]) -> None:
         self._opener = opener
         self._count = count
-        self._response: aiohttp.ClientResponse | None = None
+        self._response: StreamingBody | None = None
         self._ready: list[bytes] = []
         """Complete lines not yet returned, newest first."""
         self._partial: list[bytes] = []
@@ -161,7 +169,7 @@ class AsyncWatchStream:
     def __aiter__(self) -> AsyncWatchStream:
         return self
 
-    async def _open(self) -> aiohttp.ClientResponse:
+    async def _open(self) -> StreamingBody:
         try:
             response = await self._opener()
         except KubeError as exc:
@@ -181,11 +189,11 @@ class AsyncWatchStream:
                 return None
             response = self._response if self._response is not None else await self._open()
             try:
-                chunk = await response.content.readany()
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                chunk = await response.readany()
+            except KubeError as exc:
                 if self._closed:
                     return None
-                raise await self._fail(error_from_transport(exc)) from None
+                raise await self._fail(exc) from None
             if not chunk:
                 self._eof = True
                 tail = b"".join(self._partial)

@@ -24,65 +24,21 @@ import asyncio
 import json
 import ssl
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from gpuwarden.errors import ConfigError, KubeError
 from gpuwarden.kube.status import error_from_status, error_from_transport
+from gpuwarden.kube.wire import (
+    INLINE_DECODE_BYTES,
+    Answer,
+    Credentials,
+    decode,
+    parse_object,
+    ssl_context,
+)
 
-INLINE_DECODE_BYTES = 256 << 10
-"""Bodies up to this size are decoded on the event loop (~1 ms at most); larger ones (LIST pages) on a
-pool thread."""
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A 2xx answer: status and raw body."""
-
-    status: int
-    body: bytes
-
-
-def ssl_context(configuration: Any) -> ssl.SSLContext:
-    """The TLS context the `kubernetes` client would build: the configured CA (or none at all when
-    `verify_ssl` is false), the client certificate, hostname checking unless `assert_hostname` is False.
-    Unreadable or mismatched files are a `ConfigError` naming `kubernetes.kubeconfig`."""
-    try:
-        return _ssl_context(configuration)
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        raise ConfigError([("kubernetes.kubeconfig", f"cannot set up TLS to the API server: {exc}")]) from exc
-
-
-def _ssl_context(configuration: Any) -> ssl.SSLContext:
-    cafile = getattr(configuration, "ssl_ca_cert", None)
-    cadata = getattr(configuration, "ca_cert_data", None)
-    if getattr(configuration, "verify_ssl", True):
-        context = ssl.create_default_context(cafile=cafile, cadata=cadata)
-        if getattr(configuration, "assert_hostname", None) is False:
-            context.check_hostname = False
-    else:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    cert = getattr(configuration, "cert_file", None)
-    if cert:
-        context.load_cert_chain(cert, getattr(configuration, "key_file", None) or None)
-    return context
-
-
-def parse_object(data: bytes, status: int) -> dict[str, Any]:
-    """A 2xx body as a JSON object ({} when empty), for both transports; anything else is a `KubeError`."""
-    if not data:
-        return {}
-    try:
-        parsed = json.loads(data)
-    except ValueError as exc:
-        raise KubeError(f"API server answered with invalid JSON: {exc}", status=status) from None
-    if not isinstance(parsed, dict):
-        raise KubeError("API server answered with JSON that is not an object", status=status)
-    return parsed
+__all__ = ["INLINE_DECODE_BYTES", "Answer", "AsyncTransport", "parse_object", "ssl_context"]
 
 
 class AsyncTransport:
@@ -105,9 +61,7 @@ class AsyncTransport:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._user_agent = user_agent
         self._decode_pool = decode_pool
-        self._credential_ttl = credential_ttl
-        self._credential_value: str | None = None
-        self._credential_at: float | None = None
+        self._credentials = Credentials(configuration, decode_pool, credential_ttl)
         self._ssl: ssl.SSLContext | bool = True
         if self._host.startswith("https"):
             self._ssl = ssl_context(configuration)
@@ -137,36 +91,11 @@ class AsyncTransport:
             self._sessions[(loop, kind)] = session
         return session
 
-    def _credential_now(self) -> str | None:
-        """The Authorization value from the configuration (its refresh hook may read a token file or run an
-        exec plugin: called on a pool thread)."""
-        auth = self._configuration.auth_settings().get("BearerToken")
-        return str(auth["value"]) if auth and auth.get("value") else None
-
-    async def _credential(self) -> str | None:
-        """The Authorization value, asked of the configuration at most every `credential_ttl` seconds (its
-        refresh hook rotates service-account and exec-plugin tokens) and never on the event loop when a
-        hook exists (an exec plugin is a subprocess). A failing hook is a `KubeError`, never raw."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self._credential_at is not None and now - self._credential_at < self._credential_ttl:
-            return self._credential_value
-        try:
-            if getattr(self._configuration, "refresh_api_key_hook", None) is None:
-                value = self._credential_now()
-            else:
-                value = await loop.run_in_executor(self._decode_pool, self._credential_now)
-        except Exception as exc:  # the kubernetes package raises ConfigException, OSError, ...
-            message = f"cannot get credentials for the API server: {exc}"
-            raise KubeError(message, reason="Credentials") from None
-        self._credential_value, self._credential_at = value, loop.time()
-        return value
-
     async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
-        credential = await self._credential()
+        credential = await self._credentials.value()
         if credential:
             headers["Authorization"] = credential
         return headers
@@ -237,21 +166,18 @@ class AsyncTransport:
 
     async def open_stream(
         self, path: str, query: list[tuple[str, str]], accept: str, read_timeout: float
-    ) -> aiohttp.ClientResponse:
+    ) -> StreamBody:
         """A GET whose 2xx response body is read by the caller (a watch); `read_timeout` bounds the wait
-        for each chunk, not the whole response. The caller closes the response."""
+        for each chunk, not the whole response. The caller closes the body."""
         headers = await self._headers(accept, None)
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self._timeout.total, sock_connect=self._timeout.total, sock_read=read_timeout
         )
-        return await self._open("watches", "GET", path, query, headers, timeout=timeout)
+        return StreamBody(await self._open("watches", "GET", path, query, headers, timeout=timeout))
 
     async def decode(self, answer: Answer) -> dict[str, Any]:
         """The body as a JSON object (large bodies decoded on a pool thread)."""
-        if len(answer.body) <= INLINE_DECODE_BYTES:
-            return parse_object(answer.body, answer.status)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._decode_pool, parse_object, answer.body, answer.status)
+        return await decode(answer, self._decode_pool)
 
     async def aclose(self) -> None:
         """Close the sessions of the running loop (others belong to loops that are gone or not ours)."""
@@ -263,3 +189,20 @@ class AsyncTransport:
             session = self._sessions.pop((loop, kind), None)
             if session is not None:
                 await session.close()
+
+
+class StreamBody:
+    """A streaming response body as `stream.StreamingBody`: `readany()` (transport failures as `KubeError`)
+    and `close()`."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def readany(self) -> bytes:
+        try:
+            return await self._response.content.readany()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise error_from_transport(exc) from None
+
+    def close(self) -> None:
+        self._response.close()

@@ -9,8 +9,9 @@ Prints numbers, asserts nothing about time. Parts:
 2. reconcile: the pure `decide` over 110 pods with allocations, and a full pass with the PodResources
    `List` answered by a local gRPC server holding those 110 pods (the kubelet's answer shape): per pass and
    per pod event at 100 events/s (the agent reads at most every 0.2 s, so 100 events/s cost 5 reads/s).
-3. the `gpuwarden node-agent` process idle: RSS and CPU over 10 s, with its topology read from a file and
-   its API server unreachable (watch retries back off), which is the floor of what it costs on a node.
+3. the `gpuwarden node-agent` process idle: RSS (anonymous / file-backed) and CPU over 10 s, started as the
+   chart starts it (`--config` with the chart's node-agent ConfigMap), with its topology read from a file
+   and its API server unreachable (watch retries back off), which is the floor of what it costs on a node.
 
 Run: `python -m tests.bench node_agent`.
 """
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry
 
+from gpuwarden.litemetrics import Registry
 from nodeagent.admission import Candidate, Preference, prefer
 from nodeagent.deviceplugin import GpuDevicePlugin
 from nodeagent.kubeletapi.deviceplugin.v1beta1 import api_pb2 as dp
@@ -113,7 +114,7 @@ async def device_plugin_part(tmp: Path) -> None:
 
     plugin = GpuDevicePlugin(
         resource="nvidia.com/gpu", plugin_dir=tmp, socket_name="gw.sock", prefer=prefer_fn,
-        visible_env="NVIDIA_VISIBLE_DEVICES", registry=CollectorRegistry(),
+        visible_env="NVIDIA_VISIBLE_DEVICES", registry=Registry(),
     )  # fmt: skip
     await plugin.set_devices(dict.fromkeys(GPUS, True))
     ours = await serve(plugin, tmp / "gw.sock")
@@ -230,8 +231,15 @@ def process_idle(tmp: Path) -> None:
         "users: [{name: u, user: {token: x}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
         "current-context: c\n"
     )
+    config = tmp / "config.yaml"  # deploy/overlays/node-agent/configmap.yaml, listen and dirs local
+    config.write_text(
+        "node_agent:\n  device_id_strategy: uuid\n  topology_source: auto\n"
+        f"  kubelet_root_dir: /var/lib/kubelet\n  device_plugin_dir: {tmp}\n  listen: 127.0.0.1:0\n"
+        "  device_plugin:\n    enabled: false\n"
+        "logging:\n  format: json\n"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "node-agent", "--node-name", "bench",
+        [sys.executable, "-m", "gpuwarden", "node-agent", "--node-name", "bench", "--config", str(config),
          "--kubeconfig", str(kubeconfig), "--topology-file", str(topo), "--listen", "127.0.0.1:0",
          "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -243,15 +251,18 @@ def process_idle(tmp: Path) -> None:
         stat1 = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
         cpu = (int(stat1[11]) + int(stat1[12]) - int(stat0[11]) - int(stat0[12])) / ticks
-        rss = 0
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) // 1024
+        status = {
+            line.split(":")[0]: int(line.split()[1]) / 1024
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:"))
+        }
+        rss = round(status["VmRSS"], 1)
         alive = proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(f"node-agent process idle (API unreachable, topology from a file): alive={alive}, RSS {rss} MiB, "
+    print(f"node-agent process idle (API unreachable, topology from a file): alive={alive}, RSS {rss} MiB "
+          f"(anonymous {status['RssAnon']:.1f}, file-backed {status['RssFile']:.1f}), "
           f"CPU {cpu * 1000 / 10:.1f} ms/s over 10 s")  # fmt: skip
     record(
         "node_agent", "node-agent process idle: RSS", rss, "MiB", goal="≤ 40 MiB (issue 29)", met=rss <= 40

@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.errors import ConfigError, KubeError, KubeNotFound, KubeUnreachable
 from gpuwarden.kube.client import METADATA_LIST, METADATA_WATCH, KubeClient, load_configuration
+from gpuwarden.kube.connection import Connection
+from gpuwarden.kube.connection import in_cluster as in_cluster_connection
 from gpuwarden.kube.resources import NODES, PatchType
 
 
@@ -41,6 +43,20 @@ def kubeconfig(tmp_path: Path, server: str, token: str = "s3cret") -> Path:
     path = tmp_path / "kubeconfig.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+@pytest.fixture(autouse=True, params=["aiohttp", "streams"])
+def http(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both transports: aiohttp's pool (adapter, controller) and plain asyncio streams
+    (the node agent); both must map every failure alike."""
+    original = KubeClient.__init__
+
+    def init(self: KubeClient, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("http", request.param)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KubeClient, "__init__", init)
+    return str(request.param)
 
 
 # ------------------------------------------------------------------------------------------ configuration
@@ -393,7 +409,9 @@ async def test_bearer_token_is_asked_for_on_every_request_so_rotated_tokens_are_
         return web.json_response(NODE)
 
     async with serving(handle) as url:
-        configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, url))
+        from kubernetes.client import Configuration  # an exec plugin's kubeconfig is loaded by `kubernetes`
+
+        configuration = Configuration(host=url, api_key={"authorization": "t0"})
         tokens = iter(["t1", "t2", "t3", "t4", "t5"])
 
         def refresh(conf: Any) -> None:
@@ -414,16 +432,54 @@ async def test_bearer_token_is_asked_for_on_every_request_so_rotated_tokens_are_
     assert seen == ["Bearer t1", "Bearer t2", "Bearer t3", "Bearer t4", "Bearer t4"]
 
 
-async def test_a_failing_credential_hook_is_a_kube_error(tmp_path: Path) -> None:
-    configuration = load_configuration(kubeconfig=kubeconfig(tmp_path, "http://127.0.0.1:9"))
+async def test_service_account_token_file_is_reread_so_rotated_tokens_are_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-cluster without `kubernetes`: the kubelet rotates the projected token file; each request (at most
+    once per credential_ttl) reads it again."""
+    seen: list[str] = []
 
-    def broken(conf: Any) -> None:
-        raise OSError("token file unreadable")
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response(NODE)
 
-    configuration.refresh_api_key_hook = broken
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "ca.crt").write_text("unused: the fake API server is plain HTTP\n")
+    (account / "token").write_text("t1\n")
+    async with serving(handle) as url:
+        connection = in_cluster_connection(
+            {"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"}, account
+        )
+        assert connection is not None and connection.host == "https://h:1"
+        connection.host = url
+        client = KubeClient(connection, credential_ttl=0)
+        try:
+            await client.get(NODES, "gpu-0")
+            (account / "token").write_text("t2\n")
+            await client.get(NODES, "gpu-0")
+        finally:
+            await client.aclose()
+    assert seen == ["Bearer t1", "Bearer t2"]
+
+
+@pytest.mark.parametrize("loader", ["kubernetes", "connection"])
+async def test_a_failing_credential_hook_is_a_kube_error(tmp_path: Path, loader: str) -> None:
+    configuration: Any
+    if loader == "kubernetes":
+        from kubernetes.client import Configuration
+
+        configuration = Configuration(host="http://127.0.0.1:9", api_key={"authorization": "t0"})
+
+        def broken(conf: Any) -> None:
+            raise OSError("token file unreadable")
+
+        configuration.refresh_api_key_hook = broken
+    else:  # the service account's token file vanished
+        configuration = Connection(host="http://127.0.0.1:9", token_file=str(tmp_path / "token file"))
     client = KubeClient(configuration)
     try:
-        with pytest.raises(KubeError, match="cannot get credentials for the API server: token file"):
+        with pytest.raises(KubeError, match=r"cannot get credentials for the API server: .*token file"):
             await client.get(NODES, "gpu-0")
     finally:
         await client.aclose()

@@ -1,0 +1,270 @@
+"""HTTP/1.1 to the API server on plain asyncio streams: the node agent's transport.
+
+Why it exists: the node agent, on every GPU node, makes a handful of API requests a minute (a patch when a
+pod's GPUs were recorded, an Event now and then) and holds two watches (its pods, its Node). aiohttp, the
+transport of the adapter and the controller (`transport.py`, chosen there for throughput on the bind
+path), costs ~8 MiB of a process whose idle goal is ≤ 40 MiB (issue 29). This is the same contract —
+`send`, `decode`, `open_stream`, `aclose`, a `KubeError` for every failure, the same TLS and credentials
+(`wire.py`) — in the few lines those requests need.
+
+One connection per request (`Connection: close`): with this little traffic a pool would only hold idle
+sockets, and a stale pooled connection is the classic source of spurious failures. A watch holds its own
+connection until it is closed. Bodies come with `Content-Length`, chunked, or until the server closes.
+
+What it must not do: retry (beyond one refused connection, when nothing was sent), follow redirects,
+decompress (it never asks for compression), talk to a proxy (`supports` says no and the client then keeps
+the threaded path), or serve a deployable with heavy API traffic (use `transport.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import weakref
+from concurrent.futures import Executor
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from gpuwarden.errors import KubeError
+from gpuwarden.kube.status import error_from_status, error_from_transport
+from gpuwarden.kube.wire import Answer, Credentials, decode, ssl_context
+
+MAX_HEAD = 64 << 10
+"""Bytes of status line + headers accepted from the server."""
+READ_SIZE = 64 << 10
+
+
+def request_head(method: str, target: str, host: str, headers: dict[str, str], length: int | None) -> bytes:
+    """The request line and headers (`Connection: close`, `Content-Length` when there is a body)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
+    """(status, reason, headers with lower-case names) of a response head; ValueError when malformed."""
+    status_line, *header_lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"malformed header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return int(code), reason, headers
+
+
+class Body:
+    """A response body being received: `Content-Length`, chunked, or up to the server's close."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        status: int,
+        headers: dict[str, str],
+        read_timeout: float | None,
+    ) -> None:
+        self.status = status
+        self._reader, self._writer = reader, writer
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        self._remaining: int | None = int(length) if length is not None and not self._chunked else None
+        self._timeout = read_timeout
+        self._done = self._remaining == 0
+
+    async def _read_chunk(self) -> bytes:
+        size_line = await self._reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while (await self._reader.readuntil(b"\r\n")) != b"\r\n":
+                pass  # trailers
+            self._done = True
+            return b""
+        data = await self._reader.readexactly(size)
+        if await self._reader.readexactly(2) != b"\r\n":
+            raise ValueError("chunk not followed by CRLF")
+        return data
+
+    async def _read_some(self) -> bytes:
+        if self._chunked:
+            return await self._read_chunk()
+        if self._remaining is None:
+            data = await self._reader.read(READ_SIZE)
+            self._done = not data
+            return data
+        data = await self._reader.read(min(self._remaining, READ_SIZE))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", self._remaining)
+        self._remaining -= len(data)
+        self._done = self._remaining == 0
+        return data
+
+    async def readany(self) -> bytes:
+        """The next bytes of the body (b"" at its end); failures as `KubeError` (`stream.StreamingBody`)."""
+        if self._done:
+            return b""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._read_some()
+        except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError) as exc:
+            raise error_from_transport(exc) from None
+
+    async def read(self) -> bytes:
+        """The whole (rest of the) body."""
+        parts = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._done = True
+        self._writer.close()
+
+
+class MiniTransport:
+    """Requests to one API server over asyncio streams; same interface as `transport.AsyncTransport`."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        timeout: float,
+        user_agent: str,
+        decode_pool: Executor,
+        credential_ttl: float = 1.0,
+    ) -> None:
+        url = urlsplit(str(configuration.host).rstrip("/"))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise KubeError(f"unsupported API server URL {configuration.host!r}", reason="Config")
+        self._tls: ssl.SSLContext | None = ssl_context(configuration) if url.scheme == "https" else None
+        self._host, self._port = url.hostname, url.port or (443 if self._tls else 80)
+        self._authority = url.netloc
+        self._prefix = url.path
+        self._server_name: str | None = getattr(configuration, "tls_server_name", None) or None
+        self._timeout = timeout
+        self._user_agent = user_agent
+        self._decode_pool = decode_pool
+        self._credentials = Credentials(configuration, decode_pool, credential_ttl)
+        self._open_bodies: weakref.WeakSet[Body] = weakref.WeakSet()
+        """Watch bodies not yet dropped, closed by `aclose`."""
+
+    @staticmethod
+    def supports(configuration: Any) -> bool:
+        """False when the configuration routes through a proxy."""
+        return not getattr(configuration, "proxy", None)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        server_hostname = (self._server_name or self._host) if self._tls else None
+        for attempt in (1, 2):
+            try:
+                return await asyncio.open_connection(
+                    self._host, self._port, ssl=self._tls, server_hostname=server_hostname, limit=MAX_HEAD
+                )
+            except ConnectionRefusedError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        headers: dict[str, str],
+        content: bytes | None,
+        read_timeout: float | None,
+    ) -> Body:
+        """Connect, send, read the head; a 2xx `Body` (unread) or the mapped `KubeError`."""
+        target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"User-Agent": self._user_agent, **headers}
+        head = request_head(
+            method, target, self._authority, headers, None if content is None else len(content)
+        )
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(self._timeout):
+                reader, writer = await self._connect()
+                writer.write(head + (content or b""))
+                await writer.drain()
+                status, reason, response_headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
+        except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError) as exc:
+            if writer is not None:
+                writer.close()
+            raise error_from_transport(exc) from None
+        body = Body(reader, writer, status, response_headers, read_timeout)
+        if 200 <= status <= 299:
+            return body
+        try:
+            async with asyncio.timeout(self._timeout):
+                data = await body.read()
+        except (KubeError, TimeoutError):
+            data = b""
+        finally:
+            body.close()
+        raise error_from_status(status, data, response_headers, http_reason=reason)
+
+    async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type:
+            headers["Content-Type"] = content_type
+        credential = await self._credentials.value()
+        if credential:
+            headers["Authorization"] = credential
+        return headers
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: Any,
+        content_type: str | None,
+        accept: str,
+    ) -> Answer:
+        """One request; the raw 2xx body, else the mapped `KubeError`."""
+        if body is None or isinstance(body, bytes):
+            content = body
+        elif isinstance(body, str):
+            content = body.encode()
+        else:
+            content = json.dumps(body).encode()
+        if content is not None and not content_type:
+            content_type = "application/json"
+        headers = await self._headers(accept, content_type)
+        answer = await self._exchange(method, path, query, headers, content, None)
+        try:
+            async with asyncio.timeout(self._timeout):
+                data = await answer.read()
+        except TimeoutError as exc:
+            raise error_from_transport(exc) from None
+        finally:
+            answer.close()
+        return Answer(answer.status, data)
+
+    async def open_stream(
+        self, path: str, query: list[tuple[str, str]], accept: str, read_timeout: float
+    ) -> Body:
+        """A GET whose 2xx body the caller reads (a watch); `read_timeout` bounds each read. The caller
+        closes it (`aclose` closes any still open)."""
+        headers = await self._headers(accept, None)
+        body = await self._exchange("GET", path, query, headers, None, read_timeout)
+        self._open_bodies.add(body)
+        return body
+
+    async def decode(self, answer: Answer) -> dict[str, Any]:
+        """The body as a JSON object (large bodies decoded on a pool thread)."""
+        return await decode(answer, self._decode_pool)
+
+    async def aclose(self) -> None:
+        for body in list(self._open_bodies):
+            with contextlib.suppress(Exception):
+                body.close()
+        self._open_bodies.clear()
