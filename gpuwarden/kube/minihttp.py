@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import ssl
 import weakref
 from concurrent.futures import Executor
@@ -29,7 +28,7 @@ from urllib.parse import urlencode, urlsplit
 
 from gpuwarden.errors import KubeError
 from gpuwarden.kube.status import error_from_status, error_from_transport
-from gpuwarden.kube.wire import Answer, Credentials, decode, ssl_context
+from gpuwarden.kube.wire import Answer, Credentials, decode, request_body, request_headers, ssl_context
 
 MAX_HEAD = 64 << 10
 """Bytes of status line + headers accepted from the server."""
@@ -212,13 +211,7 @@ class MiniTransport:
         raise error_from_status(status, data, response_headers, http_reason=reason)
 
     async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": accept}
-        if content_type:
-            headers["Content-Type"] = content_type
-        credential = await self._credentials.value()
-        if credential:
-            headers["Authorization"] = credential
-        return headers
+        return await request_headers(self._credentials, accept, content_type)
 
     async def send(
         self,
@@ -230,14 +223,7 @@ class MiniTransport:
         accept: str,
     ) -> Answer:
         """One request; the raw 2xx body, else the mapped `KubeError`."""
-        if body is None or isinstance(body, bytes):
-            content = body
-        elif isinstance(body, str):
-            content = body.encode()
-        else:
-            content = json.dumps(body).encode()
-        if content is not None and not content_type:
-            content_type = "application/json"
+        content, content_type = request_body(body, content_type)
         headers = await self._headers(accept, content_type)
         answer = await self._exchange(method, path, query, headers, content, None)
         try:

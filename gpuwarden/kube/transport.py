@@ -21,7 +21,6 @@ to the loop that opened them: a session is made per running loop).
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from concurrent.futures import Executor
 from typing import Any
@@ -35,6 +34,8 @@ from gpuwarden.kube.wire import (
     Credentials,
     decode,
     parse_object,
+    request_body,
+    request_headers,
     ssl_context,
 )
 
@@ -92,13 +93,7 @@ class AsyncTransport:
         return session
 
     async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": accept}
-        if content_type:
-            headers["Content-Type"] = content_type
-        credential = await self._credentials.value()
-        if credential:
-            headers["Authorization"] = credential
-        return headers
+        return await request_headers(self._credentials, accept, content_type)
 
     async def send(
         self,
@@ -110,14 +105,7 @@ class AsyncTransport:
         accept: str,
     ) -> Answer:
         """One request; the raw 2xx body, else the mapped `KubeError` (see `_open`)."""
-        if body is None or isinstance(body, bytes):
-            content = body
-        elif isinstance(body, str):
-            content = body.encode()
-        else:
-            content = json.dumps(body).encode()
-        if content is not None and not content_type:
-            content_type = "application/json"
+        content, content_type = request_body(body, content_type)
         headers = await self._headers(accept, content_type)
         response = await self._open("requests", method, path, query, headers, data=content)
         try:

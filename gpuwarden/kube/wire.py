@@ -112,3 +112,28 @@ class Credentials:
             raise KubeError(message, reason="Credentials") from None
         self._value, self._at = value, loop.time()
         return value
+
+
+def request_body(body: Any, content_type: str | None) -> tuple[bytes | None, str | None]:
+    """A request's bytes and content type: bytes and None pass, a str is UTF-8, anything else JSON (and a
+    body without a content type is `application/json`)."""
+    if body is None or isinstance(body, bytes):
+        content = body
+    elif isinstance(body, str):
+        content = body.encode()
+    else:
+        content = json.dumps(body).encode()
+    if content is not None and not content_type:
+        content_type = "application/json"
+    return content, content_type
+
+
+async def request_headers(credentials: Credentials, accept: str, content_type: str | None) -> dict[str, str]:
+    """Accept, Content-Type and the current Authorization credential (refreshed as `Credentials` says)."""
+    headers = {"Accept": accept}
+    if content_type:
+        headers["Content-Type"] = content_type
+    credential = await credentials.value()
+    if credential:
+        headers["Authorization"] = credential
+    return headers
