@@ -6,7 +6,7 @@ kubernetes PR #135486 fixes that in later releases). The extender reports such n
 module decides, per pending pod the extender rejected so, on which node whose pods to preempt
 (`victims.plan_victims`: lower priority only, fewest PodDisruptionBudget violations, fewest and lowest-
 priority victims, fewest GPUs disturbed), only victims the cross-tenant rule allows (`tenancy`; GPUs taken
-from a tenant by one preemptor of the pass count for the next). The loop (room_loop.py) applies the
+from a tenant by one preemptor of the pass count for the next). The loop (loop.py) applies the
 preemption throttle, reserves the freed GPUs for the preemptor and evicts.
 
 A pod is a candidate when it is unbound, pending, not being deleted, asks for GPUs, is not nominated by the
