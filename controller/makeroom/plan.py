@@ -44,6 +44,7 @@ from controller.gpus.victims import (
     plan_victims,
     tenant_refusal,
 )
+from controller.preemption.record import verb_pending
 from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
@@ -127,6 +128,8 @@ def candidate(
         return "namespace not managed"
     if pod.nominated:
         return f"nominated to {pod.nominated} by the scheduler's preemption"
+    if verb_pending(obj, now):
+        return "the scheduler's preemption for it was allowed moments ago"
     if pod.claim_node and pod.gpu_ids and claim_fresh(pod.claimed_at, pod.reserved_until, now, ttl):
         if pod.reserved_until is not None:
             return f"room reserved on {pod.claim_node} until {pod.reserved_until:.0f}"

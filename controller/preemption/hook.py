@@ -39,7 +39,7 @@ from controller.gpus.victims import revise_candidates
 from controller.preemption.graph import PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
 from controller.preemption.observer import PreemptionObserver
-from controller.preemption.record import BY_VERB, PreemptionRecord, VictimEntry, record_patch
+from controller.preemption.record import BY_VERB, PreemptionRecord, VictimEntry, making_room, record_patch
 from controller.preemption.signals import PodMeta, pod_meta
 from controller.preemption.tenancy import TenantFeed
 from controller.preemption.throttle import (
@@ -268,8 +268,16 @@ class PreemptionThrottle:
         """Until its signals arrive, count the least the scheduler may now take: in this replica's graph at
         once, and for the fleet as the preemptor's preemption record (record.py), written before the answer.
         False when the record could not be written: the answer is then a veto (the scheduler retries the
-        pod), because a preemption other replicas and the next leader cannot count could overspend."""
+        pod), because a preemption other replicas and the next leader cannot count could overspend. Also
+        False while GPU preemption is making room for the pod (its unfinished record is not overwritten:
+        the next leader finishes it from there)."""
         now = self.clock()
+        if making_room(self.pods.get(preemptor.key), now):
+            self.metrics.records.labels("gpu-preemption").inc()
+            log.info(
+                "preemption vetoed: GPU preemption is making room for this pod", extra={"pod": preemptor.key}
+            )
+            return False
         victims = {
             node: tuple(
                 VictimEntry(p.uid, m.key if m else "", m.workload.key if m else "")

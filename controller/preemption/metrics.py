@@ -57,7 +57,8 @@ class PreemptionMetrics:
             "gpuwarden_preemption_records_total",
             "Preemption records the preempt verb wrote on preemptors before answering (what every replica "
             "and the next leader count): written; failed (the write failed, so the preemption was vetoed "
-            "this time and the scheduler retries the pod).",
+            "this time and the scheduler retries the pod); gpu-preemption (vetoed, nothing written: GPU "
+            "preemption is making room for the pod).",
             ["outcome"],
             registry=registry,
         )

@@ -128,3 +128,19 @@ def record_of(pod: Mapping[str, Any]) -> PreemptionRecord | None:
 def record_patch(record: PreemptionRecord | None) -> dict[str, Any]:
     """JSON merge patch writing the record (None: removing it)."""
     return {"metadata": {"annotations": {PREEMPTION: record.encode() if record is not None else None}}}
+
+
+def making_room(pod: Mapping[str, Any] | None, now: float) -> bool:
+    """Whether GPU preemption is making room for this pod: its record is still `evicting` and within its
+    deadline (the preempt verb then leaves the pod alone rather than overwrite what the next leader needs)."""
+    record = record_of(pod) if pod is not None else None
+    return (
+        record is not None and record.by == BY_MAKE_ROOM and record.state == EVICTING and now < record.until
+    )
+
+
+def verb_pending(pod: Mapping[str, Any], now: float) -> bool:
+    """Whether the preempt verb let the scheduler preempt for this pod moments ago (its record within its
+    `until`): the scheduler's preemption is under way, GPU preemption does not plan the pod."""
+    record = record_of(pod)
+    return record is not None and record.by == BY_VERB and now < record.until

@@ -18,10 +18,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.gpus.fit import Settings
+from controller.gpus.objects import pod_info
 from controller.makeroom.complete import VictimState, plan_completion
 from controller.makeroom.loop import RoomLoop
+from controller.makeroom.plan import Pending, candidate
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.record import BY_MAKE_ROOM, EVICTING, PreemptionRecord, VictimEntry, record_of
+from controller.preemption.record import (
+    BY_MAKE_ROOM,
+    EVICTING,
+    PreemptionRecord,
+    VictimEntry,
+    decode,
+    record_of,
+)
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeConflict
 from gpuwarden.kube import ADDED, SYNCED, EventRecorder, PatchType, WatchEvent
@@ -200,3 +209,22 @@ def test_plan_completion(
     done = plan_completion(preemptor, RECORD, states, now)
     assert (done.evict, done.evicted, done.withdraw) == (evict, evicted, withdraw)
     assert done.node == "n" and done.release == (not preemptor["spec"].get("nodeName"))
+
+
+def test_a_pod_the_verb_just_let_the_scheduler_preempt_for_is_not_planned() -> None:
+    obj = preemptor()
+    allowed = PreemptionRecord("verb", NOW - 5, NOW + 25, 1, {"n": (A,)})
+    obj["metadata"]["annotations"]["gpuwarden.io/preemption"] = allowed.encode()
+    info = pod_info(obj, RESOURCE)
+    assert candidate(obj, info, NOW, 5, 60, []) == "the scheduler's preemption for it was allowed moments ago"
+    assert isinstance(candidate(obj, info, NOW + 26, 5, 60, []), Pending), "past its until: planned again"
+
+
+@pytest.mark.parametrize("raw", ["", "{", '{"by": "verb"}', '{"by": "verb", "at": "x", "until": 1}', "[]"])
+def test_an_unreadable_record_counts_nothing(raw: str) -> None:
+    assert decode(raw) is None
+
+
+def test_a_record_reads_back_as_written() -> None:
+    assert decode(RECORD.encode()) == RECORD
+    assert decode(RECORD.with_(state="", victims={}).encode()) == RECORD.with_(state="", victims={})

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.extenderv1 import ExtenderPreemptionArgs
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.record import record_of
+from controller.preemption.record import BY_MAKE_ROOM, PreemptionRecord, VictimEntry, record_of
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import ADDED, SYNCED, WatchEvent
@@ -75,7 +75,9 @@ def replica(api: Api, now: float) -> PreemptionThrottle:
     t = PreemptionThrottle(config, api, registry=CollectorRegistry(), recorder=FakeRecorder(),  # type: ignore[arg-type]
                            clock=lambda: now)  # fmt: skip
     for obj in api.pods.values():
-        t.observer.on_pod(WatchEvent(ADDED, copy.deepcopy(obj)))
+        cached = copy.deepcopy(obj)
+        t.observer.pods.store[f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"] = cached
+        t.observer.on_pod(WatchEvent(ADDED, cached))
     t.observer.pods.synced.set()
     t.observer.on_event(WatchEvent(SYNCED, {}))
     return t
@@ -136,3 +138,19 @@ async def test_a_failed_record_vetoes_and_reserves_nothing() -> None:
     answer = await a(request(api, "p1", {"n1": ["v3", "v4"]}))
     assert answer.node_name_to_meta_victims == {}
     assert a.graph.victims(NOW, 300, namespace="ml") == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "until", "allowed"),
+    [("evicting", NOW + 100, False), ("done", NOW + 100, True), ("evicting", NOW - 1, True)],
+    ids=["gpu-preemption-under-way: vetoed, its record kept", "gpu-preemption-done", "past-its-deadline"],
+)
+async def test_the_verb_never_overwrites_an_unfinished_gpu_preemption(
+    state: str, until: float, allowed: bool
+) -> None:
+    api = Api(kill_before=None)
+    mine = PreemptionRecord(BY_MAKE_ROOM, NOW - 5, until, 1, {"n9": (VictimEntry("v9", "ml/v9"),)}, state)
+    api.pods["p1"]["metadata"]["annotations"]["gpuwarden.io/preemption"] = mine.encode()
+    answer = await replica(api, NOW)(request(api, "p1", {"n1": ["v3", "v4"]}))
+    assert bool(answer.node_name_to_meta_victims) == allowed
+    assert (record_of(api.pods["p1"]) == mine) == (not allowed)
