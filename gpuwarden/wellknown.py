@@ -71,6 +71,11 @@ GPU_CLAIMED_AT = "gpuwarden.io/gpu-claimed-at"
 """Pod annotation: Unix time the claim was written (claims of unbound pods expire after a TTL)."""
 GPU_RESERVED_UNTIL = "gpuwarden.io/gpu-reserved-until"
 """Pod annotation written with a claim by GPU preemption: the claim holds until this Unix time."""
+PREEMPTION = "gpuwarden.io/preemption"
+"""Pod annotation on a preemptor, JSON (controller/preemption/record.py): the preemption allowed for it - by
+the preempt verb or by GPU preemption - with its victims per node, when, until when it counts, its chain
+depth and (GPU preemption) its progress. Written before the verb answers and before the first eviction, so
+every replica and the next leader count those victims; GPU preemption's next pass finishes a half-done one."""
 GPU_IDS_REQUESTED = "gpuwarden.io/gpu-ids-requested"
 """Pod annotation by the node agent: the set the scheduler recorded, when the kubelet gave another."""
 GPU_IDS_SOURCE = "gpuwarden.io/gpu-ids-source"

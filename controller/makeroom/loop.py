@@ -2,21 +2,26 @@
 
 Why it exists: the shell around `plan_room`. Per planned preemptor it asks the preemption throttle first
 (budgets, chain depth, ping-pong, back-off: the same `decide_preemption` the scheduler's preemptions pass),
-then, in this order:
+then, in this order (each write one step; a leader killed between any two leaves a record the next pass
+finishes, complete.py):
 1. reserves the freed GPUs for the preemptor - the extender's claim on the pod, with a deadline
-   (`gpuwarden.io/gpu-reserved-until`), conditional on the pod's resourceVersion; every replica's filter
-   and bind then keep other pods off those GPUs until the preemptor binds or the deadline passes;
-2. evicts the victims through the Eviction API (PodDisruptionBudgets hold: a 429 is *blocked*); when
-   nothing could be evicted the reservation is withdrawn;
-3. records the preemption in the throttle's graph and writes Events: `Preempted` on each victim in
-   kube-scheduler's shape (`Preempted by pod <uid> on node <node>`, so every replica's observer links the
-   chain exactly as for the scheduler's preemptions) and `GPUPreempting` on the preemptor naming victims and
-   GPUs. A pod for which no room can be made gets a Warning `GPUPreemptionNotPossible` saying why.
+   (`gpuwarden.io/gpu-reserved-until`), conditional on the pod's resourceVersion - and, in the same patch,
+   writes its preemption record (`gpuwarden.io/preemption`, state `evicting`, the victims named): every
+   replica's filter and bind keep other pods off those GPUs until the preemptor binds or the deadline
+   passes, and every replica's throttle counts the victims from now on, whoever leads next;
+2. per victim: evicts it through the Eviction API (PodDisruptionBudgets hold: a 429 is *blocked*), then
+   writes `Preempted` on it in kube-scheduler's shape (`Preempted by pod <uid> on node <node>`, so every
+   replica's observer links the chain exactly as for the scheduler's preemptions), named after preemptor
+   and victim so it is written once across leaders;
+3. `GPUPreempting` on the preemptor naming victims and GPUs (named after the record), then the record
+   marked `done` with the victims actually evicted. When nothing could be evicted, claim and record are
+   withdrawn instead. A pod for which no room can be made gets a Warning `GPUPreemptionNotPossible`.
 
-Dry-run computes, counts and events ("[dry-run]") but neither reserves nor evicts. Restart-safe: the
-reservation is on the pod (a reserved pod is never planned again before its deadline) and evicted victims
-are gone from the API. PodDisruptionBudgets are listed each pass; when they cannot be read nothing is done
-(unknown is never "no budget").
+Every pass first finishes the records left in `evicting` (`complete`): victims still live are evicted while
+the preemptor waits within its deadline, owed Events are written (409 = already there), the record is
+marked done. Dry-run computes, counts and events ("[dry-run]") but neither reserves nor evicts. A reserved
+pod is never planned again before its deadline. PodDisruptionBudgets are listed each pass; when they cannot
+be read nothing is done (unknown is never "no budget").
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from controller.gpus.model import ClusterModel
 from controller.gpus.objects import PodInfo, pod_info
 from controller.gpus.tenants import Tenancy, taken_by
 from controller.gpus.victims import TENANT_MARKER, VictimPlan, as_victim
+from controller.makeroom.complete import Completion, plan_completion, victim_state, waiting
 from controller.makeroom.plan import (
     NodeFacts,
     Pending,
@@ -49,7 +55,18 @@ from controller.makeroom.plan import (
     plan_room,
 )
 from controller.preemption.hook import PreemptionThrottle
-from controller.preemption.signals import pod_meta
+from controller.preemption.record import (
+    BY_MAKE_ROOM,
+    DONE,
+    EVICTING,
+    PreemptionRecord,
+    VictimEntry,
+    preempted_event_name,
+    preempting_event_name,
+    record_of,
+    record_patch,
+)
+from controller.preemption.signals import PodMeta, pod_meta
 from controller.preemption.tenancy import tenancy_from_lists
 from controller.preemption.throttle import Candidate, Reason, TenantGate, decide_preemption
 from gpuwarden.config.preemption import MakeRoomConfig
@@ -218,6 +235,7 @@ class RoomLoop:
                 "GPU preemption pass skipped: PodDisruptionBudgets unreadable", extra={"error": str(exc)}
             )
             return RoomPass()
+        await self.complete(leading)
         result, objs = self.plan(pdbs)
         self.last = result
         for decision in result.decisions:
@@ -299,15 +317,26 @@ class RoomLoop:
             )  # fmt: skip
             return
         until = now + self.policy.reservation_seconds
-        if not await self._reserve(pod, plan, now, until):
+        entries = []
+        for v in plan.victims:
+            known = self.throttle.observer.lookup(v.uid)
+            entries.append(VictimEntry(v.uid, v.pod, known.workload.key if known else ""))
+        record = PreemptionRecord(
+            BY_MAKE_ROOM, now, until, verdict.depth, {plan.node: tuple(entries)}, EVICTING
+        )
+        # counted here at once, and by every replica and the next leader from the record written next
+        self.throttle.graph.reserve(meta.uid, meta.workload, record.refs(), now, verdict.depth, until=until)
+        if not await self._reserve(pod, plan, record, now):
+            self.throttle.graph.unreserve(meta.uid, now)
             return
-        evicted = await self._evict_victims(obj, pod, plan, result)
+        ids = {v.uid: ",".join(v.ids) for v in plan.victims}
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime(until))
+        note = f"{plan.describe()} to free {what}; reserved until {stamp}"
+        evicted = await self._carry_out(obj, record, entries, (), result, ids=ids, note=note)
         if not evicted:
-            await self._withdraw(obj, pod, plan)
             return
-        self.throttle.graph.reserve(meta.uid, meta.workload, {plan.node: tuple(evicted)}, now, verdict.depth)
         if tenancy is not None:
-            gone = {uid for uid, _ in evicted}
+            gone = {v.uid for v in evicted}
             victims = [as_victim(v) for v in plan.victims if v.uid in gone]
             for tenant, n in taken_by(victims, tenancy).items():
                 result.taken[tenant] = result.taken.get(tenant, 0) + n
@@ -317,20 +346,15 @@ class RoomLoop:
             "GPU preemption started",
             extra={"pod": pod.key, "node": plan.node, "gpus": gpus, "victims": [v.pod for v in plan.victims]},
         )
-        await self.recorder.emit(
-            _ref(obj), reason="GPUPreempting", action="MakeRoom",
-            note=f"evicting {plan.describe()} to free {what}; "
-            f"reserved until {time.strftime('%H:%M:%SZ', time.gmtime(until))}",
-        )  # fmt: skip
 
-    async def _reserve(self, pod: PodInfo, plan: VictimPlan, now: float, until: float) -> bool:
-        """Claim the freed GPUs for the preemptor before any eviction (guarded by its resourceVersion)."""
+    async def _reserve(self, pod: PodInfo, plan: VictimPlan, record: PreemptionRecord, now: float) -> bool:
+        """Claim the freed GPUs for the preemptor and write its preemption record, in one patch before any
+        eviction (guarded by its resourceVersion)."""
         ns, name = pod.key.split("/", 1)
+        patch = claim_patch(plan.node, plan.choice, now, pod.resource_version, record.until)
+        patch["metadata"]["annotations"].update(record_patch(record)["metadata"]["annotations"])
         try:
-            await self.kube.patch(
-                PODS, name, claim_patch(plan.node, plan.choice, now, pod.resource_version, until),
-                namespace=ns, patch_type=PatchType.MERGE,
-            )  # fmt: skip
+            await self.kube.patch(PODS, name, patch, namespace=ns, patch_type=PatchType.MERGE)
         except (KubeConflict, KubeNotFound):
             self.metrics.preemptions.labels("conflict").inc()
             return False  # the pod changed (bound, deleted, updated): next pass decides afresh
@@ -340,52 +364,144 @@ class RoomLoop:
             return False
         return True
 
-    async def _evict_victims(
-        self, obj: dict[str, Any], pod: PodInfo, plan: VictimPlan, result: RoomPass
-    ) -> list[tuple[str, str]]:
-        """Evict each victim through the Eviction API (PDBs hold); (uid, workload) of those gone."""
-        evicted: list[tuple[str, str]] = []
-        for victim in plan.victims:
-            vns, vname = victim.pod.split("/", 1)
-            try:
-                await evict(self.kube, vns, vname, victim.uid)
-            except KubeNotFound:
-                evicted.append((victim.uid, ""))  # already gone: its GPUs are free
+    async def _carry_out(
+        self,
+        obj: dict[str, Any],
+        record: PreemptionRecord,
+        evict: Iterable[VictimEntry],
+        evicted: Iterable[VictimEntry],
+        result: RoomPass,
+        *,
+        ids: dict[str, str] | None = None,
+        note: str = "",
+    ) -> list[VictimEntry]:
+        """The writes after the record, shared by a new preemption and the completion of a half-done one:
+        evict each of `evict` (its `Preempted` Event right after), write the Events `evicted` (gone before
+        this pass) are owed, then `GPUPreempting`, then the record `done` - or, when no victim is evicted,
+        withdraw claim and record. Returns the victims evicted (the earlier ones included). The record is
+        marked done only once every Event was written: a pass that could not write one leaves it owed."""
+        preemptor = pod_meta(obj)
+        node = next(iter(record.victims), "")
+        written = True
+        gone: list[VictimEntry] = []
+        for victim in evicted:
+            gone.append(victim)
+            written &= await self._preempted_event(
+                obj, preemptor, node, victim, (ids or {}).get(victim.uid, "")
+            )
+        for victim in evict:
+            if not await self._evict(victim, result):
                 continue
-            except KubeError as exc:
-                outcome = "blocked" if exc.status == 429 else "failed"
-                self.metrics.victims.labels(outcome).inc()
-                result.blocked.append(victim.pod)
-                log.info(
-                    "GPU preemption eviction refused", extra={"victim": victim.pod, "status": exc.status}
-                )
-                continue
-            self.metrics.victims.labels("evicted").inc()
-            result.evicted.append(victim.pod)
-            victim_obj = self.pods.get(victim.pod) or {}
-            lookup = self.throttle.observer.lookup(victim.uid)
-            evicted.append((victim.uid, lookup.workload.key if lookup else ""))
-            await self.recorder.emit(
-                _ref(victim_obj) if victim_obj else ObjectRef("v1", "Pod", vname, vns, victim.uid),
-                reason="Preempted", action="Preempting", related=_ref(obj),
-                note=f"Preempted by pod {pod.uid} on node {plan.node}: gpuwarden frees GPUs "
-                f"{','.join(victim.ids) or '?'} for {pod.key} (priority {pod.priority}), fragmented node",
-            )  # fmt: skip
-        return evicted
+            gone.append(victim)
+            written &= await self._preempted_event(
+                obj, preemptor, node, victim, (ids or {}).get(victim.uid, "")
+            )
+        if not gone:
+            await self._withdraw(obj, record, release=waiting(obj))
+            return gone
+        written &= await self.recorder.emit_once(
+            _ref(obj), name=preempting_event_name(preemptor.name, preemptor.uid, record.at),
+            reason="GPUPreempting", action="MakeRoom",
+            note=f"evicting {note or ', '.join(v.pod for v in gone)}",
+        )  # fmt: skip
+        done = record.with_(state=DONE, victims={node: tuple(gone)})
+        self.throttle.graph.reserve(
+            preemptor.uid, preemptor.workload, done.refs(), record.at, record.depth, until=record.until
+        )
+        if written:
+            await self._patch_record(obj, done)
+        return gone
 
-    async def _withdraw(self, obj: dict[str, Any], pod: PodInfo, plan: VictimPlan) -> None:
-        """No victim could be evicted: give the reserved GPUs back and say why."""
-        self.metrics.preemptions.labels("blocked").inc()
-        ns, name = pod.key.split("/", 1)
+    async def _evict(self, victim: VictimEntry, result: RoomPass) -> bool:
+        """Evict one victim through the Eviction API (PodDisruptionBudgets hold); True when it is gone."""
+        vns, vname = victim.pod.split("/", 1)
         try:
-            await self.kube.patch(PODS, name, release_patch(), namespace=ns, patch_type=PatchType.MERGE)
+            await evict(self.kube, vns, vname, victim.uid)
+        except KubeNotFound:
+            return True  # already gone: its GPUs are free
         except KubeError as exc:
-            log.warning("GPU reservation not withdrawn", extra={"pod": pod.key, "error": str(exc)})
+            outcome = "blocked" if exc.status == 429 else "failed"
+            self.metrics.victims.labels(outcome).inc()
+            result.blocked.append(victim.pod)
+            log.info("GPU preemption eviction refused", extra={"victim": victim.pod, "status": exc.status})
+            return False
+        self.metrics.victims.labels("evicted").inc()
+        result.evicted.append(victim.pod)
+        return True
+
+    async def _preempted_event(
+        self, obj: dict[str, Any], preemptor: PodMeta, node: str, victim: VictimEntry, gpus: str
+    ) -> bool:
+        """`Preempted` on the victim in kube-scheduler's shape, named after preemptor and victim (once)."""
+        vns, vname = victim.pod.split("/", 1)
+        victim_obj = self.pods.get(victim.pod)
+        same = victim_obj is not None and (victim_obj.get("metadata") or {}).get("uid") == victim.uid
+        regarding = (
+            _ref(victim_obj) if same and victim_obj else ObjectRef("v1", "Pod", vname, vns, victim.uid)
+        )
+        return await self.recorder.emit_once(
+            regarding, name=preempted_event_name(vname, victim.uid, preemptor.uid),
+            reason="Preempted", action="Preempting", related=_ref(obj),
+            note=f"Preempted by pod {preemptor.uid} on node {node}: gpuwarden frees GPUs "
+            f"{gpus or '?'} for {preemptor.key} (priority {preemptor.priority}), fragmented node",
+        )  # fmt: skip
+
+    async def _patch_record(
+        self, obj: dict[str, Any], record: PreemptionRecord | None, *, release: bool = False
+    ) -> bool:
+        meta = obj.get("metadata") or {}
+        patch = release_patch() if release else {"metadata": {"annotations": {}}}
+        patch["metadata"]["annotations"].update(record_patch(record)["metadata"]["annotations"])
+        try:
+            await self.kube.patch(
+                PODS, str(meta.get("name", "")), patch, namespace=str(meta.get("namespace", "")),
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except KubeNotFound:
+            return True  # the preemptor is gone, and its record with it
+        except KubeError as exc:
+            log.warning("GPU preemption record not written", extra={"pod": _key(obj), "error": str(exc)})
+            return False
+        return True
+
+    async def _withdraw(self, obj: dict[str, Any], record: PreemptionRecord, *, release: bool) -> None:
+        """No victim could be evicted: give the reserved GPUs back (when still unbound), drop the record
+        and say why."""
+        self.metrics.preemptions.labels("blocked").inc()
+        preemptor = pod_meta(obj)
+        self.throttle.graph.unreserve(preemptor.uid, record.at)
+        await self._patch_record(obj, None, release=release)
+        node, victims = next(iter(record.victims.items()), ("", ()))
         await self.recorder.emit(
             _ref(obj), reason="GPUPreemptionBlocked", action="MakeRoom", type=EventType.WARNING,
-            note=f"no victim could be evicted on {plan.node} (PodDisruptionBudget or error): "
-            f"{plan.describe()}",
+            note=f"no victim could be evicted on {node} (PodDisruptionBudget or error): "
+            f"{', '.join(v.pod for v in victims)}",
         )  # fmt: skip
+
+    async def complete(self, leading: asyncio.Event | None = None) -> list[Completion]:
+        """Finish every GPU preemption an earlier pass (or leader) left half done (complete.py)."""
+        now = self.clock()
+        out: list[Completion] = []
+        for obj in self.pods.objects():
+            record = record_of(obj)
+            if record is None or record.by != BY_MAKE_ROOM or record.state != EVICTING:
+                continue
+            if leading is not None and not leading.is_set():
+                break
+            states = {
+                v.uid: victim_state(self.pods.get(v.pod), v.uid) for vs in record.victims.values() for v in vs
+            }
+            plan = plan_completion(obj, record, states, now)
+            out.append(plan)
+            log.info(
+                "GPU preemption completed", extra={"pod": _key(obj), "node": plan.node, "why": plan.reason}
+            )
+            if plan.withdraw:  # nothing evicted and nothing to evict: give back what is held, nothing owed
+                self.throttle.graph.unreserve(pod_meta(obj).uid, record.at)
+                await self._patch_record(obj, None, release=plan.release)
+                continue
+            await self._carry_out(obj, record, plan.evict, plan.evicted, RoomPass())
+        return out
 
     # --- scheduling (controller.app.PassScheduler) --------------------------------------------------------
     def interval(self) -> float | None:
@@ -497,3 +613,8 @@ def plan_from(
 def _ref(obj: dict[str, Any]) -> ObjectRef:
     meta = obj.get("metadata") or {}
     return ObjectRef("v1", "Pod", str(meta.get("name", "")), str(meta.get("namespace", "")), meta.get("uid"))
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -6,7 +6,7 @@ kubernetes PR #135486 fixes that in later releases). The extender reports such n
 module decides, per pending pod the extender rejected so, on which node whose pods to preempt
 (`victims.plan_victims`: lower priority only, fewest PodDisruptionBudget violations, fewest and lowest-
 priority victims, fewest GPUs disturbed), only victims the cross-tenant rule allows (`tenancy`; GPUs taken
-from a tenant by one preemptor of the pass count for the next). The loop (room_loop.py) applies the
+from a tenant by one preemptor of the pass count for the next). The loop (loop.py) applies the
 preemption throttle, reserves the freed GPUs for the preemptor and evicts.
 
 A pod is a candidate when it is unbound, pending, not being deleted, asks for GPUs, is not nominated by the
@@ -44,6 +44,7 @@ from controller.gpus.victims import (
     plan_victims,
     tenant_refusal,
 )
+from controller.preemption.record import verb_pending
 from controller.preemption.signals import parse_time
 
 FRAGMENTED_MARKER = "fragmented:"
@@ -127,6 +128,8 @@ def candidate(
         return "namespace not managed"
     if pod.nominated:
         return f"nominated to {pod.nominated} by the scheduler's preemption"
+    if verb_pending(obj, now):
+        return "the scheduler's preemption for it was allowed moments ago"
     if pod.claim_node and pod.gpu_ids and claim_fresh(pod.claimed_at, pod.reserved_until, now, ttl):
         if pod.reserved_until is not None:
             return f"room reserved on {pod.claim_node} until {pod.reserved_until:.0f}"

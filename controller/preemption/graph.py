@@ -22,8 +22,12 @@ import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.preemption.record import PreemptionRecord
 from controller.preemption.reservations import Reservations, VictimRef
 from controller.preemption.signals import Workload
+
+RECORD_TIME_SLACK = 0.002
+"""Seconds within which a record's `at` (written with millisecond precision) is this replica's own."""
 
 BACKOFF_HISTORY = 64
 """Preemption times kept per (workload, node): enough to saturate any back-off (2**6 x base >= max)."""
@@ -229,9 +233,41 @@ class PreemptionGraph:
         candidates: Mapping[str, Sequence[VictimRef]],
         now: float,
         depth: int = 1,
+        *,
+        until: float | None = None,
     ) -> None:
-        """Remember an allowed preemption until its signals arrive (see reservations.py)."""
-        self.reservations.add(preemptor_uid, preemptor, candidates, now, depth)
+        """Remember an allowed preemption until its signals arrive (see reservations.py); victims of it
+        already recorded are not counted twice."""
+        victims = {uid for refs in candidates.values() for uid, _ in refs}
+        seen = [
+            rec
+            for uid in victims
+            if (rec := self._records.get(uid)) is not None and rec.preemptor_uid == preemptor_uid
+        ]
+        node = next((rec.node for rec in seen if rec.node in candidates), "")
+        self.reservations.add(
+            preemptor_uid, preemptor, candidates, now, depth, until=until, linked=len(seen), node=node
+        )
+
+    def unreserve(self, preemptor_uid: str, at: float) -> None:
+        """Forget the reservation made at `at` (a preemption that did not go ahead after all)."""
+        self.reservations.discard(preemptor_uid, at)
+
+    def adopt(self, preemptor_uid: str, preemptor: Workload, record: PreemptionRecord, now: float) -> bool:
+        """Reserve what a preemption record on the API says (another replica's answer, an earlier leader's
+        GPU preemption); True when it changed the reservations. A record this replica already holds (same
+        time and victims) or one past its `until` changes nothing."""
+        if now >= record.until:
+            return False
+        refs = record.refs()
+        known = self.reservations.get(preemptor_uid)
+        if known is not None and (
+            known.at > record.at + RECORD_TIME_SLACK
+            or (abs(known.at - record.at) <= RECORD_TIME_SLACK and dict(known.candidates) == refs)
+        ):
+            return False
+        self.reserve(preemptor_uid, preemptor, refs, record.at, record.depth, until=record.until)
+        return True
 
     # --- questions ----------------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from controller.gpus.victims import revise_candidates
 from controller.preemption.graph import PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
 from controller.preemption.observer import PreemptionObserver
+from controller.preemption.record import BY_VERB, PreemptionRecord, VictimEntry, making_room, record_patch
 from controller.preemption.signals import PodMeta, pod_meta
 from controller.preemption.tenancy import TenantFeed
 from controller.preemption.throttle import (
@@ -50,7 +51,8 @@ from controller.preemption.throttle import (
     policy_from_config,
 )
 from gpuwarden.config.root import Config
-from gpuwarden.kube import EventRecorder, EventType, Informer, KubeClient, ObjectRef
+from gpuwarden.errors import KubeError
+from gpuwarden.kube import PODS, EventRecorder, EventType, Informer, KubeClient, ObjectRef, PatchType
 from gpuwarden.kube.event_queue import EventQueue, PendingEvent
 from gpuwarden.selfmetrics import SnapshotCollector
 
@@ -79,6 +81,7 @@ class PreemptionThrottle:
     ) -> None:
         self.policy: ThrottlePolicy = policy_from_config(config.preemption, dry_run=dry_run)
         self.clock = clock
+        self.kube = kube
         self.graph = PreemptionGraph(
             horizon=self.policy.horizon, chain_window=self.policy.chain_window, backoff=self.policy.backoff
         )
@@ -243,13 +246,8 @@ class PreemptionThrottle:
             kept = {n: v for n, v in args.meta_victims().items() if v.pods}
         else:
             kept = {n: candidates[n] for n in decision.kept}
-            if kept:  # until its Events arrive, count the least the scheduler may now take
-                lookup = self._lookup(args)
-                refs = {
-                    node: [(p.uid, m.workload.key if (m := lookup(p.uid)) else "") for p in v.pods]
-                    for node, v in kept.items()
-                }
-                self.graph.reserve(preemptor.uid, preemptor.workload, refs, self.clock(), decision.depth)
+            if kept and not await self._reserve(preemptor, kept, decision.depth, self._lookup(args)):
+                kept = {}
         if decision.throttled:
             log.info(
                 f"{'[dry-run] ' if dry else ''}preemption {decision.outcome}",
@@ -259,6 +257,53 @@ class PreemptionThrottle:
             )  # fmt: skip
             self._notify(preemptor, decision, args.pod)
         return ExtenderPreemptionResult(node_name_to_meta_victims=kept)
+
+    async def _reserve(
+        self,
+        preemptor: PodMeta,
+        kept: dict[str, MetaVictims],
+        depth: int,
+        lookup: Callable[[str], PodMeta | None],
+    ) -> bool:
+        """Until its signals arrive, count the least the scheduler may now take: in this replica's graph at
+        once, and for the fleet as the preemptor's preemption record (record.py), written before the answer.
+        False when the record could not be written: the answer is then a veto (the scheduler retries the
+        pod), because a preemption other replicas and the next leader cannot count could overspend. Also
+        False while GPU preemption is making room for the pod (its unfinished record is not overwritten:
+        the next leader finishes it from there)."""
+        now = self.clock()
+        if making_room(self.pods.get(preemptor.key), now):
+            self.metrics.records.labels("gpu-preemption").inc()
+            log.info(
+                "preemption vetoed: GPU preemption is making room for this pod", extra={"pod": preemptor.key}
+            )
+            return False
+        victims = {
+            node: tuple(
+                VictimEntry(p.uid, m.key if m else "", m.workload.key if m else "")
+                for p in v.pods
+                for m in (lookup(p.uid),)
+            )
+            for node, v in kept.items()
+        }
+        until = now + self.graph.reservation_ttl
+        record = PreemptionRecord(BY_VERB, now, until, depth, victims)
+        self.graph.reserve(preemptor.uid, preemptor.workload, record.refs(), now, depth, until=until)
+        try:
+            await self.kube.patch(
+                PODS, preemptor.name, record_patch(record), namespace=preemptor.namespace,
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except KubeError as exc:
+            self.graph.unreserve(preemptor.uid, now)
+            self.metrics.records.labels("failed").inc()
+            log.warning(
+                "preemption vetoed: its record could not be written",
+                extra={"pod": preemptor.key, "error": str(exc)},
+            )
+            return False
+        self.metrics.records.labels("written").inc()
+        return True
 
     def _notify(self, preemptor: PodMeta, decision: ThrottleDecision, pod: dict[str, Any]) -> None:
         now = self.clock()

@@ -53,6 +53,15 @@ class PreemptionMetrics:
             ["reason"],
             registry=registry,
         )
+        self.records = Counter(
+            "gpuwarden_preemption_records_total",
+            "Preemption records the preempt verb wrote on preemptors before answering (what every replica "
+            "and the next leader count): written; failed (the write failed, so the preemption was vetoed "
+            "this time and the scheduler retries the pod); gpu-preemption (vetoed, nothing written: GPU "
+            "preemption is making room for the pod).",
+            ["outcome"],
+            registry=registry,
+        )
         self.decision_latency = Histogram(
             "gpuwarden_preemption_decision_seconds",
             "Time to decide one preempt-verb request (the throttle's share of the extender's answer).",

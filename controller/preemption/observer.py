@@ -9,7 +9,9 @@ and a restart loses nothing:
 * a list+watch of live pods — the UID index the preempt verb resolves victims with (nodeCacheCapable
   requests carry only UIDs), the owners that make pods into workloads, and victims' DisruptionTarget
   conditions (the durable signal, seen even when an Event is lost). Deleted pods stay in a tombstone index
-  for the chain window, because a victim is usually gone by the time its Event arrives.
+  for the chain window, because a victim is usually gone by the time its Event arrives. The same watch
+  reads preemptors' preemption records (record.py): preemptions allowed by another replica or an earlier
+  leader, counted as reservations until their signals arrive.
 
 The pod watch is started first so Events find their pods. `PreemptionThrottle` exposes that pod informer
 so the nomination loop reads the same cache instead of a second watch of every pod.
@@ -28,6 +30,7 @@ from dataclasses import replace
 
 from controller.preemption.graph import Preemption, PreemptionGraph
 from controller.preemption.metrics import PreemptionMetrics
+from controller.preemption.record import record_of
 from controller.preemption.signals import (
     PREEMPTED_REASON,
     PodMeta,
@@ -104,6 +107,9 @@ class PreemptionObserver:
             self._tombstones[meta.uid] = (self.clock(), meta)
         else:
             self.index[meta.uid] = meta
+            allowed = record_of(event.object)
+            if allowed is not None:  # another replica's answer, or an earlier leader's GPU preemption
+                self.graph.adopt(meta.uid, meta.workload, allowed, self.clock())
         marked = preempted_at(event.object)
         if marked is not None:
             at = marked or self.clock()

@@ -14,9 +14,11 @@ through. So every allowed preemption leaves a `Reservation` for `ttl` seconds th
 * makes the candidate victims' workloads "possible recent victims" at the allowed chain depth
   (`depth_of`) — narrowed to the chosen node once a victim's signal names it.
 
-Reservations are local to the replica that answered (another replica learns from the Events a moment
-later) and are never rebuilt after a restart: they only cover the seconds between a decision and its
-signals. Pure: no I/O, no clock (callers pass `now`).
+A reservation is made in memory by the replica that allowed the preemption, at once, and written on the
+preemptor pod as its preemption record (record.py) before the verb answers or the first victim is evicted;
+every other replica, and the next leader after a restart, rebuilds it from that record (`until` and the
+victims already recorded come with it), so a leader change or a second replica never grants a fresh budget.
+Pure: no I/O, no clock (callers pass `now`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Reservation:
     node: str = ""
     """The node the scheduler chose, once a victim's signal named it ("" until then)."""
     linked: int = 0
+    until: float = float("inf")
+    """It counts until then (its signals should have arrived long before)."""
 
     def victims(self) -> tuple[VictimRef, ...]:
         """The victims it may still take: those of the chosen node, or of every kept candidate."""
@@ -73,10 +77,26 @@ class Reservations:
         candidates: Mapping[str, Sequence[VictimRef]],
         now: float,
         depth: int = 1,
+        *,
+        until: float | None = None,
+        linked: int = 0,
+        node: str = "",
     ) -> None:
+        """Reserve (replacing this preemptor's earlier reservation) until `until` (default: `now` + ttl);
+        `linked`: victims of it already recorded."""
         kept = {node: tuple(refs) for node, refs in candidates.items() if refs}
         if preemptor_uid and kept:
-            self._by_preemptor[preemptor_uid] = Reservation(now, preemptor, depth, kept)
+            end = now + self.ttl if until is None else until
+            self._by_preemptor[preemptor_uid] = Reservation(now, preemptor, depth, kept, node, linked, end)
+
+    def discard(self, preemptor_uid: str, at: float) -> None:
+        """Drop this preemptor's reservation if it is the one made at `at`."""
+        found = self._by_preemptor.get(preemptor_uid)
+        if found is not None and found.at == at:
+            del self._by_preemptor[preemptor_uid]
+
+    def get(self, preemptor_uid: str) -> Reservation | None:
+        return self._by_preemptor.get(preemptor_uid)
 
     def linked(self, preemptor_uid: str, node: str) -> None:
         """One of this preemptor's victims was recorded, on `node`."""
@@ -86,11 +106,11 @@ class Reservations:
             self._by_preemptor[preemptor_uid] = replace(found, node=chosen, linked=found.linked + 1)
 
     def prune(self, now: float) -> None:
-        self._by_preemptor = {k: r for k, r in self._by_preemptor.items() if now - r.at < self.ttl}
+        self._by_preemptor = {k: r for k, r in self._by_preemptor.items() if now < r.until}
 
     def _live(self, now: float | None) -> Iterator[tuple[str, Reservation]]:
         for uid, r in self._by_preemptor.items():
-            if now is None or now - r.at < self.ttl:
+            if now is None or now < r.until:
                 yield uid, r
 
     def outstanding(

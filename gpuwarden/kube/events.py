@@ -244,6 +244,7 @@ class EventRecorder:
         note: str,
         action: str,
         type: EventType = EventType.NORMAL,
+        related: ObjectRef | None = None,
     ) -> bool:
         """Write the Event named `name` unless it exists. True when nothing is left to do: it exists now
         (written by us or earlier), or the API refused it for good (403, 422, ...: logged, never retried).
@@ -255,7 +256,7 @@ class EventRecorder:
         that can never be written must not hold up the state that owes it (a mark that blocks a node's
         next step until its Event exists), so a refusal counts as done.
         """
-        key = EventKey(regarding, None, reason, action, type, truncate_note(note))
+        key = EventKey(regarding, related, reason, action, type, truncate_note(note))
         namespace = regarding.namespace or "default"
         try:
             await self._client.create(

@@ -19,6 +19,7 @@ from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
 from gpuwarden.kube import ADDED, SYNCED, WatchEvent
 from tests.unit.extender_support import model, node, pod
+from tests.unit.preemption_support import RecordSink
 
 GOLDEN = Path(__file__).parent / "golden" / "preemption"
 NOW = 1_700_000_000.0
@@ -44,7 +45,7 @@ PODS = [
 async def test_zero_victim_and_count_chosen_candidates_get_topology_aware_victims() -> None:
     m = model([node(n) for n in ("frag", "short", "enough", "vip")], PODS)
     registry = CollectorRegistry()
-    t = PreemptionThrottle(Config.model_validate({}), object(), registry=registry, clock=lambda: NOW)  # type: ignore[arg-type]
+    t = PreemptionThrottle(Config.model_validate({}), RecordSink(), registry=registry, clock=lambda: NOW)  # type: ignore[arg-type]
     for p in PODS:
         t.observer.on_pod(WatchEvent(ADDED, p))
     t.observer.pods.synced.set()
@@ -64,7 +65,7 @@ async def test_zero_victim_and_count_chosen_candidates_get_topology_aware_victim
 
 
 async def test_without_the_gpu_model_candidates_pass_through_as_before() -> None:
-    t = PreemptionThrottle(Config.model_validate({}), object(), clock=lambda: NOW)  # type: ignore[arg-type]
+    t = PreemptionThrottle(Config.model_validate({}), RecordSink(), clock=lambda: NOW)  # type: ignore[arg-type]
     t.observer.pods.synced.set()
     t.observer.on_event(WatchEvent(SYNCED, {}))
     service = ExtenderService(model([]), S, extender_metrics(None), preempt_hook=t)

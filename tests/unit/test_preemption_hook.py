@@ -27,6 +27,7 @@ from controller.preemption.signals import Workload, parse_time
 from gpuwarden.config.root import Config
 from gpuwarden.kube import ADDED, DELETED, MODIFIED, SYNCED, ObjectRef, WatchEvent
 from gpuwarden.kube.event_queue import PendingEvent
+from tests.unit.preemption_support import RecordSink
 
 GOLDEN = Path(__file__).parent / "golden" / "preemption"
 NOW = 1_700_000_000.0
@@ -67,7 +68,7 @@ def throttle(
 ) -> tuple[PreemptionThrottle, FakeRecorder, CollectorRegistry]:
     config = Config.model_validate({"preemption": preemption or {}})
     registry, recorder = CollectorRegistry(), FakeRecorder()
-    t = PreemptionThrottle(config, object(), registry=registry, recorder=recorder, clock=lambda: NOW)  # type: ignore[arg-type]
+    t = PreemptionThrottle(config, RecordSink(), registry=registry, recorder=recorder, clock=lambda: NOW)  # type: ignore[arg-type]
     for uid, wl in (
         ("v3", BATCH),
         ("v4", BATCH),

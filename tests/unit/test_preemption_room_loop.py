@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -87,6 +88,10 @@ class FakeRecorder:
     async def emit(self, regarding: Any, **kw: Any) -> None:
         self.emitted.append({"regarding": regarding.name, **kw})
 
+    async def emit_once(self, regarding: Any, **kw: Any) -> bool:
+        self.emitted.append({"regarding": regarding.name, **kw})
+        return True
+
 
 def room(api: FakeApi, *, dry_run: bool = False) -> tuple[RoomLoop, FakeRecorder, CollectorRegistry]:
     config = Config.model_validate({"preemption": {"make_room": {"enabled": True, "dry_run": dry_run}}})
@@ -115,9 +120,14 @@ async def test_reserve_first_then_evict_with_the_uid_precondition_and_events() -
     loop, recorder, registry = room(api)
     done = await loop.run_once()
     assert done.evicted == ["ml/a"]
-    (reserve, evict) = api.writes
+    (reserve, evict, done) = api.writes
     annotations = reserve[2]["metadata"]["annotations"]
     assert reserve[:2] == ("PATCH", "x") and annotations["gpuwarden.io/gpu-ids"] == "0,1,2,3"
+    record = json.loads(annotations["gpuwarden.io/preemption"])
+    assert (record["state"], record["victims"]) == ("evicting", {"n": [{"uid": "uid-a", "pod": "ml/a",
+                                                                      "workload": "ml/a"}]})  # fmt: skip
+    assert done[:2] == ("PATCH", "x")
+    assert json.loads(done[2]["metadata"]["annotations"]["gpuwarden.io/preemption"])["state"] == "done"
     assert float(annotations["gpuwarden.io/gpu-reserved-until"]) == NOW + 180
     assert reserve[2]["metadata"]["resourceVersion"] == "100"
     assert evict[:2] == ("POST", "/api/v1/namespaces/ml/pods/a/eviction")

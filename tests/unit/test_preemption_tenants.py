@@ -38,6 +38,7 @@ from controller.preemption.throttle import (
 from gpuwarden.config.root import Config
 from gpuwarden.kube import ADDED, SYNCED, WatchEvent
 from tests.unit.extender_support import RESOURCE, model, node, pod
+from tests.unit.preemption_support import RecordSink
 from tests.unit.test_preemption_room_loop import FakeApi, FakeInformer, FakeRecorder
 
 NOW = 1_700_000_000.0
@@ -330,7 +331,7 @@ def verb_throttle(
     rule: str, registry: CollectorRegistry, recorder: Recorder | None = None
 ) -> PreemptionThrottle:
     config = Config.model_validate({"preemption": {"tenants": {"rule": rule}}})
-    t = PreemptionThrottle(config, object(), registry=registry, clock=lambda: NOW, recorder=recorder)  # type: ignore[arg-type]
+    t = PreemptionThrottle(config, RecordSink(), registry=registry, clock=lambda: NOW, recorder=recorder)  # type: ignore[arg-type]
     for p in VERB_PODS:
         t.observer.on_pod(WatchEvent(ADDED, p))
     t.observer.pods.synced.set()
@@ -431,7 +432,7 @@ async def test_verb_waits_for_the_tenant_caches() -> None:
 
 
 def test_any_rule_watches_nothing_more() -> None:
-    t = PreemptionThrottle(Config.model_validate({}), object())  # type: ignore[arg-type]
+    t = PreemptionThrottle(Config.model_validate({}), RecordSink())  # type: ignore[arg-type]
     assert t.tenants.namespaces is None and t.tenants.quotas is None and t.tenants.synced
     assert t.tenancy() is None
 
@@ -496,7 +497,7 @@ def room_loop(rule: str) -> tuple[RoomLoop, FakeApi, FakeRecorder, CollectorRegi
         {"preemption": {"make_room": {"enabled": True}, "tenants": {"rule": rule}}}
     )
     registry, recorder, api = CollectorRegistry(), FakeRecorder(), FakeApi()
-    throttle = PreemptionThrottle(config, object(), registry=registry, clock=lambda: NOW)  # type: ignore[arg-type]
+    throttle = PreemptionThrottle(config, RecordSink(), registry=registry, clock=lambda: NOW)  # type: ignore[arg-type]
     for p in pods:
         throttle.observer.on_pod(WatchEvent(ADDED, p))
     throttle.observer.pods.synced.set()
