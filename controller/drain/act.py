@@ -5,8 +5,11 @@ delete here — only the plan's `delete` verdict (a rule's `delete_after_seconds
 as precondition. Each outcome updates the per-pod history that the next pass's back-off is computed from,
 and the node's `gpuwarden.io/drain` annotation is rewritten only when it changed. Each Eviction is entered
 in the node's ledger (its drain state) before it is sent, and its GPUPodEvicted Event is named after the
-pod's uid: the fleet's rate and the Events survive a leader killed between the two. Dry-run evicts, deletes
-and writes nothing; it logs and events what it would do.
+pod's uid: the fleet's rate and the Events survive a leader killed between the two. Every other Event is
+named too, after what it is about, so a new leader repeating a half-done step gets 409 instead of a
+duplicate: GPUDrainStarted/Done/GateClosed after the quarantine's start, GPUDrainBlocked after the pod and the
+drain's start, GPUDrainCancelled after the drain's start (cancel.py). Dry-run evicts, deletes and writes
+nothing; it logs and events what it would do.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from controller.drain.cancel import EVENT_CANCELLED, CancelStep, after_cancel
 from controller.drain.plan import (
     DrainPlan,
     DrainVerdict,
@@ -35,6 +39,7 @@ from gpuwarden.kube.eviction import evict
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 
 log = logging.getLogger(__name__)
+_WRITTEN_MAX = 50_000
 
 
 class DrainMetrics:
@@ -81,6 +86,7 @@ class DrainActuator:
         self.metrics = metrics
         self.clock = clock
         self._still_go: Callable[[str], bool] | None = None
+        self._written: set[str] = set()  # named Events known to exist (a gate held for hours: one create)
 
     async def apply(
         self, plan: DrainPlan, states: Mapping[str, DrainState], node_objs: Mapping[str, dict[str, object]],
@@ -109,17 +115,22 @@ class DrainActuator:
     ) -> DrainState | None:  # fmt: skip
         now = self.clock()
         node_ref = ObjectRef.of(node) if node else ObjectRef(api_version="v1", kind="Node", name=plan.node)
+        # A drain cancelled by an earlier release left its ledger: the new drain starts with it (the rate).
+        carried = state.evictions if state is not None and state.cancelled is not None else ()
+        if state is not None and state.cancelled is not None:
+            state = None
         if plan.held and state is None:
             if plan.actions:
-                await self._emit(node_ref, "GPUDrainGateClosed", f"drain held: {plan.held}", dry_run)
+                note = f"drain held: {plan.held}"
+                await self._emit(node_ref, "GPUDrainGateClosed", note, dry_run, once=plan.quarantined_at)
             return None
         if state is None:
             if plan.done:
                 # Nothing to move: the drain is done at once (the remediation hand-off can follow).
                 note = f"nothing to move ({plan.scope} scope)"
                 await self._emit(node_ref, "GPUDrainDone", note, dry_run, once=plan.quarantined_at)
-                return DrainState(started=now, scope=plan.scope, done=now)
-            state = DrainState(started=now, scope=plan.scope)
+                return DrainState(started=now, scope=plan.scope, done=now, evictions=carried)
+            state = DrainState(started=now, scope=plan.scope, evictions=carried)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
             moving = (
                 ", ".join(a.pod.key for a in plan.actions if a.verdict is not DrainVerdict.REPORT) or "none"
@@ -154,7 +165,7 @@ class DrainActuator:
                 if not await self._write_state(plan.node, written):
                     ledger.pop(key)
                     continue
-            outcome = await self._move(action, dry_run, result)
+            outcome = await self._move(action, dry_run, result, state.started)
             if not dry_run:
                 if outcome == "moved":
                     if await self._evicted_event(entry, self._note(action)):
@@ -196,7 +207,7 @@ class DrainActuator:
             action="Drain", type=EventType.WARNING,
         )  # fmt: skip
 
-    async def _move(self, action: PodAction, dry_run: bool, result: ActResult) -> str:
+    async def _move(self, action: PodAction, dry_run: bool, result: ActResult, started: float) -> str:
         pod = action.pod
         verb = "delete" if action.verdict is DrainVerdict.DELETE else "evict"
         ref = ObjectRef(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid)
@@ -220,7 +231,10 @@ class DrainActuator:
         except KubeError as exc:
             if exc.status == 429:
                 self.metrics.evictions.labels("blocked").inc()
-                await self._emit(ref, "GPUDrainBlocked", f"{note} refused: {exc.message}", False)
+                # Once per pod and drain (the drain's start is stored before any Eviction is sent): a
+                # later refusal, or the next leader's retry after a kill, answers 409. The metric counts each.
+                name = f"{pod.name[:150]}.gpudrainblocked.{int(started):x}.{pod.uid}"
+                await self._emit(ref, "GPUDrainBlocked", f"{note} refused: {exc.message}", False, name=name)
                 return "blocked"
             self.metrics.evictions.labels("failed").inc()
             log.warning("drain eviction failed; retried", extra={"pod": pod.key, "error": str(exc)})
@@ -240,27 +254,52 @@ class DrainActuator:
             return False
         return True
 
-    async def cancel(self, node: str, node_obj: dict[str, object] | None, dry_run: bool) -> None:
-        """The node was released: its drain ends here, nothing more is evicted."""
+    async def cancel(self, step: CancelStep, node_obj: dict[str, object] | None, dry_run: bool) -> None:
+        """The node was released: its drain ends, nothing more is evicted; its ledger is kept until pruned
+        (cancel.py: the writes in their order, and what the next pass does with each half-done state)."""
+        node = step.node
         ref = ObjectRef.of(node_obj) if node_obj else ObjectRef(api_version="v1", kind="Node", name=node)
-        await self._emit(ref, "GPUDrainCancelled", "node released; drain cancelled", dry_run)
-        if not dry_run:
-            await self._write_state(node, None)
+        note = "node released; drain cancelled"
+        if dry_run:
+            if step.announce:
+                await self._emit(ref, EVENT_CANCELLED, note, True)
+            return
+        if step.announce and not await self._emit(ref, EVENT_CANCELLED, note, False, name=step.announce):
+            return  # not written (retryable): the state stays as it is, the next pass announces again
+        evented = set()
+        for owed in step.owed:  # evicted by a leader that died before the Event
+            if await self._evicted_event(owed, "evicted (Event written by a later pass)"):
+                evented.add(owed.uid)
+        after = after_cancel(step, evented, self.clock())
+        if after is None or after.encode() != step.state.encode():
+            await self._write_state(node, after)
 
     async def _emit(
-        self, ref: ObjectRef, reason: str, note: str, dry_run: bool, *, once: float | None = None
-    ) -> None:
+        self, ref: ObjectRef, reason: str, note: str, dry_run: bool, *, once: float | None = None,
+        name: str = "",
+    ) -> bool:  # fmt: skip
         """`once`: the drained quarantine's start - the Event is named after it and written at most once
-        (a leader killed before the drain state was written repeats the step, not the Event)."""
+        (a leader killed before the drain state was written repeats the step, not the Event). `name`: the
+        Event's own name, written at most once. False when a named Event is still to be written."""
         warning = reason in ("GPUDrainBlocked", "GPUDrainGateClosed", "GPUPodEvicted")
         prefix = "[dry-run] " if dry_run and not note.startswith("[dry-run]") else ""
-        if once is not None and not dry_run:
+        if once is not None and not name:
             name = f"{ref.name}.{reason.lower()}.{int(once):x}"
+        if name and not dry_run:
+            if name in self._written:
+                return True  # written (or found written) by this process: no create answered 409 each pass
             kind = EventType.WARNING if warning else EventType.NORMAL
-            await self.events.emit_once(ref, name=name, reason=reason, note=note, action="Drain", type=kind)
-            return
+            done = await self.events.emit_once(
+                ref, name=name, reason=reason, note=note, action="Drain", type=kind
+            )
+            if done:
+                if len(self._written) >= _WRITTEN_MAX:
+                    self._written.clear()
+                self._written.add(name)
+            return done
         with contextlib.suppress(KubeError):
             await self.events.emit(
                 ref, reason=reason, note=prefix + note, action="Drain",
                 type=EventType.WARNING if warning else EventType.NORMAL,
             )  # fmt: skip
+        return True

@@ -2,9 +2,10 @@
 
 Why it exists: it is the scheduling shell around `plan_drains`; the PassScheduler of the controller runs its
 passes only while this replica leads. The fleet-wide eviction rate is counted from the eviction ledgers
-the drain keeps on the Nodes (each eviction entered before it is sent), so a new leader inherits the last
-minute's count; this process's own count covers a watch cache that has not caught up with its writes yet.
-Released nodes get their drain cancelled before anything else.
+the drain keeps on the Nodes (each eviction entered before it is sent; a cancelled drain keeps its ledger
+until pruned), so a new leader inherits the last minute's count; this process's own count covers a watch
+cache that has not caught up with its writes yet. Released nodes get their drain cancelled before anything
+else (cancel.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from controller.drain.act import DrainActuator, DrainMetrics
+from controller.drain.cancel import plan_cancel
 from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot
 from controller.drain.plan import DrainPlan, DrainVerdict, evictions_in_window, plan_drains
@@ -81,9 +83,7 @@ class DrainLoop:
             snap.pods_by_node,
             self.policy,
             now,
-            evictions_last_minute=max(
-                len(self._evicted_at), evictions_in_window((n.evictions for n in snap.nodes), now)
-            ),
+            evictions_last_minute=max(len(self._evicted_at), evictions_in_window(snap.ledgers(), now)),
             gpu_nodes=snap.gpu_nodes,
             schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
         )
@@ -92,8 +92,9 @@ class DrainLoop:
         if leading is not None and not leading.is_set():
             return plan
         node_objs = {str(n["metadata"]["name"]): n for n in self.nodes.objects()}
-        for name in snap.released:
-            await self.actuator.cancel(name, node_objs.get(name), self.dry_run)
+        for name, state in snap.released_states.items():
+            step = plan_cancel(name, state, snap.pods_by_node.get(name, ()))
+            await self.actuator.cancel(step, node_objs.get(name), self.dry_run)
         if plan.gate_closed:
             self.metrics.gate_closed.inc()
             log.warning("drain gate closed", extra={"why": list(plan.gate_closed)})
@@ -177,7 +178,7 @@ def plan_from(config: Config, nodes: list[JsonObject], pods: list[JsonObject], *
         snap.pods_by_node,
         config.drain,
         now,
-        evictions_last_minute=evictions_in_window((n.evictions for n in snap.nodes), now),
+        evictions_last_minute=evictions_in_window(snap.ledgers(), now),
         gpu_nodes=snap.gpu_nodes,
         schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
     )

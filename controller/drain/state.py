@@ -3,8 +3,9 @@
 Why it exists: docs/architecture.md safety rule 5 — a restarted or new leader continues a drain where the last
 one stopped, and `kubectl describe node` shows it: when it started, its scope, which pods are still to move,
 which are blocked and by what (a PodDisruptionBudget's 429), when it was done, and the eviction ledger (the
-last minute's evictions, each written before its Eviction is sent, and whether its Event was written). The
-per-pod retry history is what the plan's back-off and `delete_after_seconds` deadlines are computed from.
+last minute's evictions, each written before its Eviction is sent, and whether its Event was written). A
+drain cancelled by a release leaves only its ledger (and when it was cancelled) until the ledger is pruned.
+The per-pod retry history is what the plan's back-off and `delete_after_seconds` deadlines are computed from.
 Pure: encode/decode only, no I/O, no clock.
 """
 
@@ -30,6 +31,9 @@ class DrainState:
     done: float | None = None
     evictions: tuple[Eviction, ...] = ()
     """The eviction ledger: the last minute's evictions (the fleet rate) and Events still owed."""
+    cancelled: float | None = None
+    """When the drain was cancelled (the node released): only the ledger is left, kept until pruned, and a
+    new quarantine's drain starts afresh with it (cancel.py)."""
 
     def with_(self, **changes: Any) -> DrainState:
         return replace(self, **changes)
@@ -56,6 +60,8 @@ class DrainState:
         }
         if self.done is not None:
             body["done"] = iso(self.done)
+        if self.cancelled is not None:
+            body["cancelled"] = iso(self.cancelled)
         if self.evictions:
             body["evictions"] = [
                 {"pod": e.pod, "uid": e.uid, "at": iso(e.at), **({} if e.evented else {"event": "pending"})}
@@ -89,6 +95,7 @@ def decode(text: str | None) -> tuple[DrainState | None, str]:
                 blocked={str(k): str(v) for k, v in (raw.get("blocked") or {}).items()},
                 history=history,
                 done=parse_iso(raw.get("done")),
+                cancelled=parse_iso(raw.get("cancelled")),
                 evictions=tuple(
                     Eviction(
                         str(e["pod"]),

@@ -6,7 +6,8 @@ recomputes the change from what it read (conflicts retried by `gpuwarden.kube.pa
 operator's concurrent taint is never overwritten: we filter and append only taints with our key. The
 `GPUHealthy` condition goes through the status subresource (strategic merge by condition type). The breaker's
 state lives in a ConfigMap so a new leader resumes it; deleting the ConfigMap, or annotating it
-`gpuwarden.io/reset=now`, resets it.
+`gpuwarden.io/reset=now`, resets it. It is written first in a pass: it holds the window's quarantine starts
+(this pass's before their taints) and the transition Events it owes, written next under fixed names.
 
 What it must not do: decide. It never touches a taint with another key, never cordons, and in dry-run
 writes nothing but Events (prefixed "[dry-run]"), which is how the plan is "evented" without changing state.
@@ -18,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from controller.health import breaker
 from controller.health.metrics import HealthMetrics
 from controller.health.observe import BREAKER_DATA_KEY, JOBS, encode_breaker
 from controller.health.plan import Action, ConditionUpdate, EventSpec, HealthPlan
@@ -170,10 +172,14 @@ class Actuator:
         self._wall = wall
 
     async def apply(self, plan: HealthPlan) -> ActResult:
-        """Apply every action (bounded concurrency), then the breaker state; never raises on a KubeError."""
+        """Apply the breaker state, its owed Events, then every action (bounded concurrency); never raises on
+        a KubeError. The state comes first: it holds the starts of this pass's quarantines, so a leader
+        killed after a taint leaves it counted in the window. Not stored: no quarantine in this pass."""
         result = ActResult()
-        await asyncio.gather(*(self._apply_one(a, plan.dry_run, result) for a in plan.actions))
-        await self._apply_breaker(plan, result)
+        actions = plan.actions
+        if not await self._apply_breaker(plan, result):
+            actions = tuple(a for a in actions if a.kind != "quarantine")
+        await asyncio.gather(*(self._apply_one(a, plan.dry_run, result) for a in actions))
         return result
 
     async def _event(self, regarding: ObjectRef, spec: EventSpec, dry_run: bool, result: ActResult) -> None:
@@ -277,20 +283,44 @@ class Actuator:
             )
             result.writes += int(cond_wrote)
 
-    async def _apply_breaker(self, plan: HealthPlan, result: ActResult) -> None:
+    async def _apply_breaker(self, plan: HealthPlan, result: ActResult) -> bool:
+        """(1) the state, owed Events included; (2) each owed Event, named after its episode (409: written
+        before); (3) the state without the written ones. False when (1) failed."""
         decision = plan.breaker
         ref = ObjectRef("v1", "ConfigMap", self.breaker_configmap, self.namespace)
-        if decision.event is not None:
-            await self._event(ref, decision.event, plan.dry_run, result)
-        if plan.dry_run or not decision.changed:
-            return
-        try:
-            await self._store_breaker(decision.after)
-            result.writes += 1
-        except KubeError as exc:
-            result.failures += 1
-            self.metrics.write_failures.labels("breaker").inc()
-            log.warning("breaker state not stored; retried next pass", extra={"error": str(exc)})
+        if plan.dry_run:
+            if decision.event is not None:
+                await self._event(ref, decision.event, True, result)
+            return True
+        if decision.changed:
+            try:
+                await self._store_breaker(decision.after)
+                result.writes += 1
+            except KubeError as exc:
+                result.failures += 1
+                self.metrics.write_failures.labels("breaker").inc()
+                log.warning("breaker state not stored; no quarantine this pass, retried next pass",
+                            extra={"error": str(exc)})  # fmt: skip
+                return False
+        written = []
+        for owed in decision.after.owed:
+            spec = breaker.event_spec(owed, self.breaker_configmap)
+            kind = EventType.WARNING if spec.type == "Warning" else EventType.NORMAL
+            if await self.events.emit_once(
+                ref, name=spec.name, reason=spec.reason, note=spec.note, action=spec.action, type=kind
+            ):
+                written.append(owed)
+                result.events += 1
+        if written:
+            rest = tuple(e for e in decision.after.owed if e not in written)
+            try:
+                await self._store_breaker(replace(decision.after, owed=rest))
+                result.writes += 1
+            except KubeError as exc:
+                self.metrics.write_failures.labels("breaker").inc()
+                log.warning("breaker Event mark not cleared; the next pass finds the Event written",
+                            extra={"error": str(exc)})  # fmt: skip
+        return True
 
     async def _store_breaker(self, state: BreakerState) -> None:
         data = {BREAKER_DATA_KEY: encode_breaker(state)}

@@ -15,7 +15,7 @@ only changes made without fresh telemetry.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.health import breaker
 from controller.health import plan as p
@@ -597,15 +597,11 @@ def _breaker(
     snap: FleetSnapshot, policy: HealthPolicy, now: float, gpu_nodes: int, work: _Work
 ) -> tuple[p.BreakerDecision, list[_Candidate]]:
     since = now - policy.breaker_window
-    new_in_window = 0
-    for node in snap.nodes:
-        rec, _ = decode(node.annotations.get(RECORD_ANNOTATION))
-        if rec is not None and rec.quarantined_at is not None and rec.quarantined_at >= since:
-            new_in_window += 1
+    kept = {s for s in snap.breaker.starts if s[1] >= since}
     budget = breaker.Budget(
         quarantined=sum(1 for node in snap.nodes if node.our_taint is not None),
         limit=policy.max_quarantined(gpu_nodes),
-        new_in_window=new_in_window,
+        new_in_window=len(kept | record_starts(snap, since)),
         new_limit=policy.breaker_max_new_per_window,
     )
     # Oldest fault first, then by name: deterministic, and the longest-waiting evidence wins the budget.
@@ -616,12 +612,15 @@ def _breaker(
         snap.breaker, budget, len(cands), hold=policy.breaker_hold, now=now, data_ok=snap.prometheus_ok
     )
     admitted, denied = cands[: verdict.admit], cands[verdict.admit :]
+    # The admitted quarantines' starts go into the stored state, which act.py writes before their taints.
+    begun = {(node.name, float(int(now))) for node, _, _ in admitted}
+    after = replace(verdict.after, starts=tuple(sorted(kept | begun)))
     for node, findings, _ in denied:
         fingerprints = ", ".join(f.fingerprint for f in findings)
         work.skip(node.name, p.SKIP_BREAKER, f"circuit breaker open; would quarantine for {fingerprints}")
     decision = p.BreakerDecision(
         snap.breaker,
-        verdict.after,
+        after,
         budget.quarantined,
         budget.limit,
         budget.new_in_window,
@@ -630,3 +629,16 @@ def _breaker(
         verdict.event,
     )
     return decision, admitted
+
+
+def record_starts(snap: FleetSnapshot, since: float) -> set[tuple[str, float]]:
+    """The quarantines begun since `since` that the nodes' records show, as (node, start). The window counts
+    them together with the breaker state's starts (the same quarantine once): the state remembers a released
+    quarantine whose record is gone; the records cover starts the state lacks (written by an older version,
+    or a breaker object deleted by an operator)."""
+    starts = set()
+    for node in snap.nodes:
+        rec, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+        if rec is not None and rec.quarantined_at is not None and rec.quarantined_at >= since:
+            starts.add((node.name, rec.quarantined_at))
+    return starts

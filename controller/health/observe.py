@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.health.snapshot import (
+    BreakerEvent,
     BreakerState,
     ConditionState,
     FleetSnapshot,
@@ -156,19 +157,28 @@ def breaker_state(obj: JsonObject | None) -> BreakerState:
             clear_since=parse_iso(body.get("clear_since")),
             reason=str(body.get("reason", "")),
             reset_requested=reset,
+            starts=tuple((str(node), float(parse_iso(at) or 0.0)) for node, at in body.get("starts") or ()),
+            owed=tuple(
+                BreakerEvent(str(e["reason"]), float(parse_iso(e["at"]) or 0.0), str(e.get("note", "")))
+                for e in body.get("owed") or ()
+            ),
         )
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, KeyError):
         log.warning("breaker state unreadable; keeping it OPEN until reset", extra={"data": str(raw)[:200]})
         return BreakerState(True, None, None, "stored breaker state unreadable", reset_requested=reset)
 
 
 def encode_breaker(state: BreakerState) -> str:
-    body = {
+    body: dict[str, Any] = {
         "open": state.open,
         "opened_at": iso(state.opened_at),
         "clear_since": iso(state.clear_since),
         "reason": state.reason,
     }
+    if state.starts:
+        body["starts"] = [[node, iso(at)] for node, at in state.starts]
+    if state.owed:
+        body["owed"] = [{"reason": e.reason, "at": iso(e.at), "note": e.note} for e in state.owed]
     return json.dumps(body, sort_keys=True)
 
 

@@ -145,6 +145,16 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerEvent:
+    """A breaker transition's Event, owed until it is written: stored with the state that made it, so a
+    leader killed between the two writes it later, under the same name (its reason and `at`)."""
+
+    reason: str  # QuarantineBreakerOpen | QuarantineBreakerClosed
+    at: float  # the opened_at of the episode it opens or closes (whole seconds): names the Event
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
 class BreakerState:
     """The quarantine circuit breaker, persisted in the API so a restart or a new leader resumes it."""
 
@@ -153,6 +163,11 @@ class BreakerState:
     clear_since: float | None = None  # first loop at which the trip condition no longer held
     reason: str = ""
     reset_requested: bool = False  # the operator asked for a reset (see act.py for how)
+    starts: tuple[tuple[str, float], ...] = ()
+    """(node, quarantine start) of the quarantines begun within the window: stored before their taints, so
+    the window counts a quarantine after its release removed its record, and across a leader change."""
+    owed: tuple[BreakerEvent, ...] = ()
+    """Transition Events not yet written (cleared once written)."""
 
 
 @dataclass(frozen=True, slots=True)

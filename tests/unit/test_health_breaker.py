@@ -46,8 +46,20 @@ OPEN = BreakerState(True, NOW - 100, None, "trip")
             2,
             False,
             2,
-            None,
+            "QuarantineBreakerClosed",
             id="operator-reset",
+        ),
+        pytest.param(
+            BreakerState(reset_requested=True), Budget(0, 3, 0, 5), 2, False, 2, None, id="reset-while-closed"
+        ),
+        pytest.param(
+            BreakerState(True, NOW - 5000, None, "t", reset_requested=True),
+            Budget(3, 3, 0, 5),
+            1,
+            True,
+            0,
+            "QuarantineBreakerOpen",
+            id="reset-and-over-again",
         ),
     ],
 )

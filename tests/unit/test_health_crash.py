@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.health.act import Actuator
+from controller.health.act import BREAKER_CONFIGMAP, Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.degrade import REASON_DEGRADED
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import node_state
+from controller.health.observe import breaker_state, node_state
 from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy
 from controller.health.snapshot import FleetSnapshot, JobState
@@ -63,6 +63,7 @@ class Api:
 
     def __init__(self, nodes: list[JsonObject], kill_before: int | None = None) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self.configmaps: dict[str, JsonObject] = {}  # the breaker's state
         self.events: dict[str, JsonObject] = {}
         self.jobs: dict[str, JsonObject] = {}
         self.job_state = JobState("", "running")
@@ -76,6 +77,8 @@ class Api:
         self.writes += 1
 
     async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> JsonObject:
+        if resource.kind == "ConfigMap" and name in self.configmaps:
+            return copy.deepcopy(self.configmaps[name])
         if resource.kind != "Node" or name not in self.nodes:
             raise KubeNotFound(f"{resource.kind} {name}", status=404)
         return copy.deepcopy(self.nodes[name])
@@ -84,6 +87,18 @@ class Api:
         self, resource: Resource, name: str, body: Any, *, patch_type: PatchType = PatchType.MERGE,
         namespace: str | None = None, subresource: str | None = None, dry_run: bool = False,
     ) -> JsonObject:  # fmt: skip
+        if resource.kind == "ConfigMap":
+            if name not in self.configmaps:
+                raise KubeNotFound(f"configmaps {name}", status=404)
+            self._write()
+            cm = self.configmaps[name]
+            cm["data"].update(body.get("data") or {})
+            for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
+                if value is None:
+                    cm["metadata"].setdefault("annotations", {}).pop(key, None)
+                else:
+                    cm["metadata"].setdefault("annotations", {})[key] = value
+            return cm
         self._write()
         obj = self.nodes[name]
         if subresource == "status":  # strategic merge of conditions by type
@@ -103,7 +118,7 @@ class Api:
     async def create(
         self, resource: Resource, body: JsonObject, *, namespace: str | None = None, dry_run: bool = False
     ) -> JsonObject:
-        store = self.jobs if resource.kind == "Job" else self.events
+        store = {"Job": self.jobs, "ConfigMap": self.configmaps}.get(resource.kind, self.events)
         if store is self.events and self.refuse_events:
             raise KubeForbidden("events is forbidden", status=403)
         name = body["metadata"]["name"]
@@ -157,7 +172,9 @@ def snapshot(api: Api, per_gpu: dict[int, dict[str, Any]] = XID_79) -> FleetSnap
     as given, and our validation Jobs."""
     jobs = {name: replace(api.job_state, name=name) for name in api.jobs}
     gpus = node("n1", per_gpu=copy.deepcopy(per_gpu)).gpus
-    return FleetSnapshot(NOW, (replace(node_state(api.nodes["n1"]), gpus=gpus, validation_jobs=jobs),))
+    breaker = breaker_state(api.configmaps.get(BREAKER_CONFIGMAP))
+    node_n1 = replace(node_state(api.nodes["n1"]), gpus=gpus, validation_jobs=jobs)
+    return FleetSnapshot(NOW, (node_n1,), breaker=breaker)
 
 
 async def leader_pass(
@@ -192,7 +209,7 @@ def run_with_kill(
     return False
 
 
-QUARANTINE_WRITES = ["taint+record", "condition", "event", "clear-mark"]
+QUARANTINE_WRITES = ["breaker-start", "taint+record", "condition", "event", "clear-mark"]
 
 
 @pytest.mark.parametrize("k", range(len(QUARANTINE_WRITES) + 1), ids=lambda k: f"killed-after-{k}-writes")
@@ -211,8 +228,8 @@ def test_quarantine_killed_between_writes_is_finished_once(k: int) -> None:
     assert obj["status"]["conditions"][0]["status"] == "False"
     assert api.reasons() == ["GPUQuarantined"]
     kinds = {a.kind for a in second.actions}
-    if k == 0:
-        assert kinds == {"quarantine"}  # nothing was written: quarantined afresh
+    if k <= 1:
+        assert kinds == {"quarantine"}  # nothing on the node yet: quarantined afresh (start counted twice)
     elif k < len(QUARANTINE_WRITES):
         assert kinds == {"finish-event"}  # the half-done quarantine is finished, not repeated
     else:

@@ -251,6 +251,7 @@ ROWS: list[Row] = [
         {"f00": {"quarantine:xid-79"}},
         breaker=BreakerState(True, NOW - 60, None, "trip", reset_requested=True),
         breaker_open=False,
+        event="QuarantineBreakerClosed",
     ),
     Row(
         "breaker-open-still-releases",
