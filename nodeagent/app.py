@@ -40,6 +40,7 @@ from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import parse_gpu_ids as parse_ids
 from nodeagent.admission import Preference, candidate, prefer
+from nodeagent.draowner import dra_owner, withheld_note
 from nodeagent.listener import Listener, Reply, Route
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
 from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
@@ -55,6 +56,9 @@ AgentConfig = Union["Config", LeanConfig]
 """The models' `Config`, or the lean loader's view of a plainly valid node-agent file (same attributes)."""
 
 log = logging.getLogger(__name__)
+
+DRA_RECHECK_SECONDS = 10.0
+"""How often enforce mode looks at the kubelet's plugin registry for a DRA driver owning the GPUs."""
 
 
 COMPONENT = "node-agent"
@@ -84,6 +88,7 @@ class AgentMetrics:
     topology_errors: Counter = field(init=False)
     allocatable: Gauge = field(init=False)
     patch_errors: Counter = field(init=False)
+    plugin_withheld: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -124,6 +129,12 @@ class AgentMetrics:
         )
         self.patch_errors = Counter(
             "gpuwarden_node_patch_errors_total", "Failed writes to the API server.", ["kind"], registry=r
+        )
+        self.plugin_withheld = Gauge(
+            "gpuwarden_node_device_plugin_withheld",
+            "1 while enforce mode does not serve the device plugin because a DRA driver of "
+            "device_plugin.dra_drivers owns this node's GPUs (nodeagent/draowner.py).",
+            registry=r,
         )
 
 
@@ -179,6 +190,8 @@ class NodeAgent:
         self._written: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self._topology_known = asyncio.Event()
         self._stop = asyncio.Event()
+        self._withheld = ""
+        self._registry_warned = False
 
     # ---------------------------------------------------------------- topology
     def read_topology(self) -> str:
@@ -350,11 +363,67 @@ class NodeAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.topology_interval_seconds)
 
-    async def _run_plugin(self) -> None:
+    def dra_owner(self) -> str:
+        """The DRA driver of `device_plugin.dra_drivers` registered with this node's kubelet, or ""; an
+        unreadable registry counts as none (warned once): before DRA, nodes have none to read."""
+        registry = Path(self.cfg.kubelet_root_dir) / "plugins_registry"
+        try:
+            entries = os.listdir(registry)
+        except OSError as exc:
+            if not self._registry_warned:
+                self._registry_warned = True
+                log.warning(
+                    "kubelet plugin registry unreadable; serving the device plugin without knowing "
+                    "whether a DRA driver owns the GPUs (mount it read-only)",
+                    extra={"path": str(registry), "error": str(exc)},
+                )
+            return ""
+        return dra_owner(entries, self.cfg.device_plugin.dra_drivers)
+
+    async def _withhold(self, driver: str) -> None:
+        """Say once per episode that the plugin is not served, and why (log, metric, Event on the Node)."""
+        self.metrics.plugin_withheld.set(1)
+        if self._withheld == driver:
+            return
+        self._withheld = driver
+        note = withheld_note(driver, self.cfg.resource_name)
+        log.warning("device plugin withheld", extra={"node": self.node, "driver": driver})
+        with contextlib.suppress(KubeError):
+            node = self.nodes.get(self.node)
+            await self.events.emit(
+                ObjectRef.of(node) if node else ObjectRef(api_version="v1", kind="Node", name=self.node),
+                reason="GPUDevicePluginWithheld",
+                note=note,
+                action="Withhold",
+                type=EventType.WARNING,
+            )
+
+    async def _run_plugin(self, recheck_seconds: float = DRA_RECHECK_SECONDS) -> None:
+        """Serve the device plugin while no DRA driver owns the GPUs; stop it when one registers (the plugin
+        unregisters by removing its socket, the kubelet then drops the resource), resume when it is gone."""
         assert self.plugin is not None
         await self.pods.synced.wait()
         await self._topology_known.wait()  # no devices to offer before the topology is known
-        await self.plugin.run()
+        while not self._stop.is_set():
+            owner = self.dra_owner()
+            if owner:
+                await self._withhold(owner)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=recheck_seconds)
+                continue
+            self._withheld = ""
+            self.metrics.plugin_withheld.set(0)
+            serving = asyncio.create_task(self.plugin.run(), name="device-plugin-serve")
+            try:
+                while not serving.done() and not self.dra_owner():
+                    await asyncio.wait({serving}, timeout=recheck_seconds)
+            finally:
+                if not serving.done():
+                    serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+            failed = None if serving.cancelled() else serving.exception()
+            if failed is not None:
+                raise failed
 
     def ready(self) -> bool:
         return self.pods.synced.is_set() and self.last_read_ok

@@ -47,6 +47,18 @@ def text(pattern: str | None = None, *, min_length: int = 0, max_length: int | N
     return accept
 
 
+def texts(pattern: str) -> Accept:
+    """A list of strings, each matching `pattern` (anything else: the full loader decides)."""
+    one = text(pattern)
+
+    def accept(value: Any) -> tuple[bool, Any]:
+        if not isinstance(value, list) or not all(one(v)[0] for v in value):
+            return NO
+        return True, list(value)
+
+    return accept
+
+
 def optional_text(value: Any) -> tuple[bool, Any]:
     return (True, None) if value is None else text()(value)
 
@@ -99,6 +111,7 @@ class LeanDevicePlugin:
     visible_devices_env: str = "NVIDIA_VISIBLE_DEVICES"
     device_nodes: bool = False
     admission_wait_seconds: float = 2.0
+    dra_drivers: list[str] = field(default_factory=lambda: ["gpu.nvidia.com"])
 
 
 @dataclass(frozen=True)
@@ -160,6 +173,7 @@ DEVICE_PLUGIN: dict[str, Accept] = {
     "visible_devices_env": text(),
     "device_nodes": flag,
     "admission_wait_seconds": seconds(),
+    "dra_drivers": texts(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
 }
 NODE_AGENT: dict[str, Accept] = {
     "node_name": text(),

@@ -8,12 +8,15 @@ usual hostPath mounts needs no configuration. The node name comes from the envir
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, Seconds
+
+DRIVER_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A DRA driver name: a DNS subdomain (ResourceSlice `spec.driver`)."""
 
 
 class DevicePluginConfig(Section):
@@ -43,6 +46,14 @@ class DevicePluginConfig(Section):
         default=2.0,
         description="How long GetPreferredAllocation waits for the pod being admitted to appear in the pod "
         "watch before answering from the free GPUs alone. 2 s: the kubelet admits right after the bind.",
+    )
+    dra_drivers: list[Annotated[str, StringConstraints(pattern=DRIVER_NAME)]] = Field(
+        default_factory=lambda: ["gpu.nvidia.com"],
+        description="DRA drivers that own GPUs. While one of them is registered with this node's kubelet "
+        "(its `<driver>-…reg.sock` in <kubelet_root_dir>/plugins_registry) the device plugin is not served, "
+        "and a running one is stopped: the same GPUs under a device plugin and a DRA driver would be handed "
+        "out twice, and a node listing the resource in its allocatable is taken off DRA's path. "
+        "`gpu.nvidia.com` is NVIDIA's DRA driver.",
     )
 
 

@@ -24,7 +24,12 @@ NODE_AGENT_CLUSTER = {
     ("", "pods", ""): "get list watch patch",
     ("events.k8s.io", "events", ""): "create patch",
 }
-HOST_PATHS = {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/device-plugins", "/sys"}
+HOST_PATHS = {
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/plugins_registry",  # read only: a DRA driver owning the GPUs withholds the plugin
+    "/sys",
+}
 Obj = dict[str, Any]
 
 
@@ -89,6 +94,9 @@ def test_daemonset_is_locked_down_except_for_the_kubelet_sockets() -> None:
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     sys_volume = next(v["name"] for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/sys")
     assert mounts[sys_volume]["readOnly"] is True
+    by_path = {v["hostPath"]["path"]: v["name"] for v in pod["volumes"] if "hostPath" in v}
+    registry = by_path["/var/lib/kubelet/plugins_registry"]
+    assert mounts[registry]["readOnly"] is True
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     args = build_parser().parse_args(c["args"])

@@ -4,6 +4,7 @@ answering as the kubelet does; the real kubelet is in the e2e tier)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from pathlib import Path
@@ -241,3 +242,67 @@ async def test_a_write_the_watch_has_not_delivered_yet_is_not_repeated(tmp_path:
         await server.stop(0)
     assert metric(a, "gpuwarden_node_assignments_total", {"outcome": "overridden"}) == 2
     assert len([p for p in kube.patches if p[0] == "pods"]) == 2
+
+
+async def test_enforce_mode_withholds_the_device_plugin_while_a_dra_driver_owns_the_gpus(
+    tmp_path: Path,
+) -> None:
+    registry = tmp_path / "kubelet" / "plugins_registry"
+    registry.mkdir(parents=True)
+    socket_file = registry / "gpu.nvidia.com-reg.sock"
+    socket_file.touch()
+    (registry / "other.example.com-reg.sock").touch()  # a DRA driver of something else: not a GPU owner
+    kube = FakeKube()
+    a = agent(
+        kube,
+        topology_file(tmp_path),
+        kubelet_root_dir=str(tmp_path / "kubelet"),
+        device_plugin_dir=str(tmp_path / "dp"),
+        device_plugin={"enabled": True},
+    )
+    assert a.plugin is not None
+    serving: list[str] = []
+
+    async def fake_serve(poll_interval: float = 1.0) -> None:
+        serving.append("start")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            serving.append("stop")
+
+    a.plugin.run = fake_serve  # type: ignore[method-assign]
+    a.pods.synced.set()
+    a._topology_known.set()
+    task = asyncio.create_task(a._run_plugin(recheck_seconds=0.01))
+
+    async def until(condition: Any) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached")
+
+    def withheld_events() -> list[dict[str, Any]]:
+        return [e for e in kube.created if e.get("reason") == "GPUDevicePluginWithheld"]
+
+    try:
+        await until(lambda: metric(a, "gpuwarden_node_device_plugin_withheld") == 1)
+        await asyncio.sleep(0.1)  # several rechecks: still withheld, said once
+        assert serving == [] and len(withheld_events()) == 1
+        assert "DRA driver gpu.nvidia.com is registered" in withheld_events()[0]["note"]
+        socket_file.unlink()  # the driver is gone: serve
+        await until(lambda: serving == ["start"])
+        assert metric(a, "gpuwarden_node_device_plugin_withheld") == 0
+        (registry / "gpu.nvidia.com-0b1c2d-reg.sock").touch()  # registers again (rolling-update name)
+        await until(lambda: serving == ["start", "stop"])
+        await until(lambda: metric(a, "gpuwarden_node_device_plugin_withheld") == 1)
+        assert a._withheld == "gpu.nvidia.com"  # a new episode (its Event joins the first one's series)
+    finally:
+        a._stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_an_unreadable_plugin_registry_is_no_owner(tmp_path: Path) -> None:
+    a = agent(FakeKube(), topology_file(tmp_path), kubelet_root_dir=str(tmp_path / "missing"))
+    assert a.dra_owner() == ""
