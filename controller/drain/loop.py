@@ -28,12 +28,14 @@ from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot, device_scoped
 from controller.drain.plan import DrainPlan, DrainVerdict, evictions_in_window, plan_drains
 from controller.drain.remediation import decide
-from controller.gpus.devices import RESOURCE_CLAIMS
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
+from gpuwarden.kube.resources import Resource
 
 log = logging.getLogger(__name__)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
+"""Read only in the namespaces of pods on a device-scoped quarantine's node (`read_claims`)."""
 LOOP_INTERVAL_SECONDS = 5.0
 
 

@@ -22,12 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuwarden.kube.resources import Resource
 from gpuwarden.quarantine import DeviceRef
 
 Obj = Mapping[str, Any]
-RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
-RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
 UUID_ATTRIBUTE = "uuid"
 """The attribute GPU DRA drivers publish a GPU's UUID under (qualified names ending in `/uuid` count)."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controller.gpus.devices import RESOURCE_SLICES, devices_by_uuid
+from controller.gpus.devices import devices_by_uuid
 from controller.gpus.dra import extended_resource_classes
 from controller.gpus.feed import DEVICE_CLASSES
 from controller.health import devicerules
@@ -33,6 +33,7 @@ from controller.health.metrics import HealthMetrics
 from controller.health.observe import (
     DEVICE_TAINT_RULES,
     JOBS,
+    RESOURCE_SLICES,
     Observer,
     attach_dra,
     dra_backed,

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
+"""DRA devices per node (listed by `spec.nodeName` for a DRA-backed node with something to say)."""
 DEVICE_TAINT_RULES = Resource(
     "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False
 )
