@@ -9,8 +9,10 @@ state lives in a ConfigMap so a new leader resumes it; deleting the ConfigMap, o
 `gpuwarden.io/reset=now`, resets it. It is written first in a pass: it holds the window's quarantine starts
 (this pass's before their taints) and the transition Events it owes, written next under fixed names.
 
-What it must not do: decide. It never touches a taint with another key, never cordons, and in dry-run
-writes nothing but Events (prefixed "[dry-run]"), which is how the plan is "evented" without changing state.
+What it must not do: decide. It never touches a taint with another key, never cordons, never writes a
+DeviceTaintRule it does not own (devicerules.py), and in dry-run writes nothing but Events (prefixed
+"[dry-run]") and the effect-`None` DeviceTaintRules that preview a DRA-backed quarantine (no effect on
+scheduling), which is how the plan is "evented" without changing state.
 A failed write is logged and counted; the next pass recomputes and retries.
 """
 
