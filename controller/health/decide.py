@@ -232,6 +232,12 @@ def _plan_quarantined(
         work.actions.append(_release(node, taint, record.with_(event_pending=False), "operator-annotation",
                                      now, dismissed))  # fmt: skip
         return
+    if record.devices and snap.device_rules == "not-served":
+        # The DeviceTaintRule API went away (downgrade, gate off): the rules cannot hold the devices any more,
+        # so the node taint does; an owed Event is written by the next pass, without rules.
+        gone = devicerules.scope_of({}, (), "not-served", snap.device_rules_why).note
+        work.actions.append(_widen(node, taint, record, policy, gone, "device rules no longer served"))
+        return
     drift = node.condition is None or node.condition.status != "False"
     if record.event_pending and record.quarantined_at is not None:
         # A quarantine whose Event was not written (the leader died after the taint): finish it, whatever
@@ -321,21 +327,29 @@ def _rescope(
         updated = record.with_(devices=scope.devices)
         rules = devicerules.rules_for(node.name, updated, policy.device_taint_effect)
         return p.Action("update-record", node.name, "evidence-changed", why, record=updated, rules=rules)
+    return _widen(node, taint, record, policy, scope.note, why)
+
+
+def _widen(
+    node: NodeState, taint: Taint, record: QuarantineRecord, policy: HealthPolicy, note: str, why: str
+) -> p.Action:
+    """A device-scoped quarantine turned into the node-level one: the node taint (the reason classes'
+    strongest effect) replaces the marker, the rules are dropped, the record says why."""
     effect = max(
         (policy.effect_for(reason_class(e.reason, policy.catalog)) for e in record.evidence),
         key=lambda e: EFFECT_STRENGTH.get(e, 1),
     )
-    widened = record.with_(devices=(), scope_note=scope.note, effect=effect)
+    widened = record.with_(devices=(), scope_note=note, effect=effect)
     return p.Action(
         "update-record",
         node.name,
         "scope-widened",
-        f"{why}; {scope.note}",
+        f"{why}; {note}",
         add_taint=Taint(TAINT_KEY, record.reason, effect),
         remove_taint=taint,
         record=widened,
         drop_rules=_rule_names(node.name, record),
-        condition=_condition_false(record.reason, scope.note),
+        condition=_condition_false(record.reason, note),
     )
 
 

@@ -36,6 +36,7 @@ from controller.health.observe import (
     RESOURCE_SLICES,
     Observer,
     attach_dra,
+    device_scoped,
     dra_backed,
     needs_devices,
 )
@@ -143,17 +144,19 @@ class HealthLoop:
         fall back to the node taint), and the ResourceSlices of the DRA-backed nodes with something to say."""
         resource = self.config.kubernetes.gpu_resource_name
         page = self.config.kubernetes.list_page_size
+        scoped = any(device_scoped(n) for n in snap.nodes)
         try:
             classes = extended_resource_classes(
                 (await self.kube.list_objects(DEVICE_CLASSES, limit=page)).items
             )
+        except KubeNotFound as exc:  # no resource.k8s.io/v1 at all: no DRA node, no device rule
+            return replace(snap, device_rules="not-served", device_rules_why=str(exc))
         except KubeError as exc:
-            if not isinstance(exc, KubeNotFound):
-                log.warning("DeviceClasses not listed; DRA-backed nodes get node taints this pass",
-                            extra={"error": str(exc)})  # fmt: skip
-            return snap
+            log.warning("DeviceClasses not listed; DRA-backed nodes get node taints this pass",
+                        extra={"error": str(exc)})  # fmt: skip
+            return replace(snap, device_rules="unknown", device_rules_why=str(exc))
         dra = [n for n in snap.nodes if dra_backed(n, classes, resource)]
-        if not dra:
+        if not dra and not scoped:
             return snap
         api: DeviceRulesApi = "served"
         why, owned = "", list[OwnedRule]()

@@ -34,10 +34,11 @@ from controller.health.telemetry import Querier, Queries, Telemetry, build_queri
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
 from gpuwarden.kube.resources import Resource
-from gpuwarden.quarantine import DeviceRef, iso, parse_iso
+from gpuwarden.quarantine import DeviceRef, decode, iso, parse_iso
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import GPU_DEGRADED_CONDITION as DEGRADED_CONDITION
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,12 @@ def dra_backed(node: NodeState, classes: Mapping[str, str], gpu_resource: str) -
     """The node's GPUs are served by DRA: no allocatable entry for the resource, a DeviceClass naming it
     (`controller.gpus.dra`, the scheduler's own per-node split)."""
     return bool(dra_class_for_node(node.gpu_allocatable is not None, gpu_resource, classes))
+
+
+def device_scoped(node: NodeState) -> bool:
+    """The node's quarantine record names devices (its DeviceTaintRules must be known, DRA-backed or not)."""
+    record, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+    return record is not None and bool(record.devices)
 
 
 def needs_devices(node: NodeState) -> bool:

@@ -201,6 +201,24 @@ def test_evidence_no_rule_can_hold_widens_to_the_node_taint() -> None:
     assert u.drop_rules == (devicerules.rule_name("n1", dev(0)),)
 
 
+@pytest.mark.parametrize(
+    ("api", "widened"),
+    [
+        pytest.param("not-served", True, id="api-gone-node-taint-takes-over"),
+        pytest.param("unknown", False, id="api-unknown-nothing-changes"),
+        pytest.param("served", False, id="api-served-nothing-changes"),
+    ],
+)
+def test_a_device_quarantine_when_the_rule_api_goes(api: DeviceRulesApi, widened: bool) -> None:
+    n = dra_node(per_gpu={0: {"xids": (79,)}}, taints=(MARKER,), rec=device_record(0))
+    plan = plan_quarantine(snap(n, api=api), HealthPolicy(), NOW)
+    widen = [a for a in plan.actions if a.reason == "scope-widened"]
+    assert bool(widen) == widened
+    if widened:
+        assert widen[0].add_taint == Taint(QUARANTINE_TAINT, "xid-79", "NoSchedule")
+        assert widen[0].record is not None and "not served" in widen[0].record.scope_note
+
+
 def test_release_drops_the_rules() -> None:
     rec = device_record(0, at=NOW - 7200, healthy_since=NOW - 3600)
     n = dra_node(taints=(MARKER,), rec=rec, boot_id="boot-2")  # XID 79 recovers with a reboot

@@ -156,8 +156,16 @@ async def test_rule_api_not_served_or_unknown_lists_no_slices(error: Exception, 
     assert not any(r == "resourceslices" for r, _ in kube.asked)
 
 
-async def test_no_device_classes_means_no_dra_node() -> None:
-    kube = DraLists(classes_error=KubeNotFound("deviceclasses", status=404))
+@pytest.mark.parametrize(
+    ("error", "state"),
+    [
+        pytest.param(KubeNotFound("deviceclasses", status=404), "not-served", id="no-resource-api-at-all"),
+        pytest.param(KubeForbidden("forbidden", status=403), "unknown", id="classes-unreadable-unknown"),
+    ],
+)
+async def test_device_classes_not_listed_means_no_dra_node(error: Exception, state: str) -> None:
+    kube = DraLists(classes_error=error)
     before = dra_snapshot()
-    assert await loop_with({}, kube)._with_dra(before) is before  # type: ignore[arg-type]
+    after = await loop_with({}, kube)._with_dra(before)  # type: ignore[arg-type]
+    assert after.nodes == before.nodes and after.device_rules == state
     assert kube.asked == [("deviceclasses", None)]
