@@ -190,6 +190,7 @@ def build_snapshot(
                 fault_gpus=faulty or frozenset(),
                 uuid_to_id=uuid_to_id,
                 fault_devices=record.devices,
+                dra=bool(record.devices or record.scope_note),
                 started=drain.started if drain is not None else None,
                 history=dict(drain.history) if drain is not None else {},
                 paused=ann.get(PAUSE_ANNOTATION) == "true",

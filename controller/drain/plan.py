@@ -120,6 +120,9 @@ class DrainNode:
     fault_devices: tuple[DeviceRef, ...] = ()
     """A device-scoped quarantine on a DRA-backed node (the record's `devices`): the holders are found
     through their claims' allocations, not `gpuwarden.io/gpu-ids` (which DRA nodes do not have)."""
+    dra: bool = False
+    """A DRA-backed node (its record names devices, or says why its quarantine is node-level there): a pod
+    may hold a GPU through a ResourceClaim alone, without a `gpus` request."""
     started: float | None = None
     """When this node's drain began (from its drain state), None if not yet."""
     history: Mapping[str, PodHistory] = field(default_factory=dict)
@@ -185,8 +188,10 @@ def _rule(policy: DrainConfig, name: str) -> tuple[float | None, float]:
 
 def in_scope(node: DrainNode, pods: Iterable[DrainPod]) -> tuple[str, list[DrainPod]]:
     """The pods the fault concerns: holders of the faulty GPUs, or every GPU pod when that cannot be told."""
-    if node.fault_devices:
+    if node.dra:
         holders = [p for p in pods if p.gpus > 0 or p.claims]
+        if not node.fault_devices:
+            return "node", holders  # the node-level quarantine of a DRA-backed node
         if any(p.devices is None for p in holders):
             return "node", holders  # a claim we could not read could hold the faulty device
         return "gpu", [p for p in holders if holds_any(p.devices or (), node.fault_devices)]

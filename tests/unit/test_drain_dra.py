@@ -33,7 +33,7 @@ def pod(name: str, devices: set[int] | None, *, gpus: int = 1, claims: bool = Tr
     return DrainPod("train", name, f"uid-{name}", None, gpus, claims=claims, devices=held)
 
 
-DRA_NODE = DrainNode("n1", frozenset({"GPU-n1-2"}), {}, fault_devices=(FAULTY,))
+DRA_NODE = DrainNode("n1", frozenset({"GPU-n1-2"}), {}, fault_devices=(FAULTY,), dra=True)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,12 @@ DRA_NODE = DrainNode("n1", frozenset({"GPU-n1-2"}), {}, fault_devices=(FAULTY,))
 def test_scope_on_a_dra_node(pods: list[DrainPod], scope: str, moved: list[str]) -> None:
     got_scope, got = in_scope(DRA_NODE, pods)
     assert (got_scope, [p.name for p in got]) == (scope, moved)
+
+
+def test_node_level_quarantine_of_a_dra_node_moves_claim_holders_too() -> None:
+    fallback = DrainNode("n1", frozenset({"GPU-n1-2"}), {}, dra=True)
+    pods = [pod("a", {2}, gpus=0), pod("b", None), pod("cpu", set(), gpus=0, claims=False)]
+    assert in_scope(fallback, pods) == ("node", pods[:2])
 
 
 def test_another_pool_same_device_name_is_not_the_faulty_one() -> None:
@@ -122,6 +128,11 @@ def test_node_level_record_keeps_todays_path() -> None:
     rec = record(node_name="n1", gpu_index=2)
     assert device_scoped([node_obj(rec=rec)]) == set()
     assert device_scoped([node_obj()]) == {"n1"}
+    (plain,) = build_snapshot([node_obj(rec=rec)], PODS, resource="nvidia.com/gpu").nodes
+    assert not plain.dra and plain.fault_devices == ()
+    fallback = replace(rec, scope_note="DeviceTaintRule resource.k8s.io/v1 not served (404)")
+    (dra,) = build_snapshot([node_obj(rec=fallback)], PODS, resource="nvidia.com/gpu").nodes
+    assert dra.dra and dra.fault_devices == ()
 
 
 class Claims:
