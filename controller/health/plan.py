@@ -293,6 +293,12 @@ class HealthPlan:
             f"{len(self.skips)} skips, {self.healthy} healthy GPU nodes"
             + (" (dry-run)" if self.dry_run else "")
         )
+        if self.rule_sync:
+            r = self.rule_sync
+            lines.append(
+                f"device taint rules kept in step: {len(r.create)} to create, {len(r.update)} to update, "
+                f"{len(r.delete)} to delete"
+            )
         if self.absent_series:
             lines.append("absent from Prometheus (those checks see nothing: unknown, not healthy):")
             lines += [f"  {line}" for line in self.absent_series]

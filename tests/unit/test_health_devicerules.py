@@ -297,4 +297,7 @@ def test_plan_carries_the_sync_only_when_the_api_is_served() -> None:
     assert plan_quarantine(snap(QUARANTINED, owned=()), HealthPolicy(), NOW).rule_sync == RuleSync(
         create=(spec(0),)
     )
-    assert not plan_quarantine(snap(QUARANTINED, api="not-served"), HealthPolicy(), NOW).rule_sync
+    assert not plan_quarantine(snap(QUARANTINED, api="unknown"), HealthPolicy(), NOW).rule_sync
+    served = plan_quarantine(snap(QUARANTINED, owned=()), HealthPolicy(), NOW)
+    assert "1 to create" in served.render_table()
+    assert served.to_dict()["device_rules"]["create"] == [f"{spec(0).name}=xid-79:NoSchedule"]
