@@ -34,6 +34,33 @@ RecordState = Literal["quarantined", "released"]
 SCHEMA_VERSION = 1
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class DeviceRef:
+    """One DRA device as `resource.k8s.io/v1` names it: driver, pool and device name (ANDed in a
+    DeviceTaintRule's `deviceSelector`, the same three in a ResourceClaim's `allocation.devices.results[]`),
+    plus the GPU UUID it carries (its ResourceSlice entry's `uuid` attribute; what DCGM evidence names)."""
+
+    driver: str
+    pool: str
+    device: str
+    uuid: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What identifies the device to the API (the UUID is ours, for people)."""
+        return (self.driver, self.pool, self.device)
+
+    def to_json(self) -> dict[str, str]:
+        return {"driver": self.driver, "pool": self.pool, "device": self.device, "uuid": self.uuid}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DeviceRef:
+        ref = cls(str(raw["driver"]), str(raw["pool"]), str(raw["device"]), str(raw.get("uuid", "")))
+        if not (ref.driver and ref.pool and ref.device):
+            raise ValueError(f"device {raw!r} lacks driver, pool or device")
+        return ref
+
+
 def iso(ts: float | None) -> str | None:
     """Unix seconds → RFC 3339 UTC with second precision (what humans read in the annotation)."""
     if ts is None:
@@ -113,6 +140,12 @@ class QuarantineRecord:
     validation_event: str = ""
     """The reason of a validation Event still to be written (e.g. `GPUValidationStarted`): set with the
     record change it reports, cleared once the Event exists (named after the quarantine and the attempt)."""
+    devices: tuple[DeviceRef, ...] = ()
+    """DRA-backed node, device-scoped quarantine: the faulty devices, each under a DeviceTaintRule of ours
+    (`controller/health/devicerules.py`); the node's taint is then only the quarantine's marker
+    (PreferNoSchedule). Empty: a node-level quarantine (device plugin node, or the fallback)."""
+    scope_note: str = ""
+    """Why a DRA-backed node got a node-level quarantine instead (e.g. DeviceTaintRule v1 not served)."""
     event_pending: bool = False
     """Written with the taint (or the release) and cleared once its Event exists: a leader killed between
     the two leaves it set, and the next pass writes the missing Event (named after the record, so once)."""
@@ -167,6 +200,10 @@ class QuarantineRecord:
             }
             if self.validation_event:
                 body["validation"]["event"] = self.validation_event
+        if self.devices:
+            body["devices"] = [d.to_json() for d in sorted(self.devices)]
+        if self.scope_note:
+            body["scope_note"] = self.scope_note
         if self.event_pending:
             body["event"] = "pending"
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -204,6 +241,8 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
                 validation_attempts=int(validation.get("attempts", 0)),
                 validation_failures=tuple(str(f) for f in validation.get("failures", [])),
                 validation_event=str(validation.get("event", "")),
+                devices=tuple(DeviceRef.from_json(d) for d in raw.get("devices", [])),
+                scope_note=str(raw.get("scope_note", "")),
                 event_pending=raw.get("event") == "pending",
             ),
             "",

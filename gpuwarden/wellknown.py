@@ -36,6 +36,12 @@ GPU_DEGRADED_CONDITION = "GPUDegraded"
 DEGRADATION = "gpuwarden.io/degradation"
 """Node annotation, JSON, present only while a `GPUDegraded` change's Event is owed: the change (status,
 message), the Event's note and when it was decided (`at`, RFC 3339, whole seconds: the Event's name)."""
+DEVICE_RULE_NODE = "gpuwarden.io/quarantine-node"
+"""Label on a DeviceTaintRule of ours (resource.k8s.io/v1): the node whose quarantine it belongs to. The
+rule is named `gpuwarden-<node>-<hash of driver/pool/device>` and also labelled
+`app.kubernetes.io/managed-by: gpuwarden`; its taint key is `QUARANTINE_TAINT`, value the reason."""
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpuwarden"
 
 EXPECTED_GPUS = "gpuwarden.io/expected-gpus"
 """Node label (the default of `health.signals.expected_gpus_label`): the node's expected GPU count."""

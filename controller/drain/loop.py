@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,13 +25,17 @@ from prometheus_client import CollectorRegistry
 from controller.drain.act import DrainActuator, DrainMetrics
 from controller.drain.cancel import plan_cancel
 from controller.drain.handoff import Handoff, inputs
-from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot
+from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot, device_scoped
 from controller.drain.plan import DrainPlan, DrainVerdict, evictions_in_window, plan_drains
 from controller.drain.remediation import decide
 from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeError
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
+from gpuwarden.kube.resources import Resource
 
 log = logging.getLogger(__name__)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
+"""Read only in the namespaces of pods on a device-scoped quarantine's node (`read_claims`)."""
 LOOP_INTERVAL_SECONDS = 5.0
 
 
@@ -54,6 +58,7 @@ class DrainLoop:
         self.dry_run = self.policy.dry_run if dry_run is None else dry_run
         self.clock = clock
         self.resource = config.kubernetes.gpu_resource_name
+        self.kube, self.page_size = kube, config.kubernetes.list_page_size
         self._interval = interval_seconds
         self._owned: list[Informer] = []
         if pods is None:
@@ -70,14 +75,17 @@ class DrainLoop:
         self._evicted_at: deque[float] = deque()
         self.last_plan: DrainPlan | None = None
 
-    def snapshot(self) -> DrainSnapshot:
-        return build_snapshot(self.nodes.objects(), self.pods.objects(), resource=self.resource)
+    def snapshot(self, claims: Mapping[tuple[str, str], JsonObject] | None = None) -> DrainSnapshot:
+        return build_snapshot(
+            self.nodes.objects(), self.pods.objects(), resource=self.resource, claims=claims
+        )
 
     async def run_once(self, leading: asyncio.Event | None = None) -> DrainPlan:
         now = self.clock()
         while self._evicted_at and now - self._evicted_at[0] > 60.0:
             self._evicted_at.popleft()
-        snap = self.snapshot()
+        claims = await read_claims(self.kube, self.nodes.objects(), self.pods.objects(), self.page_size)
+        snap = self.snapshot(claims)
         plan = plan_drains(
             snap.nodes,
             snap.pods_by_node,
@@ -159,6 +167,34 @@ class DrainLoop:
         return list(self._owned)
 
 
+async def read_claims(
+    kube: KubeClient, nodes: Iterable[JsonObject], pods: Iterable[JsonObject], page_size: int
+) -> dict[tuple[str, str], JsonObject] | None:
+    """The ResourceClaims of the namespaces whose pods sit on a device-scoped quarantine's node (a DRA-backed
+    node: which pods hold the faulty device is in the claims' allocations); None when there is no such node
+    or a list failed (the drain there is then node-wide: unknown never narrows it)."""
+    scoped = device_scoped(nodes)
+    if not scoped:
+        return None
+    namespaces = sorted(
+        {
+            str((p.get("metadata") or {}).get("namespace", ""))
+            for p in pods
+            if (p.get("spec") or {}).get("nodeName") in scoped
+        }
+    )
+    out: dict[tuple[str, str], JsonObject] = {}
+    try:
+        for ns in namespaces:
+            for claim in (await kube.list_objects(RESOURCE_CLAIMS, namespace=ns, limit=page_size)).items:
+                out[(ns, str((claim.get("metadata") or {}).get("name", "")))] = claim
+    except KubeError as exc:
+        log.warning("ResourceClaims not listed; drains on DRA-backed nodes are node-wide this pass",
+                    extra={"error": str(exc)})  # fmt: skip
+        return None
+    return out
+
+
 async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> DrainPlan:
     """`gpuwarden plan` for drains: list nodes and live pods once, decide; changes nothing, no Events."""
     k = config.kubernetes
@@ -167,12 +203,20 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> DrainP
     ) as kube:
         pods = await kube.list_objects(PODS, field_selector=LIVE_PODS, limit=k.list_page_size)
         nodes = await kube.list_objects(NODES, limit=k.list_page_size)
-    return plan_from(config, nodes.items, pods.items, now=time.time())
+        claims = await read_claims(kube, nodes.items, pods.items, k.list_page_size)
+    return plan_from(config, nodes.items, pods.items, now=time.time(), claims=claims)
 
 
-def plan_from(config: Config, nodes: list[JsonObject], pods: list[JsonObject], *, now: float) -> DrainPlan:
+def plan_from(
+    config: Config,
+    nodes: list[JsonObject],
+    pods: list[JsonObject],
+    *,
+    now: float,
+    claims: Mapping[tuple[str, str], JsonObject] | None = None,
+) -> DrainPlan:
     """The drain plan from listed nodes and live pods (the rate from the nodes' eviction ledgers)."""
-    snap = build_snapshot(nodes, pods, resource=config.kubernetes.gpu_resource_name)
+    snap = build_snapshot(nodes, pods, resource=config.kubernetes.gpu_resource_name, claims=claims)
     return plan_drains(
         snap.nodes,
         snap.pods_by_node,

@@ -21,7 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from controller.gpus.devices import holds_any
 from gpuwarden.config.drain import DrainConfig, DrainMode
+from gpuwarden.quarantine import DeviceRef
 
 
 class DrainVerdict(StrEnum):
@@ -47,6 +49,12 @@ class DrainPod:
     phase: str = "Running"
     terminating: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    claims: bool = False
+    """It uses DRA ResourceClaims (its own, or the one the scheduler made for a DRA-backed extended
+    resource): on a DRA-backed node it may hold a GPU without a `gpus` request."""
+    devices: frozenset[DeviceRef] | None = None
+    """The DRA devices its claims are allocated (`controller.gpus.devices.pod_devices`); None when unknown
+    or not read (only read on nodes whose quarantine is device-scoped)."""
 
     @property
     def key(self) -> str:
@@ -109,6 +117,12 @@ class DrainNode:
     """UUIDs named by the quarantine record; empty = node-level fault."""
     uuid_to_id: Mapping[str, str]
     """Topology: GPU UUID -> the id pods record (`gpuwarden.io/gpu-ids`)."""
+    fault_devices: tuple[DeviceRef, ...] = ()
+    """A device-scoped quarantine on a DRA-backed node (the record's `devices`): the holders are found
+    through their claims' allocations, not `gpuwarden.io/gpu-ids` (which DRA nodes do not have)."""
+    dra: bool = False
+    """A DRA-backed node (its record names devices, or says why its quarantine is node-level there): a pod
+    may hold a GPU through a ResourceClaim alone, without a `gpus` request."""
     started: float | None = None
     """When this node's drain began (from its drain state), None if not yet."""
     history: Mapping[str, PodHistory] = field(default_factory=dict)
@@ -174,6 +188,13 @@ def _rule(policy: DrainConfig, name: str) -> tuple[float | None, float]:
 
 def in_scope(node: DrainNode, pods: Iterable[DrainPod]) -> tuple[str, list[DrainPod]]:
     """The pods the fault concerns: holders of the faulty GPUs, or every GPU pod when that cannot be told."""
+    if node.dra:
+        holders = [p for p in pods if p.gpus > 0 or p.claims]
+        if not node.fault_devices:
+            return "node", holders  # the node-level quarantine of a DRA-backed node
+        if any(p.devices is None for p in holders):
+            return "node", holders  # a claim we could not read could hold the faulty device
+        return "gpu", [p for p in holders if holds_any(p.devices or (), node.fault_devices)]
     gpu_pods = [p for p in pods if p.gpus > 0]
     if not node.fault_gpus:
         return "node", gpu_pods

@@ -9,8 +9,10 @@ state lives in a ConfigMap so a new leader resumes it; deleting the ConfigMap, o
 `gpuwarden.io/reset=now`, resets it. It is written first in a pass: it holds the window's quarantine starts
 (this pass's before their taints) and the transition Events it owes, written next under fixed names.
 
-What it must not do: decide. It never touches a taint with another key, never cordons, and in dry-run
-writes nothing but Events (prefixed "[dry-run]"), which is how the plan is "evented" without changing state.
+What it must not do: decide. It never touches a taint with another key, never cordons, never writes a
+DeviceTaintRule it does not own (devicerules.py), and in dry-run writes nothing but Events (prefixed
+"[dry-run]") and the effect-`None` DeviceTaintRules that preview a DRA-backed quarantine (no effect on
+scheduling), which is how the plan is "evented" without changing state.
 A failed write is logged and counted; the next pass recomputes and retries.
 """
 
@@ -23,10 +25,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.health import breaker
+from controller.health import breaker, devicerules
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import BREAKER_DATA_KEY, JOBS, encode_breaker
-from controller.health.plan import Action, ConditionUpdate, EventSpec, HealthPlan
+from controller.health.observe import BREAKER_DATA_KEY, DEVICE_TAINT_RULES, JOBS, encode_breaker
+from controller.health.plan import Action, ConditionUpdate, EventSpec, HealthPlan, RuleSpec, RuleSync
 from controller.health.snapshot import BreakerState
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
@@ -74,9 +76,9 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
     if action.add_taint is not None:
         want = {"key": TAINT_KEY, "value": action.add_taint.value, "effect": action.add_taint.effect}
         if not any(t.get("value") == want["value"] and t.get("effect") == want["effect"] for t in ours):
-            patch["spec"] = {
-                "taints": [*others, *(t for t in ours if t.get("effect") != want["effect"]), want]
-            }
+            replaced = action.remove_taint.effect if action.remove_taint is not None else None
+            kept = (t for t in ours if t.get("effect") not in (want["effect"], replaced))
+            patch["spec"] = {"taints": [*others, *kept, want]}
     elif action.remove_taint is not None and ours:
         patch["spec"] = {"taints": others or None}
     annotations = meta.get("annotations") or {}
@@ -177,9 +179,12 @@ class Actuator:
         killed after a taint leaves it counted in the window. Not stored: no quarantine in this pass."""
         result = ActResult()
         actions = plan.actions
-        if not await self._apply_breaker(plan, result):
+        stored = await self._apply_breaker(plan, result)
+        if not stored:
             actions = tuple(a for a in actions if a.kind != "quarantine")
         await asyncio.gather(*(self._apply_one(a, plan.dry_run, result) for a in actions))
+        if stored and plan.rule_sync:
+            await self._sync_rules(plan.rule_sync, result)
         return result
 
     async def _event(self, regarding: ObjectRef, spec: EventSpec, dry_run: bool, result: ActResult) -> None:
@@ -199,6 +204,7 @@ class Actuator:
                     if action.create_job is not None:
                         await self._create_job(action.create_job, result)
                     await self._write_node(action, result)
+                    await self._write_rules(action.rules, action.drop_rules, result)
                 except KubeNotFound:
                     log.info("node gone before the write; nothing to do", extra=extra)
                     return
@@ -242,6 +248,50 @@ class Actuator:
             self.metrics.write_failures.labels("finish-event").inc()
             log.warning("event mark not written; the next pass finds the Event written",
                         extra={"node": action.node, "error": str(exc)})  # fmt: skip
+
+    async def _write_rules(
+        self, rules: tuple[RuleSpec, ...], drop: tuple[str, ...], result: ActResult
+    ) -> None:
+        """An action's DeviceTaintRules, after its node write and before its Event: each created (409: it is
+        there, named after the node and device - brought in step), each dropped one deleted (404: gone).
+        A failure raises: the Event stays owed and the next pass's `finish-event` writes the rules again."""
+        for rule in rules:
+            try:
+                await self.client.create(DEVICE_TAINT_RULES, devicerules.manifest(rule))
+            except KubeConflict:
+                await self.client.patch(DEVICE_TAINT_RULES, rule.name, devicerules.taint_patch(rule))
+            result.writes += 1
+        for name in drop:
+            try:
+                await self.client.delete(DEVICE_TAINT_RULES, name)
+                result.writes += 1
+            except KubeNotFound:
+                pass
+
+    async def _sync_rules(self, sync: RuleSync, result: ActResult) -> None:
+        """The pass's rule sync (devicerules.plan_rule_sync); dry-run's `None` rules included. A failure is
+        logged and counted: the next pass plans the same change again."""
+        for rule in sync.create + sync.update:
+            try:
+                try:
+                    await self.client.create(DEVICE_TAINT_RULES, devicerules.manifest(rule))
+                except KubeConflict:
+                    await self.client.patch(DEVICE_TAINT_RULES, rule.name, devicerules.taint_patch(rule))
+                result.writes += 1
+            except KubeError as exc:
+                result.failures += 1
+                self.metrics.write_failures.labels("device-rule").inc()
+                log.warning("device taint rule not written", extra={"rule": rule.name, "error": str(exc)})
+        for name in sync.delete:
+            try:
+                await self.client.delete(DEVICE_TAINT_RULES, name)
+                result.writes += 1
+            except KubeNotFound:
+                pass
+            except KubeError as exc:
+                result.failures += 1
+                self.metrics.write_failures.labels("device-rule").inc()
+                log.warning("device taint rule not deleted", extra={"rule": name, "error": str(exc)})
 
     async def _create_job(self, job: JsonObject, result: ActResult) -> None:
         """Create a validation Job (before the record names it); one that already exists is ours: fine."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from controller.health import breaker
+from controller.health import breaker, devicerules
 from controller.health import plan as p
 from controller.health.degrade import finish_degraded, plan_degraded
 from controller.health.findings import Assessment, Finding, assess_node, fresh_gpus, recovery_holds
@@ -71,15 +71,18 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
                 assessment = assess_node(node, policy, now, extra)
             _plan_signals(node, grading, work, now, degrade=finish is None)
         _plan_node(node, assessment, snapshot, policy, now, work)
-    gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_capacity > 0 and not n.excluded)
+    gpu_nodes = sum(
+        1 for n in snapshot.nodes if (n.gpu_capacity > 0 or n.dra_devices is not None) and not n.excluded
+    )
     breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
     for node, findings, keep in admitted:
-        work.actions.append(_quarantine(node, findings, keep, policy, now))
+        work.actions.append(_quarantine(node, findings, keep, snapshot, policy, now))
+    actions = tuple(sorted(work.actions, key=lambda a: (a.node, a.kind)))
     stats = Counter(a.kind for a in work.actions) + Counter(f"skip:{s.reason}" for s in work.skips)
     return p.HealthPlan(
         now=now,
         dry_run=policy.dry_run,
-        actions=tuple(sorted(work.actions, key=lambda a: (a.node, a.kind))),
+        actions=actions,
         skips=tuple(sorted(work.skips, key=lambda s: (s.node, s.reason))),
         breaker=breaker,
         healthy=work.healthy,
@@ -88,6 +91,11 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
         signals=_signal_statuses(grading),
         streaks=grading.streaks,
         stalled_gpus=sum(len(a.stalled) for a in assessments.values() if a is not None),
+        rule_sync=devicerules.plan_rule_sync(
+            nodes, actions, snapshot.owned_rules, effect=policy.device_taint_effect, dry_run=policy.dry_run
+        )
+        if snapshot.device_rules == "served"
+        else p.RuleSync(),
     )
 
 
@@ -220,15 +228,21 @@ def _plan_quarantined(
     if node.release_requested:
         dismissed = tuple(sorted(record.fingerprints | {f.fingerprint for f in current}))
         if record.event_pending and record.quarantined_at is not None:
-            work.actions.append(_finish_quarantine(node.name, record, drift=False))  # the Event still owed
+            work.actions.append(_finish_quarantine(node.name, record, drift=False, policy=policy))
         work.actions.append(_release(node, taint, record.with_(event_pending=False), "operator-annotation",
                                      now, dismissed))  # fmt: skip
+        return
+    if record.devices and snap.device_rules == "not-served":
+        # The DeviceTaintRule API went away (downgrade, gate off): the rules cannot hold the devices any more,
+        # so the node taint does; an owed Event is written by the next pass, without rules.
+        gone = devicerules.scope_of({}, (), "not-served", snap.device_rules_why).note
+        work.actions.append(_widen(node, taint, record, policy, gone, "device rules no longer served"))
         return
     drift = node.condition is None or node.condition.status != "False"
     if record.event_pending and record.quarantined_at is not None:
         # A quarantine whose Event was not written (the leader died after the taint): finish it, whatever
         # the telemetry says now - the taint is on the node and the Event only reports it.
-        work.actions.append(_finish_quarantine(node.name, record, drift))
+        work.actions.append(_finish_quarantine(node.name, record, drift, policy=policy))
         drift = False
     if _unknown(node, assessment, snap, work):
         return
@@ -252,7 +266,7 @@ def _plan_quarantined(
                 validation_started=None,
             )
             why = f"new evidence: {', '.join(f.fingerprint for f in new)}" if new else "evidence returned"
-            work.actions.append(p.Action("update-record", node.name, "evidence-changed", why, record=updated))
+            work.actions.append(_rescope(node, taint, updated, snap, policy, why))
         else:
             work.skip(node.name, p.SKIP_STILL_FAULTY, "; ".join(f.why for f in current))
         return
@@ -290,6 +304,53 @@ def _plan_quarantined(
             return
         note = step.note
     work.actions.append(_release(node, taint, record, "healthy-period", now, (), note))
+
+
+def _rescope(
+    node: NodeState,
+    taint: Taint,
+    record: QuarantineRecord,
+    snap: FleetSnapshot,
+    policy: HealthPolicy,
+    why: str,
+) -> p.Action:
+    """The update of a quarantine's evidence; a device-scoped one is scoped again over all its evidence: more
+    devices get rules, and evidence no device rule can hold (node-level, an unmapped GPU, the rule API gone)
+    turns it into the node-level quarantine (the marker taint replaced by the node taint, the rules
+    dropped)."""
+    if not record.devices:
+        return p.Action("update-record", node.name, "evidence-changed", why, record=record)
+    scope = devicerules.scope_of(
+        node.dra_devices, (e.gpu for e in record.evidence), snap.device_rules, snap.device_rules_why
+    )
+    if scope.devices:
+        updated = record.with_(devices=scope.devices)
+        rules = devicerules.rules_for(node.name, updated, policy.device_taint_effect)
+        return p.Action("update-record", node.name, "evidence-changed", why, record=updated, rules=rules)
+    return _widen(node, taint, record, policy, scope.note, why)
+
+
+def _widen(
+    node: NodeState, taint: Taint, record: QuarantineRecord, policy: HealthPolicy, note: str, why: str
+) -> p.Action:
+    """A device-scoped quarantine turned into the node-level one: the node taint (the reason classes'
+    strongest effect) replaces the marker, the rules are dropped, the record says why."""
+    effect = max(
+        (policy.effect_for(reason_class(e.reason, policy.catalog)) for e in record.evidence),
+        key=lambda e: EFFECT_STRENGTH.get(e, 1),
+    )
+    widened = record.with_(devices=(), scope_note=note, effect=effect)
+    return p.Action(
+        "update-record",
+        node.name,
+        "scope-widened",
+        f"{why}; {note}",
+        add_taint=Taint(TAINT_KEY, record.reason, effect),
+        remove_taint=taint,
+        record=widened,
+        drop_rules=_rule_names(node.name, record),
+        condition=_condition_false(record.reason, note),
+    )
 
 
 def _plan_free(
@@ -342,6 +403,7 @@ def _operator_untaint(
         "operator-untaint",
         "our taint was removed by hand; not re-tainting for the same evidence",
         record=released.with_(event_pending=True),
+        drop_rules=_rule_names(node.name, record),
         remove_release_request=node.release_requested,
         condition=p.ConditionUpdate("True", "ReleasedByOperator", "quarantine taint removed by hand"),
         event=p.EventSpec(
@@ -455,12 +517,24 @@ def _condition_false(reason: str, detail: str = "") -> p.ConditionUpdate:
 
 
 def _quarantine(
-    node: NodeState, findings: tuple[Finding, ...], keep: tuple[str, ...], policy: HealthPolicy, now: float
+    node: NodeState,
+    findings: tuple[Finding, ...],
+    keep: tuple[str, ...],
+    snap: FleetSnapshot,
+    policy: HealthPolicy,
+    now: float,
 ) -> p.Action:
     ordered = sorted(findings, key=lambda f: _severity(f, policy))
     primary = ordered[0]
-    effect = max(
-        (policy.effect_for(f.reason_class) for f in ordered), key=lambda e: EFFECT_STRENGTH.get(e, 1)
+    scope = devicerules.scope_of(
+        node.dra_devices, (f.gpu for f in ordered), snap.device_rules, snap.device_rules_why
+    )
+    effect = (
+        devicerules.MARKER_EFFECT
+        if scope.devices
+        else max(
+            (policy.effect_for(f.reason_class) for f in ordered), key=lambda e: EFFECT_STRENGTH.get(e, 1)
+        )
     )
     taint = Taint(TAINT_KEY, primary.reason, effect)
     record = QuarantineRecord(
@@ -472,11 +546,16 @@ def _quarantine(
         quarantined_at=float(int(now)),
         boot_id=node.boot_id,
         suppressed=keep,
+        devices=scope.devices,
+        scope_note=scope.note,
         event_pending=True,
     )
     gpus = sorted({f.gpu for f in ordered if f.gpu})
     seen = [f.first_seen for f in ordered if f.first_seen is not None]
-    note = f"{primary.why}; GPUs {', '.join(gpus) or '-'}; taint {TAINT_KEY}={primary.reason}:{effect}"
+    note = (
+        f"{primary.why}; GPUs {', '.join(gpus) or '-'}; taint {TAINT_KEY}={primary.reason}:{effect}"
+        f"{_scope_note(node.name, record, policy.device_taint_effect)}"
+    )
     return p.Action(
         "quarantine",
         node.name,
@@ -484,6 +563,7 @@ def _quarantine(
         primary.why,
         add_taint=taint,
         record=record,
+        rules=devicerules.rules_for(node.name, record, policy.device_taint_effect),
         condition=_condition_false(primary.reason, primary.why),
         event=p.EventSpec(
             EVENT_QUARANTINED, "Warning", note, "Taint", name=quarantine_event_name(node.name, record)
@@ -491,6 +571,22 @@ def _quarantine(
         first_seen=min(seen) if seen else None,
         after_event=record.with_(event_pending=False),
     )
+
+
+def _scope_note(node: str, record: QuarantineRecord, effect: str) -> str:
+    """What the quarantine's Event adds about its scope: the device rules, or why a DRA-backed node got the
+    node taint; nothing on a device-plugin node."""
+    if record.devices:
+        rules = ", ".join(
+            f"{r.name} ({r.device.driver}/{r.device.pool}/{r.device.device}, {r.device.uuid})"
+            for r in devicerules.rules_for(node, record, effect)
+        )
+        return f" (node marker only); DeviceTaintRule {TAINT_KEY}={record.reason}:{effect}: {rules}"
+    return f"; {record.scope_note}" if record.scope_note else ""
+
+
+def _rule_names(node: str, record: QuarantineRecord) -> tuple[str, ...]:
+    return tuple(sorted(devicerules.rule_name(node, d) for d in record.devices))
 
 
 def quarantine_event_name(node: str, record: QuarantineRecord) -> str:
@@ -503,12 +599,12 @@ def release_event_name(node: str, record: QuarantineRecord) -> str:
     return f"{node}.gpuquarantinereleased.{int(record.released_at or 0):x}"
 
 
-def _finish_quarantine(node: str, record: QuarantineRecord, drift: bool) -> p.Action:
+def _finish_quarantine(node: str, record: QuarantineRecord, drift: bool, *, policy: HealthPolicy) -> p.Action:
     gpus = sorted({e.gpu for e in record.evidence if e.gpu})
     note = (
         f"{record.reason}: {', '.join(sorted(record.fingerprints)) or 'adopted taint'}; GPUs "
         f"{', '.join(gpus) or '-'}; taint {TAINT_KEY}={record.reason}:{record.effect} since "
-        f"{iso(record.quarantined_at)}"
+        f"{iso(record.quarantined_at)}{_scope_note(node, record, policy.device_taint_effect)}"
     )
     return p.Action(
         "finish-event",
@@ -516,6 +612,7 @@ def _finish_quarantine(node: str, record: QuarantineRecord, drift: bool) -> p.Ac
         "quarantine-event-pending",
         "tainted, but its GPUQuarantined Event is not recorded as written",
         condition=_condition_false(record.reason) if drift else None,
+        rules=devicerules.rules_for(node, record, policy.device_taint_effect),
         event=p.EventSpec(
             EVENT_QUARANTINED, "Warning", note, "Taint", name=quarantine_event_name(node, record)
         ),
@@ -541,6 +638,7 @@ def _finish_release(node: str, record: QuarantineRecord, drift: bool) -> p.Actio
         ),
         after_event=done,
         remove_record_after_event=not done.suppressed,
+        drop_rules=_rule_names(node, record),
     )
 
 
@@ -579,6 +677,7 @@ def _release(
         why,
         remove_taint=taint,
         record=released,
+        drop_rules=_rule_names(node.name, record),
         remove_release_request=node.release_requested,
         condition=p.ConditionUpdate("True", "QuarantineReleased", why),
         event=p.EventSpec(

@@ -23,17 +23,30 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from controller.gpus.devices import devices_by_uuid
+from controller.gpus.dra import extended_resource_classes
+from controller.gpus.feed import DEVICE_CLASSES
+from controller.health import devicerules
 from controller.health.act import Actuator
 from controller.health.decide import plan_quarantine
 from controller.health.metrics import HealthMetrics
-from controller.health.observe import JOBS, Observer
+from controller.health.observe import (
+    DEVICE_TAINT_RULES,
+    JOBS,
+    RESOURCE_SLICES,
+    Observer,
+    attach_dra,
+    device_scoped,
+    dra_backed,
+    needs_devices,
+)
 from controller.health.plan import HealthPlan
 from controller.health.policy import HealthPolicy, policy_from_config
 from controller.health.series import absent_series, presence_query
-from controller.health.snapshot import Streak
+from controller.health.snapshot import DeviceRulesApi, FleetSnapshot, OwnedRule, Streak
 from controller.health.telemetry import Querier
 from gpuwarden.config.root import Config
-from gpuwarden.errors import KubeError, PrometheusError
+from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
 from gpuwarden.kube import (
     NODES,
     PODS,
@@ -44,6 +57,7 @@ from gpuwarden.kube import (
 )
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
+from gpuwarden.quarantine import DeviceRef
 from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
 log = logging.getLogger(__name__)
@@ -116,12 +130,58 @@ class HealthLoop:
         snapshot = await self.observer.observe(
             self.prom, objects, breaker, now, streaks=self.streaks, failed_pods=failed, jobs=jobs
         )
+        snapshot = await self._with_dra(snapshot)
         observed = time.perf_counter()
         plan = plan_quarantine(snapshot, self.policy, now)
         self.metrics.loop_duration.labels("observe").observe(observed - started)
         self.metrics.loop_duration.labels("decide").observe(time.perf_counter() - observed)
         self.metrics.observe_pass(snapshot, plan)
         return plan
+
+    async def _with_dra(self, snap: FleetSnapshot) -> FleetSnapshot:
+        """DRA facts (docs/health.md#dra-backed-nodes): which nodes DRA serves (DeviceClasses), whether the
+        DeviceTaintRule v1 API is served (our rules listed: 404 = not served, another error = unknown; both
+        fall back to the node taint), and the ResourceSlices of the DRA-backed nodes with something to say."""
+        resource = self.config.kubernetes.gpu_resource_name
+        page = self.config.kubernetes.list_page_size
+        scoped = any(device_scoped(n) for n in snap.nodes)
+        try:
+            classes = extended_resource_classes(
+                (await self.kube.list_objects(DEVICE_CLASSES, limit=page)).items
+            )
+        except KubeNotFound as exc:  # no resource.k8s.io/v1 at all: no DRA node, no device rule
+            return replace(snap, device_rules="not-served", device_rules_why=str(exc))
+        except KubeError as exc:
+            log.warning("DeviceClasses not listed; DRA-backed nodes get node taints this pass",
+                        extra={"error": str(exc)})  # fmt: skip
+            return replace(snap, device_rules="unknown", device_rules_why=str(exc))
+        dra = [n for n in snap.nodes if dra_backed(n, classes, resource)]
+        if not dra and not scoped:
+            return snap
+        api: DeviceRulesApi = "served"
+        why, owned = "", list[OwnedRule]()
+        try:
+            listed = await self.kube.list_objects(
+                DEVICE_TAINT_RULES, label_selector=devicerules.OWNED_SELECTOR, limit=page
+            )
+            owned = [r for o in listed.items if (r := devicerules.owned_rule(o)) is not None]
+        except KubeNotFound as exc:
+            api, why = "not-served", str(exc)
+        except KubeError as exc:
+            api, why = "unknown", str(exc)
+        devices: dict[str, dict[str, DeviceRef]] = {}
+        for node in dra:
+            devices[node.name] = {}
+            if api != "served" or not needs_devices(node):
+                continue
+            try:
+                slices = await self.kube.list_objects(
+                    RESOURCE_SLICES, field_selector=f"spec.nodeName={node.name}", limit=page
+                )
+                devices[node.name] = devices_by_uuid(slices.items, node.name)
+            except KubeError as exc:  # no device known: a quarantine there is node-level (scope_of)
+                log.warning("ResourceSlices not listed", extra={"node": node.name, "error": str(exc)})
+        return attach_dra(snap, devices, api=api, why=why, owned=owned)
 
     async def _failed_pods(self) -> list[JsonObject] | None:
         """Pods in phase Failed (for `admission_failures`); None when that signal is off or the list failed

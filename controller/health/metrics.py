@@ -28,6 +28,7 @@ class HealthMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._quarantined: dict[tuple[str, ...], float] = {}
+        self._devices: dict[tuple[str, ...], float] = {}
         self._skips: dict[tuple[str, ...], float] = {}
         self._signals: dict[tuple[str, ...], float] = {}
         self._degraded: dict[tuple[str, ...], float] = {}
@@ -55,6 +56,15 @@ class HealthMetrics:
                 "Nodes carrying the gpuwarden.io/gpu-unhealthy taint, by taint reason.",
                 ["reason"],
                 lambda: dict(self._quarantined),
+            )
+        )
+        registry.register(
+            SnapshotCollector(
+                "gpuwarden_health_quarantined_devices",
+                "DeviceTaintRules of ours (one per quarantined device on DRA-backed nodes) as listed at the "
+                "last pass, by taint reason and effect (None: dry-run's preview).",
+                ["reason", "effect"],
+                lambda: dict(self._devices),
             )
         )
         registry.register(
@@ -132,6 +142,8 @@ class HealthMetrics:
         """Record what one pass saw and decided (before acting)."""
         reasons = Counter(t.value for node in snapshot.nodes if (t := node.our_taint) is not None)
         self._quarantined = {(r,): float(n) for r, n in reasons.items()}
+        rules = Counter((r.value, r.effect) for r in snapshot.owned_rules)
+        self._devices = {k: float(n) for k, n in rules.items()}
         self._skips = {(r,): float(n) for r, n in Counter(s.reason for s in plan.skips).items()}
         self.breaker_open.set(1 if plan.breaker.after.open else 0)
         if plan.breaker.after.open and not plan.breaker.before.open:

@@ -17,13 +17,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from controller.gpus.dra import dra_class_for_node
 from controller.health.snapshot import (
     BreakerEvent,
     BreakerState,
     ConditionState,
+    DeviceRulesApi,
     FleetSnapshot,
     JobState,
     NodeState,
+    OwnedRule,
     Streak,
     Taint,
 )
@@ -31,16 +34,24 @@ from controller.health.telemetry import Querier, Queries, Telemetry, build_queri
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
 from gpuwarden.kube.resources import Resource
-from gpuwarden.quarantine import iso, parse_iso
+from gpuwarden.quarantine import DeviceRef, decode, iso, parse_iso
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import GPU_DEGRADED_CONDITION as DEGRADED_CONDITION
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
+from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
+"""DRA devices per node (listed by `spec.nodeName` for a DRA-backed node with something to say)."""
+DEVICE_TAINT_RULES = Resource(
+    "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False
+)
+"""DRA device taints (GA in 1.37; v1alpha3/v1beta2 before, which we do not use): a 404 on the list of ours
+means not served, and DRA-backed nodes get the node-level quarantine (devicerules.py)."""
 BREAKER_DATA_KEY = "state"
 
 
@@ -242,6 +253,40 @@ def join(
         queries=telemetry.queries if telemetry is not None else 0,
         streaks=dict(streaks or {}),
     )
+
+
+def dra_backed(node: NodeState, classes: Mapping[str, str], gpu_resource: str) -> bool:
+    """The node's GPUs are served by DRA: no allocatable entry for the resource, a DeviceClass naming it
+    (`controller.gpus.dra`, the scheduler's own per-node split)."""
+    return bool(dra_class_for_node(node.gpu_allocatable is not None, gpu_resource, classes))
+
+
+def device_scoped(node: NodeState) -> bool:
+    """The node's quarantine record names devices (its DeviceTaintRules must be known, DRA-backed or not)."""
+    record, _ = decode(node.annotations.get(RECORD_ANNOTATION))
+    return record is not None and bool(record.devices)
+
+
+def needs_devices(node: NodeState) -> bool:
+    """A DRA-backed node whose ResourceSlices are worth reading this pass: its telemetry has something to
+    say (a quarantine may be decided or widened); a quiet fleet costs no list."""
+    return bool(node.gpus)
+
+
+def attach_dra(
+    snap: FleetSnapshot,
+    devices: Mapping[str, Mapping[str, DeviceRef]],
+    *,
+    api: DeviceRulesApi,
+    why: str = "",
+    owned: Iterable[OwnedRule] = (),
+) -> FleetSnapshot:
+    """The snapshot with DRA facts: `devices` has an entry (UUID -> device, maybe empty) per DRA-backed
+    node; the DeviceTaintRule API's state and our rules."""
+    nodes = tuple(
+        replace(n, dra_devices=dict(devices[n.name])) if n.name in devices else n for n in snap.nodes
+    )
+    return replace(snap, nodes=nodes, device_rules=api, device_rules_why=why, owned_rules=tuple(owned))
 
 
 class Observer:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controller.health.snapshot import BreakerState, Streak, Taint
-from gpuwarden.quarantine import QuarantineRecord, iso
+from gpuwarden.quarantine import DeviceRef, QuarantineRecord, iso
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
 
 ActionKind = Literal[
@@ -67,6 +67,37 @@ class EventSpec:
     """When set, the Event is written under this name at most once (409 AlreadyExists = already written)."""
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class RuleSpec:
+    """A DeviceTaintRule of ours as it should be (devicerules.py builds the manifest)."""
+
+    name: str
+    node: str
+    device: DeviceRef
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSync:
+    """This pass's DeviceTaintRule changes outside the actions' own: a rule recreated that someone deleted,
+    one whose node is no longer quarantined (or gone) removed, the dry-run's `None` rules kept in step."""
+
+    create: tuple[RuleSpec, ...] = ()
+    update: tuple[RuleSpec, ...] = ()
+    delete: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.create or self.update or self.delete)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "create": [f"{r.name}={r.value}:{r.effect}" for r in self.create],
+            "update": [f"{r.name}={r.value}:{r.effect}" for r in self.update],
+            "delete": list(self.delete),
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     """One change to one node. Fields that are None are left alone by `act.py`."""
@@ -91,6 +122,11 @@ class Action:
     """Which mark of the record: `event_pending` (quarantine, release) or `validation_event`."""
     remove_record_after_event: bool = False
     """Remove the record (matched by `after_event`) once `event` exists (nothing left to remember)."""
+    rules: tuple[RuleSpec, ...] = ()
+    """DeviceTaintRules that must exist before `event` is written (created after the node write; 409 = there
+    already, a changed taint patched): a device-scoped quarantine on a DRA-backed node."""
+    drop_rules: tuple[str, ...] = ()
+    """DeviceTaintRules of ours deleted after the node write and before `event` (404 = gone already)."""
     degradation: str | None = None
     """The `gpuwarden.io/degradation` mark (encoded, `degrade.DegradationMark`): written before the
     GPUDegraded condition, removed once `event` exists (only while it still holds this value)."""
@@ -130,6 +166,10 @@ class Action:
             )
         if self.degradation is not None:
             out["after_event"] = "remove-degradation-mark"
+        if self.rules:
+            out["device_rules"] = [f"{r.name}={r.value}:{r.effect}" for r in self.rules]
+        if self.drop_rules:
+            out["drop_device_rules"] = list(self.drop_rules)
         if self.first_seen is not None:
             out["first_seen"] = iso(self.first_seen)
         if self.create_job is not None:
@@ -207,6 +247,7 @@ class HealthPlan:
     streaks: dict[str, Streak] = field(default_factory=dict)  # debounce state for the next pass
     stalled_gpus: int = 0
     absent_series: tuple[str, ...] = ()  # `gpuwarden plan`: required series Prometheus lacks (series.py)
+    rule_sync: RuleSync = field(default_factory=RuleSync)  # DeviceTaintRules kept in step (devicerules.py)
 
     def actions_of(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -231,6 +272,8 @@ class HealthPlan:
             ]
         if self.absent_series:
             out["absent_series"] = list(self.absent_series)
+        if self.rule_sync:
+            out["device_rules"] = self.rule_sync.to_dict()
         return out
 
     def render_table(self) -> str:
@@ -250,6 +293,12 @@ class HealthPlan:
             f"{len(self.skips)} skips, {self.healthy} healthy GPU nodes"
             + (" (dry-run)" if self.dry_run else "")
         )
+        if self.rule_sync:
+            r = self.rule_sync
+            lines.append(
+                f"device taint rules kept in step: {len(r.create)} to create, {len(r.update)} to update, "
+                f"{len(r.delete)} to delete"
+            )
         if self.absent_series:
             lines.append("absent from Prometheus (those checks see nothing: unknown, not healthy):")
             lines += [f"  {line}" for line in self.absent_series]

@@ -77,6 +77,7 @@ class HealthPolicy:
     breaker_hold: float = 900.0
     signals: SignalsConfig = field(default_factory=SignalsConfig)  # graded fabric/degradation signals
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # a Job before each release
+    device_taint_effect: str = "NoSchedule"  # a DeviceTaintRule's effect outside dry-run (devicerules.py)
     dry_run: bool = False
 
     def effect_for(self, reason_class: str) -> str:
@@ -117,6 +118,7 @@ def policy_from_config(cfg: HealthConfig, *, dry_run: bool | None = None) -> Hea
         breaker_hold=brk.hold_seconds,
         signals=cfg.signals,
         validation=cfg.validation,
+        device_taint_effect=cfg.device_taint_effect,
         dry_run=cfg.dry_run if dry_run is None else dry_run,
     )
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpuwarden.quarantine import DeviceRef
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
@@ -21,6 +22,7 @@ from gpuwarden.wellknown import RELEASE_NOW
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+DeviceRulesApi = Literal["served", "not-served", "unknown"]
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 EFFECT_STRENGTH: dict[str, int] = {"PreferNoSchedule": 0, "NoSchedule": 1, "NoExecute": 2}
 
@@ -91,6 +93,17 @@ class GpuTelemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnedRule:
+    """A DeviceTaintRule of ours as the API has it (name, its selector, taint value and effect)."""
+
+    name: str
+    node: str  # its `gpuwarden.io/quarantine-node` label
+    device: DeviceRef
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
 class JobState:
     """A validation Job as the API has it: `running`, `succeeded` or `failed` (with the Job's own why)."""
 
@@ -127,6 +140,9 @@ class NodeState:
     nvswitch_non_fatal: tuple[int, ...] = ()  # ditto for non-fatal
     admission_failures: int | None = None  # pods rejected at admission within the window (None: not read)
     validation_jobs: Mapping[str, JobState] = field(default_factory=dict)  # our validation Jobs, by name
+    dra_devices: Mapping[str, DeviceRef] | None = None
+    """A DRA-backed GPU node (`controller.gpus.dra`): GPU UUID -> its device in the node's ResourceSlices
+    (read only when the node has something to say). None: not DRA-backed (the device plugin serves it)."""
 
     @property
     def our_taint(self) -> Taint | None:
@@ -194,3 +210,9 @@ class FleetSnapshot:
     unmatched_telemetry: tuple[str, ...] = ()  # node identities in Prometheus with no Node object
     queries: int = 0  # Prometheus queries it took (for the bench and self-metrics)
     streaks: Mapping[str, Streak] = field(default_factory=dict)  # debounce state carried between passes
+    device_rules: DeviceRulesApi = "not-served"
+    """Whether the API server serves DeviceTaintRule `resource.k8s.io/v1` (listing ours answered), does not
+    (404: before 1.37 or the gate off) or could not be asked (`unknown`): only `served` scopes a quarantine
+    to devices; the other two fall back to the node taint (devicerules.py)."""
+    device_rules_why: str = ""  # what the list answered when not `served`
+    owned_rules: tuple[OwnedRule, ...] = ()  # our DeviceTaintRules (when `served`)

@@ -257,6 +257,14 @@ class HealthConfig(Section):
     ecc: EccPolicy = Field(default_factory=EccPolicy, description="ECC / retired pages / row remap.")
     taint_effects: TaintEffects = Field(default_factory=TaintEffects, description="Effect per reason class.")
     breaker: Breaker = Field(default_factory=Breaker, description="Circuit breaker.")
+    device_taint_effect: Literal["NoSchedule", "NoExecute"] = Field(
+        default="NoSchedule",
+        description="Effect of the DeviceTaintRule (resource.k8s.io/v1) that quarantines one faulty GPU on a "
+        "DRA-backed node (docs/health.md#dra-backed-nodes); dry-run writes effect None instead. NoSchedule: "
+        "no new claim gets the device, and the drain moves the pods holding it through the Eviction API "
+        "(PodDisruptionBudgets hold). NoExecute makes kube-controller-manager delete those pods without the "
+        "Eviction API (no PDBs) and, before Kubernetes 1.38, misses pods of DRA-backed extended resources.",
+    )
     signals: SignalsConfig = Field(
         default_factory=SignalsConfig,
         description="Fabric and degradation signals, each graded quarantine / degrade / observe.",

@@ -65,3 +65,22 @@ def test_signal_metrics_follow_the_last_pass() -> None:
     assert reg.get_sample_value("gpuwarden_health_signals", confirmed) is None
     assert reg.get_sample_value("gpuwarden_health_degraded_nodes", {"signal": "hw_thermal"}) is None
     assert reg.get_sample_value("gpuwarden_health_stalled_gpus") == 0.0
+
+
+def test_quarantined_devices_follow_our_listed_rules() -> None:
+    from controller.health.snapshot import OwnedRule
+    from gpuwarden.quarantine import DeviceRef
+
+    reg = CollectorRegistry()
+    m = HealthMetrics(reg)
+    rules = tuple(
+        OwnedRule(f"r{i}", "n1", DeviceRef("gpu.nvidia.com", "n1", f"gpu-{i}"), "xid-79", effect)
+        for i, effect in enumerate(("NoSchedule", "NoSchedule", "None"))
+    )
+    snap = FleetSnapshot(NOW, (), device_rules="served", owned_rules=rules)
+    m.observe_pass(snap, plan_quarantine(snap, HealthPolicy(), NOW))
+    sample = "gpuwarden_health_quarantined_devices"
+    assert reg.get_sample_value(sample, {"reason": "xid-79", "effect": "NoSchedule"}) == 2.0
+    assert reg.get_sample_value(sample, {"reason": "xid-79", "effect": "None"}) == 1.0
+    m.observe_pass(FleetSnapshot(NOW, ()), plan_quarantine(FleetSnapshot(NOW, ()), HealthPolicy(), NOW))
+    assert reg.get_sample_value(sample, {"reason": "xid-79", "effect": "NoSchedule"}) is None
