@@ -1,7 +1,7 @@
 """Which GPU nodes are DRA-backed: where Dynamic Resource Allocation, not a device plugin, serves the GPUs.
 
 Why it exists: from Kubernetes 1.37 (`DRAExtendedResource` GA) a pod asking for `nvidia.com/gpu: N` is served
-by a DRA driver on every node that has **no** `nvidia.com/gpu` in its allocatable while a DeviceClass names
+by a DRA driver on every node whose `nvidia.com/gpu` allocatable is not above 0 while a DeviceClass names
 the resource in `spec.extendedResourceName`; a node with a device plugin keeps the classic path
 (kube-scheduler's NodeResourcesFit decides per node; docs/extender.md#dra-backed-nodes). Clusters mix the two.
 On a DRA-backed node the scheduler's DRA plugin picks the devices in its Filter/Reserve/PreBind, before an
@@ -36,8 +36,8 @@ def extended_resource_classes(device_classes: Iterable[Mapping[str, Any]]) -> di
 def dra_class_for_node(device_plugin: bool, resource: str, classes: Mapping[str, str]) -> str:
     """The DeviceClass serving `resource` on a node, "" when its device plugin does (or nothing does).
 
-    `device_plugin`: the node lists `resource` in its allocatable (even at 0: a registered plugin whose
-    devices are all unhealthy still owns the name there)."""
+    `device_plugin`: the node's allocatable of `resource` is above 0 (kube-scheduler's test in v1.37's
+    noderesources `shouldDelegateResourceToDRA`: a node at 0 is served by DRA when a class maps the name)."""
     if device_plugin:
         return ""
     return classes.get(resource, "")

@@ -155,8 +155,9 @@ class NodeInfo:
     quarantine: NodeQuarantine | None = None
     """Our quarantine of the node (`gpuwarden.quarantine.node_quarantine`); None: not quarantined."""
     device_plugin: bool = True
-    """The node lists the GPU resource in its allocatable (a device plugin owns the name there, even at 0);
-    False on a node without GPUs or with DRA-backed ones (controller/gpus/dra.py)."""
+    """The node's allocatable of the GPU resource is > 0 (a device plugin serves it there); False on a node
+    without GPUs or with DRA-backed ones - kube-scheduler's own test (noderesources'
+    `shouldDelegateResourceToDRA`, v1.37: at 0 the name goes to DRA when a DeviceClass maps it)."""
 
     @property
     def quarantine_reason(self) -> str | None:
@@ -167,8 +168,7 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
     """Parse a v1.Node (JSON)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     annotations = meta.get("annotations") or {}
-    listed = status.get("allocatable") or {}
-    allocatable = _int(listed.get(resource, 0))
+    allocatable = _int((status.get("allocatable") or {}).get(resource, 0))
     topology, error = None, ""
     if TOPOLOGY_ANNOTATION in annotations:
         try:
@@ -177,5 +177,5 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
             error = str(exc)
     quarantine = node_quarantine(spec.get("taints") or [], annotations)
     return NodeInfo(
-        str(meta.get("name", "")), allocatable, topology, error, quarantine, device_plugin=resource in listed
+        str(meta.get("name", "")), allocatable, topology, error, quarantine, device_plugin=allocatable > 0
     )

@@ -256,9 +256,9 @@ def join(
 
 
 def dra_backed(node: NodeState, classes: Mapping[str, str], gpu_resource: str) -> bool:
-    """The node's GPUs are served by DRA: no allocatable entry for the resource, a DeviceClass naming it
+    """The node's GPUs are served by DRA: no allocatable of the resource above 0, a DeviceClass naming it
     (`controller.gpus.dra`, the scheduler's own per-node split)."""
-    return bool(dra_class_for_node(node.gpu_allocatable is not None, gpu_resource, classes))
+    return bool(dra_class_for_node(bool(node.gpu_allocatable), gpu_resource, classes))
 
 
 def device_scoped(node: NodeState) -> bool:

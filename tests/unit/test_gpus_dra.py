@@ -71,8 +71,8 @@ def test_dra_class_for_node(device_plugin: bool, classes: dict[str, str], want: 
 
 def test_node_info_tells_device_plugin_nodes_from_the_others() -> None:
     assert node_info(node("dp"), RESOURCE).device_plugin
-    zero = node("dp0", gpus=0)  # a registered plugin whose devices are all unhealthy still owns the name
-    assert node_info(zero, RESOURCE).device_plugin
+    zero = node("dp0", gpus=0)  # allocatable 0: kube-scheduler hands the name to DRA when a class maps it
+    assert not node_info(zero, RESOURCE).device_plugin
     assert not node_info(dra_node("d"), RESOURCE).device_plugin
 
 
