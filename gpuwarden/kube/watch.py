@@ -4,7 +4,9 @@ Why it exists: every loop that reacts to cluster state (quarantine, nominations,
 nodes) needs the reflector contract of client-go, and getting it subtly wrong loses events forever:
 list (all pages, consistent read) → watch from the list's resourceVersion with bookmarks → on a 410 Gone
 (HTTP status or ERROR event) relist at once and emit the difference as ADDED/MODIFIED/DELETED events → on
-other errors back off and re-watch from the last resourceVersion seen. `Informer.events()` is the same
+other errors back off and re-watch from the last resourceVersion seen. An outage is one warning when it
+starts and one info line when the (re)list or the first event of a resumed watch ends it (a watch resumed
+with nothing to say ends it at its first event). `Informer.events()` is the same
 loop as an async iterator of `(type, object)` events; `Informer.run()` feeds a handler instead.
 
 The pure parts — `diff_relist`, `apply_event`, `Backoff.delay` — are table-tested; the loop is tested
@@ -261,6 +263,8 @@ class Informer:
                 try:
                     async for raw in stream:
                         event = self._on_raw(raw)
+                        if not progressed:  # a watch resumed without a relist ends an outage too
+                            self._episodes.succeeded(f"watch {self.resource.plural}")
                         progressed = True
                         if event is not None:
                             apply_event(self.store, event)

@@ -677,6 +677,75 @@ class Cluster:
             time.sleep(0.2)
         raise ClusterError(f"restarted kube-scheduler not ready after {timeout:.0f}s on port {port}")
 
+    # ---------------------------------------------------------------- API server
+    def apiserver_args(self, extra_args: Mapping[str, str] | None = None) -> list[str]:
+        """kube-apiserver's command-line flags as kwokctl started it, each of ``extra_args`` (flag name
+        without dashes -> value) replacing the flag of that name or, when it has none, added at the end."""
+        extra = dict(extra_args or {})
+        args: list[str] = []
+        for arg in (str(a) for a in self.component("kube-apiserver").get("args") or []):
+            name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+            if name in extra:
+                args.append(f"--{name}={extra.pop(name)}")
+            else:
+                args.append(arg)
+        return args + [f"--{k}={v}" for k, v in extra.items()]
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after 5 s); etcd and every other component keep running.
+        :meth:`start_apiserver` starts it again."""
+        pid = self.pids().get("kube-apiserver")
+        if pid is not None:
+            _stop_pids([pid])
+
+    def start_apiserver(self, extra_args: Mapping[str, str] | None = None, *, timeout: float = 120.0) -> None:
+        """Start kube-apiserver on the same etcd, port and certificates, with kwokctl's flags plus
+        ``extra_args`` (see :meth:`apiserver_args`), and wait for its /readyz.
+
+        Flags are taken from kwokctl's saved configuration each time, so a start without ``extra_args``
+        restores the original ones. E.g. ``watch-cache-sizes=nodes#0`` with ``etcd-compaction-interval=2s``
+        serves node watches from etcd and compacts often: a watch resumed from a compacted resourceVersion
+        then gets 410 Gone (the watch cache would serve it from memory instead).
+        """
+        if _alive(self.pids().get("kube-apiserver", -1)):
+            raise ClusterError("kube-apiserver is running; stop_apiserver() first")
+        comp = self.component("kube-apiserver")
+        workdir = Path(str(comp.get("workDir") or self.cluster_dir))
+        env = self._env()
+        env.update({str(e["name"]): str(e.get("value", "")) for e in comp.get("envs") or []})
+        with self.logs("kube-apiserver").open("ab") as log:
+            child = subprocess.Popen(
+                [str(comp["binary"]), *self.apiserver_args(extra_args)],
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        self._children.append(child)
+        self._known_pids.add(child.pid)
+        (self.cluster_dir / "pids" / "kube-apiserver.pid").write_text(str(child.pid))
+
+        def ready() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(
+                    f"kube-apiserver exited (rc={child.returncode}); see {self.logs('kube-apiserver')}"
+                )
+            return self.kubectl("get", "--raw", "/readyz", check=False, timeout=10) == "ok"
+
+        poll(ready, timeout=timeout, what="restarted kube-apiserver /readyz")
+        flags = " ".join(f"--{k}={v}" for k, v in (extra_args or {}).items())
+        self._progress(f"kube-apiserver started (pid {child.pid}{', ' + flags if flags else ''})")
+
+    def restart_apiserver(
+        self, extra_args: Mapping[str, str] | None = None, *, timeout: float = 120.0
+    ) -> float:
+        """:meth:`stop_apiserver` then :meth:`start_apiserver`; returns the seconds until /readyz was ok."""
+        t0 = time.monotonic()
+        self.stop_apiserver()
+        self.start_apiserver(extra_args, timeout=timeout)
+        return time.monotonic() - t0
+
     # ---------------------------------------------------------------- teardown
     def delete_apiservices(self) -> list[str]:
         """Delete every APIService backed by a Service (i.e. not served by kube-apiserver itself)."""

@@ -414,3 +414,26 @@ async def test_an_api_outage_is_one_warning_and_a_count_per_failure(caplog: pyte
     labels = {"component": "watch nodes", "cause": "api-unreachable"}
     assert registry.get_sample_value("gpuwarden_transient_failures_total", labels) == 4
     assert len(sleeps) == 4, "the back-off is unchanged"
+
+
+async def test_a_watch_resumed_without_relist_ends_the_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Two outages each healed by a resumed watch (no 410, no relist): two warnings, two recoveries - the
+    second outage is not hidden by the first one's episode (found by the API-server restart e2e)."""
+    boom = KubeUnreachable("connection refused")
+    source = FakeSource(
+        [ObjectList([], "3")],
+        [
+            boom,
+            FakeStream([ev("ADDED", node("a", "4")), boom]),
+            boom,
+            FakeStream([ev("ADDED", node("b", "5"))]),
+        ],
+    )
+    inf = informer(source, [])
+    with caplog.at_level(logging.INFO, logger="gpuwarden"):
+        assert await take(inf.events(), 3) == [(SYNCED, ""), (ADDED, "a"), (ADDED, "b")]
+    warning = "watch nodes: api-unreachable; retried, logged again when it ends or its cause changes"
+    recovered = "watch nodes: recovered from api-unreachable"
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if "api-unreachable" in r.getMessage()]
+    assert messages == [("WARNING", warning), ("INFO", recovered)] * 2
+    assert source.calls.count(("list", "")) == 1
