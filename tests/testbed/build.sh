@@ -142,6 +142,10 @@ build_step kube-proxy "$TB/kube-proxy" "$K8S_LDFLAGS" "2 min" kube-proxy -- k8s.
 build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 
+# The DRA kubelet plugin of the real node's DRA tests (dra-driver/main.go); its own module, so its stamp and
+# k8s.io/dynamic-resource-allocation version (v0.Y.Z of the test bed's v1.Y.Z) leave the others alone.
+OUT_NAME=gpu-dra-driver build_step dra-driver "$TB/dra-driver" "-s -w" "2 min" gpu-dra-driver -- .
+
 # --- [5/5] verify and publish ---------------------------------------------------------------------------------
 STEP=$((STEP + 1))
 echo "==> [$STEP/$TOTAL_STEPS] verifying binaries"
