@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from harness.testbed import Cluster, poll
@@ -31,6 +32,8 @@ from harness.testbed.dra import (
 )
 from harness.testbed.images import TOOL_IMAGE
 from harness.testbed.realnode import REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode
+from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
+from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests.e2e.conftest import REAL_NODE
 
 CLASS = str(device_class()["metadata"]["name"])
@@ -152,6 +155,19 @@ def test_claim_for_four_gpus_on_one_numa_node_runs_and_is_unprepared_on_delete(
     assert prepared == {
         claim["metadata"]["uid"]: {"namespace": ns, "name": claim_name, "devices": devices}
     }, prepared
+
+    # The kubelet's PodResources API names the claim and its devices per container (what a node agent maps a
+    # faulty device to a pod with; KubeletPodResourcesDynamicResources, beta and on since 1.34).
+    with grpc.insecure_channel(f"unix://{dra_driver.node.pod_resources_socket}") as channel:
+        got = pr_grpc.PodResourcesListerStub(channel).Get(  # type: ignore[no-untyped-call]
+            pr.GetPodResourcesRequest(pod_name="dra4", pod_namespace=ns), timeout=10
+        )
+    (container,) = got.pod_resources.containers
+    (dynamic,) = container.dynamic_resources
+    assert (dynamic.claim_namespace, dynamic.claim_name) == (ns, claim_name)
+    assert sorted(r.device_name for r in dynamic.claim_resources) == devices
+    assert {(r.driver_name, r.pool_name) for r in dynamic.claim_resources} == {(DRIVER_NAME, REAL_NODE)}
+    assert all(not r.cdi_devices for r in dynamic.claim_resources)
 
     node_cluster.kubectl("delete", "pod", "dra4", "-n", ns, "--wait=true", timeout=90)
     poll(lambda: dra_driver.prepared() == {}, timeout=60, what="the driver unprepared the claim")
