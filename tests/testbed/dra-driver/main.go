@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -32,6 +33,23 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 )
+
+// sourceHash is set by build.sh (-X main.sourceHash=...): a hash of this module's .go files, which makes
+// build.sh's stamp change with the sources.
+var sourceHash = "unknown"
+
+// version is the driver's source hash and the k8s.io/dynamic-resource-allocation version it was built with.
+func version() string {
+	dra := "unknown"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, dep := range info.Deps {
+			if dep.Path == "k8s.io/dynamic-resource-allocation" {
+				dra = dep.Version
+			}
+		}
+	}
+	return fmt.Sprintf("gpu-dra-driver source %s, k8s.io/dynamic-resource-allocation %s", sourceHash, dra)
+}
 
 // rejectHealthStreams answers the DRAResourceHealth service (advertised by default from v0.37) with
 // Unimplemented: this driver reports no device health (see driver.DRAPlugin).
@@ -55,8 +73,14 @@ func main() {
 		registrar  = flag.String("registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugins_registry directory (<kubelet root-dir>/plugins_registry)")
 		pluginDir  = flag.String("plugin-dir", "", "directory for dra.sock and the state file (default <kubelet plugins dir>/<driver-name>)")
 		stateFile  = flag.String("state-file", "", "prepared-claims checkpoint (default <plugin-dir>/prepared.json)")
+		showVer    = flag.Bool("version", false, "print the version and exit")
 	)
 	flag.Parse()
+	if *showVer {
+		fmt.Println(version())
+		return
+	}
+	klog.InfoS("starting", "version", version())
 	if err := run(*driverName, *nodeName, *kubeconfig, Topology{
 		Node: *nodeName, Devices: *devices, NUMANodes: *numaNodes, PCIeRootsPerNUMA: *rootsPer, MemoryGiB: *memoryGiB,
 	}, *registrar, *pluginDir, *stateFile); err != nil {
