@@ -1,7 +1,8 @@
 """Finding the test bed binaries built by ``tests/testbed/build.sh``.
 
 The e2e tier and the demo run real upstream components (kube-apiserver, kube-controller-manager,
-kube-scheduler, kubectl, etcd, kwok, kwokctl) that ``make testbed`` compiles into
+kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl) and the test bed's DRA kubelet plugin
+(gpu-dra-driver) that ``make testbed`` compiles into
 ``.cache/testbed/<versions-key>/bin`` and points ``.cache/testbed/current`` at. This module resolves that
 directory once, checks that every binary is there, and fails with an actionable message when it is not, so a
 missing build is an error and never a silently skipped test.
@@ -24,6 +25,7 @@ REQUIRED_BINARIES: tuple[str, ...] = (
     "etcd",
     "kwok",
     "kwokctl",
+    "gpu-dra-driver",  # the DRA kubelet plugin of the real node (tests/testbed/dra-driver)
 )
 ENV_BIN_DIR = "GPUWARDEN_TESTBED_BIN"
 

@@ -288,6 +288,11 @@ class RealNode:
         return self.run_dir / "kubelet"
 
     @property
+    def kubeconfig(self) -> Path:
+        """The node's credentials (``system:node:<name>``), for node-level agents such as a DRA driver."""
+        return self.run_dir / "kubelet.kubeconfig"
+
+    @property
     def pod_resources_socket(self) -> Path:
         """The kubelet PodResources API (``<root-dir>/pod-resources/kubelet.sock``)."""
         return self.kubelet_root / "pod-resources" / "kubelet.sock"
@@ -606,7 +611,7 @@ class RealNode:
             "contexts": [{"name": "node", "context": {"cluster": "testbed", "user": self.name}}],
             "current-context": "node",
         }
-        path = self.run_dir / "kubelet.kubeconfig"
+        path = self.kubeconfig
         path.write_text(yaml.safe_dump(kubeconfig))
         return path
 

@@ -142,6 +142,13 @@ build_step kube-proxy "$TB/kube-proxy" "$K8S_LDFLAGS" "2 min" kube-proxy -- k8s.
 build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 
+# The DRA kubelet plugin of the real node's DRA tests (dra-driver/main.go); its own module, so its stamp and
+# k8s.io/dynamic-resource-allocation version (v0.Y.Z of the test bed's v1.Y.Z) leave the others alone. The
+# stamp covers go.mod/go.sum and the ldflags: the sources' hash goes into the ldflags (`--version` prints it).
+DRA_SRC=$(cat "$TB"/dra-driver/*.go | sha256sum | cut -c1-16)
+OUT_NAME=gpu-dra-driver build_step dra-driver "$TB/dra-driver" "-s -w -X main.sourceHash=$DRA_SRC" "2 min" \
+  gpu-dra-driver -- .
+
 # --- [5/5] verify and publish ---------------------------------------------------------------------------------
 STEP=$((STEP + 1))
 echo "==> [$STEP/$TOTAL_STEPS] verifying binaries"
