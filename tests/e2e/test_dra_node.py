@@ -12,12 +12,15 @@ mixed-cluster work (issue 30) builds on.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 
+from controller.gpus.claimtemplate import claim_template as gpuwarden_claim_template
+from controller.gpus.claimtemplate import pod_usage as gpuwarden_pod_usage
 from harness.testbed import Cluster, poll
 from harness.testbed.dra import (
     DRIVER_BINARY,
@@ -32,6 +35,7 @@ from harness.testbed.dra import (
 )
 from harness.testbed.images import TOOL_IMAGE
 from harness.testbed.realnode import REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode
+from nodeagent.draowner import dra_owner
 from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests.e2e.conftest import REAL_NODE
@@ -182,3 +186,50 @@ def test_claim_for_four_gpus_on_one_numa_node_runs_and_is_unprepared_on_delete(
         timeout=60,
         what=f"ResourceClaim {ns}/{claim_name} deleted with its pod",
     )
+
+
+@pytest.mark.parametrize(
+    ("policy", "gpus", "attribute"),
+    [("single-numa", 4, NUMA_ATTRIBUTE), ("single-pcie", 2, PCIE_ROOT_ATTRIBUTE), ("prefer-numa", 4, None)],
+)
+def test_gpuwarden_claim_template_gets_aligned_gpus_from_the_dra_allocator(
+    node_cluster: Cluster, dra_driver: DraDriver, node_ns: str, policy: str, gpus: int, attribute: str | None
+) -> None:
+    """`gpuwarden dra claim-template`'s templates, as printed, allocated by the real DRA plugin of
+    kube-scheduler: the devices share the policy's attribute (prefer-numa: its aligned alternative, as the
+    node has room on one NUMA node)."""
+    ns = node_ns
+    template = gpuwarden_claim_template(gpus=gpus, policy=policy, device_class=CLASS, namespace=ns)
+    name = str(template["metadata"]["name"])
+    pod = claim_pod("aligned", name)
+    pod["spec"].update(gpuwarden_pod_usage(name)["spec"] | {"containers": pod["spec"]["containers"]})
+    create(node_cluster, ns, template, pod)
+    poll(
+        lambda: (
+            node_cluster.kubectl("get", "pod", "aligned", "-n", ns, "-o", "jsonpath={.status.phase}")
+            == "Running"
+        ),
+        timeout=90,
+        what=f"pod {ns}/aligned Running",
+    )
+    (status,) = node_cluster.get_json("pod", "aligned", "-n", ns)["status"]["resourceClaimStatuses"]
+    claim = node_cluster.get_json("resourceclaim", status["resourceClaimName"], "-n", ns)
+    devices = allocated_devices(claim)
+    attrs = slice_attributes(
+        node_cluster.get_json("resourceslices", f"--field-selector=spec.driver={DRIVER_NAME}")
+    )
+    assert len(devices) == gpus, claim["status"]
+    assert len({attrs[d][attribute or NUMA_ATTRIBUTE] for d in devices}) == 1, {d: attrs[d] for d in devices}
+    if policy == "prefer-numa":
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {r["request"] for r in results} == {"gpus/aligned"}, results
+    node_cluster.kubectl("delete", "pod", "aligned", "-n", ns, "--wait=true", timeout=90)
+    poll(lambda: dra_driver.prepared() == {}, timeout=60, what="the driver unprepared the claim")
+
+
+def test_the_node_agent_sees_the_registered_dra_driver(dra_driver: DraDriver) -> None:
+    """What enforce mode reads before serving a device plugin: the driver's registration socket, as the
+    kubelet plugin library names it, in the real kubelet's plugin registry."""
+    entries = os.listdir(dra_driver.registry_dir)
+    assert dra_owner(entries, ["gpu.nvidia.com", DRIVER_NAME]) == DRIVER_NAME, entries
+    assert dra_owner(entries, ["gpu.nvidia.com"]) == "", entries
