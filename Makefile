@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test bench demo clean image-tools image-lock wheelhouse image image-test
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ keda-protos: deps ## regenerate KEDA's external-scaler gRPC stubs (adapter/kedaa
 
 testbed: ## build kube-apiserver, KCM, scheduler, kubectl, kubelet, etcd, kwok(ctl) into .cache/testbed
 	bash tests/testbed/build.sh
+
+testbed-oldest: ## the same for the oldest supported Kubernetes (tests/testbed/oldest), linked as .cache/testbed/oldest
+	TESTBED_KUBE=oldest bash tests/testbed/build.sh
 
 helm: ## build helm v3.22.0 from its Go module into .cache/helm (chart tests: deploy/helm/gpuwarden)
 	bash tests/helm/build.sh
@@ -124,6 +127,16 @@ e2e: deps prometheus node-runtime testbed helm keda image ## against the real co
 
 test: lint unit integration rules-test image-test e2e ## every tier (what CI runs)
 	@echo "make test: all tiers passed"
+
+# The contract suites on the oldest supported Kubernetes (README "Supported Kubernetes versions"): extender verbs
+# and preemption against the real kube-scheduler, device plugin + PodResources + eviction against the real
+# kubelet (and the node agent on it), HPA through the aggregator (a test server and our adapter). A target of
+# its own, not part of `make test`: a second Kubernetes build costs ~6.5 min cold, these suites 2.2 min (25 tests).
+CONTRACT_SUITES := tests/e2e/test_testbed_scheduler.py tests/e2e/test_testbed_aggregation.py \
+	tests/e2e/test_testbed_hpa.py tests/e2e/test_extender_scheduler.py tests/e2e/test_gpu_preemption.py \
+	tests/e2e/test_kubelet_node.py tests/e2e/test_node_agent.py tests/e2e/test_adapter_hpa.py
+test-oldest: deps prometheus node-runtime testbed-oldest ## the contract suites on the oldest supported Kubernetes (v1.35.4)
+	GPUWARDEN_TESTBED_BIN=$(CURDIR)/.cache/testbed/oldest/bin $(PYTEST) -q $(CONTRACT_SUITES)
 
 bench: deps prometheus testbed helm upstream-adapter keda-client keda ## benchmarks, printed numbers
 	$(PY) -m tests.bench

@@ -1,4 +1,5 @@
-"""One real kubelet node beside the kwok fleet: kubelet v1.35 on containerd 1.6 + runc + a CNI bridge.
+"""One real kubelet node beside the kwok fleet: kubelet v1.37.2 (v1.35.4 in `make test-oldest`) on
+containerd 1.6 + runc + a CNI bridge.
 
 kwok nodes run no kubelet, so nothing that ends on a node (a device plugin's Allocate, the PodResources API,
 graceful termination after an Eviction, ``kubectl logs``) can be proven on them. A :class:`RealNode` runs the
@@ -620,7 +621,7 @@ class RealNode:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "failCgroupV1": False,  # this host is cgroup v1 (hybrid); 1.35 refuses v1 by default
+            "failCgroupV1": False,  # this host is cgroup v1 (hybrid); 1.35+ refuses v1 by default
             "cgroupDriver": "cgroupfs",  # containerd's SystemdCgroup = false; no systemd here
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
             "failSwapOn": False,

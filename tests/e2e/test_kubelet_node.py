@@ -1,4 +1,5 @@
-"""Proofs on a real kubelet node (kubelet v1.35.4, containerd 1.6, runc, CNI bridge) beside a kwok node.
+"""Proofs on a real kubelet node (kubelet v1.37.2, v1.35.4 in `make test-oldest`; containerd 1.6, runc, CNI
+bridge) beside a kwok node.
 
 The contracts that end on a node — a device plugin's Allocate reaching the container, the PodResources API,
 an Eviction ending in SIGTERM within the grace period, a PodDisruptionBudget holding, ``kubectl logs`` — are

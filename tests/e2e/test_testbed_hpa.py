@@ -7,6 +7,8 @@ Raising the value scales the Deployment out, lowering it scales it back in.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.testbed import Cluster, poll
@@ -93,11 +95,27 @@ def test_hpa_scales_deployment_on_custom_metric(
         f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/deployments.apps/{NAME}/{METRIC}"
     )
     assert any(r.path == metric_path for r in aggregated_server.requests), "HPA never fetched the metric"
-    hpa = cluster.get_json("hpa", NAME, "-n", namespace)
-    current = hpa["status"].get("currentMetrics") or []
-    # The HPA status reports what it read from our server (30 while at 1 replica; 30/3 once scaled).
+
+    # The HPA status reports what it read from our server divided by the scale's status.replicas (30 at 1
+    # replica; 30/3 once scaled). A sync that read the scale before the new Deployment had status.replicas
+    # divides by zero (GetObjectPerPodMetricReplicas, v1.35 and v1.37 alike) and reports
+    # -9223372036854775808m while still scaling to ceil(30/10) = 3 (seen on v1.37.2); wait for a later sync.
+    def reported() -> list[dict[str, Any]]:
+        current: list[dict[str, Any]] = (
+            cluster.get_json("hpa", NAME, "-n", namespace)["status"].get("currentMetrics") or []
+        )
+        return current
+
+    try:
+        poll(
+            lambda: any(c["object"]["current"].get("averageValue") in ("30", "10") for c in reported()),
+            timeout=30,
+            what="HPA status reporting the served value",
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {reported()}") from exc
+    current = reported()
     assert current and current[0]["object"]["metric"]["name"] == METRIC, current
-    assert current[0]["object"]["current"]["averageValue"] in ("30", "10"), current
 
     # 5 / 10 -> 1 replica (scale-down stabilization is 0 for this HPA).
     aggregated_server.metric_values[key] = "5"

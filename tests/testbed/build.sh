@@ -8,7 +8,9 @@
 # module proxy. Components already built for the same inputs (stamp files) are skipped.
 #
 # Environment knobs: TESTBED_CACHE (default <repo>/.cache/testbed), TESTBED_GO_P (go build -p, default nproc),
-# TESTBED_FORCE=1 (ignore stamps).
+# TESTBED_FORCE=1 (ignore stamps), TESTBED_KUBE=oldest (build the oldest supported Kubernetes from the wrapper
+# modules in oldest/ instead of k8s/ and kube-proxy/, and point .cache/testbed/oldest instead of current at it;
+# `make test-oldest`).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -20,6 +22,11 @@ export CGO_ENABLED=0              # static binaries like upstream's, no cgo link
 export GOFLAGS="-mod=readonly -buildvcs=false"   # go.mod/go.sum are committed; do not rewrite them
 export GOPROXY="${GOPROXY:-https://proxy.golang.org}"  # module proxy only, no direct VCS fetches
 P="${TESTBED_GO_P:-$(nproc)}"
+case "${TESTBED_KUBE:-newest}" in
+  newest) K8S_MOD="$TB/k8s"; PROXY_MOD="$TB/kube-proxy"; LINK=current ;;
+  oldest) K8S_MOD="$TB/oldest/k8s"; PROXY_MOD="$TB/oldest/kube-proxy"; LINK=oldest ;;
+  *) echo "build.sh: error: TESTBED_KUBE must be newest or oldest, not '$TESTBED_KUBE'" >&2; exit 1 ;;
+esac
 
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 now() { date +%s.%N; }
@@ -33,11 +40,11 @@ case "$GOV" in
 esac
 
 modver() { awk -v m="$2" '$1 == "require" && $2 == m { print $3 } $1 == m && $0 !~ /=>/ { print $2 }' "$1" | head -1; }
-K8S_VERSION=$(modver "$TB/k8s/go.mod" k8s.io/kubernetes)
+K8S_VERSION=$(modver "$K8S_MOD/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(modver "$TB/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver "$TB/kwok/go.mod" sigs.k8s.io/kwok)
 [[ -n "$K8S_VERSION" && -n "$ETCD_VERSION" && -n "$KWOK_VERSION" ]] || die "cannot read versions from go.mod files"
-PROXY_K8S_VERSION=$(modver "$TB/kube-proxy/go.mod" k8s.io/kubernetes)
+PROXY_K8S_VERSION=$(modver "$PROXY_MOD/go.mod" k8s.io/kubernetes)
 [[ "$PROXY_K8S_VERSION" == "$K8S_VERSION" ]] \
   || die "kube-proxy/go.mod has k8s.io/kubernetes $PROXY_K8S_VERSION, k8s/go.mod $K8S_VERSION: bump both"
 
@@ -129,7 +136,7 @@ OUT_NAME=etcd build_step etcd "$TB/etcd" "$ETCD_LDFLAGS" "1.5 min" etcd -- go.et
 
 # kubelet is in the same `go build` as the control plane: they share most of their compile work (the real
 # kubelet node of the test bed, see README.md).
-build_step kube "$TB/k8s" "$K8S_LDFLAGS" "9 min" \
+build_step kube "$K8S_MOD" "$K8S_LDFLAGS" "9 min" \
   kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet -- \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
@@ -137,7 +144,7 @@ build_step kube "$TB/k8s" "$K8S_LDFLAGS" "9 min" \
 # kube-proxy (the real node's Services; pods reaching the API server) from the same k8s.io/kubernetes version,
 # in a wrapper module and step of its own so the control plane's stamp is unchanged; it reuses that build's
 # compile cache (~2 min warm).
-build_step kube-proxy "$TB/kube-proxy" "$K8S_LDFLAGS" "2 min" kube-proxy -- k8s.io/kubernetes/cmd/kube-proxy
+build_step kube-proxy "$PROXY_MOD" "$K8S_LDFLAGS" "2 min" kube-proxy -- k8s.io/kubernetes/cmd/kube-proxy
 
 build_step kwok "$TB/kwok" "$KWOK_LDFLAGS" "3 min" kwok kwokctl -- \
   sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
@@ -178,8 +185,8 @@ cat > "$OUT/versions.json" <<EOF
   "bin": "$BIN"
 }
 EOF
-ln -sfn "$KEY" "$CACHE/current"
+ln -sfn "$KEY" "$CACHE/$LINK"
 SUMMARY+=("verify: $(elapsed "$t0")")
 
-echo "==> test bed ready in $(elapsed "$T_ALL") total: $CACHE/current/bin"
+echo "==> test bed ready in $(elapsed "$T_ALL") total: $CACHE/$LINK/bin"
 for s in "${SUMMARY[@]}"; do echo "    $s"; done
