@@ -85,7 +85,7 @@ sample_rss() { # sum of RSS of all go toolchain processes, peak written to $PEAK
 }
 
 STEP=0
-TOTAL_STEPS=5
+TOTAL_STEPS=6
 SUMMARY=()
 build_step() { # <name> <module dir> <ldflags> <cold-estimate> <outputs...> -- <packages...>
   local name=$1 dir=$2 ld=$3 est=$4; shift 4
