@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from adapter import queries, resources, selectors, wire
+from adapter import compact, queries, resources, selectors, wire
 from adapter.cache import FetchMany, ValueCache
 from adapter.errors import BadRequest, Internal, NotFound, Unavailable
 from adapter.objects import LabelIndex
@@ -88,28 +87,12 @@ async def run_query(
 def values_by_object(samples: Sequence[Sample], label: str) -> ObjectValues:
     """(value, timestamp) keyed by the object name in `label`; unlabelled samples ignored, first one wins."""
     out: ObjectValues = {}
-    stamps = Stamps()
+    stamps = compact.Stamps()
     for s in samples:
         name = s.labels.get(label)
         if name and name not in out:
-            out[sys.intern(name)] = (s.value, stamps.shared(s.timestamp))
+            out[compact.name(name)] = (s.value, stamps.shared(s.timestamp))
     return out
-
-
-class Stamps:
-    """Cached values hold what the cache needs and no more: object names interned (a pod's name is then the
-    label index's string, not one more copy per metric) and one float per distinct timestamp (an instant
-    vector's samples share theirs). 20,000 cached pod values held ~1.7 MiB of duplicates otherwise."""
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last: float | None = None
-
-    def shared(self, timestamp: float) -> float:
-        if self._last is None or self._last != timestamp:
-            self._last = timestamp
-        return self._last
 
 
 def build_metric_values(
@@ -207,12 +190,12 @@ class Provider:
         async def fetch_many(keys: list[Hashable]) -> dict[Hashable, Cached]:
             by_namespace: dict[str, ObjectValues] = {str(k[3]): {} for k in keys if isinstance(k, tuple)}
             promql = self._object_query(entry, route, None, sorted(by_namespace))
-            stamps = Stamps()
+            stamps = compact.Stamps()
             for s in await self._query(promql, scalar_ok=False):
                 values = by_namespace.get(s.labels.get(ns_label, ""))
                 name = s.labels.get(entry.resource_label)
                 if values is not None and name and name not in values:
-                    values[sys.intern(name)] = (s.value, stamps.shared(s.timestamp))
+                    values[compact.name(name)] = (s.value, stamps.shared(s.timestamp))
             return {k: by_namespace[str(k[3])] for k in keys if isinstance(k, tuple)}
 
         return ("custom", route.resource, route.metric, str(route.metric_selector)), fetch_many
