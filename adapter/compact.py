@@ -5,7 +5,7 @@ each pod's name (and namespace, and container) decoded once more from every Prom
 per sample for a timestamp that every sample of an instant vector shares. `name` hands back the interned
 copy, which for a pod is the label index's string (`adapter.objects` interns them), so the decoded copy dies
 with its answer; `Stamps` hands back one float object per run of equal timestamps. (At 10,000 pods: ~1.9 MiB
-of RSS on the custom-metrics path, a few MiB more on metrics.k8s.io, whose cache holds every pod once per scope.)
+of RSS on the custom-metrics path; more on metrics.k8s.io, whose cache holds every pod once per scope.)
 
 What it must not do: change a value — only which equal object is kept.
 """
