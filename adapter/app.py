@@ -19,14 +19,13 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
 from aiohttp import web
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
-from adapter import auth, kedascaler, kedaserver, naming, presets, tls
+from adapter import auth, kedascaler, naming, presets, tls
 from adapter.cache import ValueCache
 from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
@@ -42,6 +41,11 @@ from gpuwarden.errors import ConfigError
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import new_registry
+
+if TYPE_CHECKING:
+    import grpc
+
+    from adapter import kedaserver
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +173,9 @@ class Adapter:
             )
         self.keda: kedaserver.ExternalScaler | None = None
         if acfg.keda.enabled:
+            # gRPC and the API stubs cost ~9 MiB of RSS: imported only when KEDA's scaler is served
+            from adapter import kedaserver
+
             self.keda = kedaserver.ExternalScaler(
                 self.provider,
                 kedascaler.keda_presets(acfg.presets),
@@ -348,6 +355,8 @@ class Adapter:
         kcfg = self.config.adapter.keda
         if kcfg.tls.plaintext:
             log.warning("KEDA external scaler in plaintext (adapter.keda.tls.plaintext)")
+        from adapter import kedaserver
+
         credentials = kedaserver.server_credentials(kcfg, self._serving_pair, self.metrics)
         self._keda_server = await kedaserver.start_server(self.keda, kcfg, credentials)
 

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from adapter import queries, resources, selectors, wire
+from adapter import compact, queries, resources, selectors, wire
 from adapter.cache import FetchMany, ValueCache
 from adapter.errors import BadRequest, Internal, NotFound, Unavailable
 from adapter.objects import LabelIndex
@@ -87,10 +87,11 @@ async def run_query(
 def values_by_object(samples: Sequence[Sample], label: str) -> ObjectValues:
     """(value, timestamp) keyed by the object name in `label`; unlabelled samples ignored, first one wins."""
     out: ObjectValues = {}
+    stamps = compact.Stamps()
     for s in samples:
         name = s.labels.get(label)
         if name and name not in out:
-            out[name] = (s.value, s.timestamp)
+            out[compact.name(name)] = (s.value, stamps.shared(s.timestamp))
     return out
 
 
@@ -189,11 +190,12 @@ class Provider:
         async def fetch_many(keys: list[Hashable]) -> dict[Hashable, Cached]:
             by_namespace: dict[str, ObjectValues] = {str(k[3]): {} for k in keys if isinstance(k, tuple)}
             promql = self._object_query(entry, route, None, sorted(by_namespace))
+            stamps = compact.Stamps()
             for s in await self._query(promql, scalar_ok=False):
                 values = by_namespace.get(s.labels.get(ns_label, ""))
                 name = s.labels.get(entry.resource_label)
                 if values is not None and name and name not in values:
-                    values[name] = (s.value, s.timestamp)
+                    values[compact.name(name)] = (s.value, stamps.shared(s.timestamp))
             return {k: by_namespace[str(k[3])] for k in keys if isinstance(k, tuple)}
 
         return ("custom", route.resource, route.metric, str(route.metric_selector)), fetch_many

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from adapter import promql, resources
+from adapter import compact, promql, resources
 from adapter.gotemplate import Template, TemplateError, Value
 from adapter.naming import (
     ResourceConverter,
@@ -294,10 +294,10 @@ Sampled = Sequence[tuple[Mapping[str, str], float, float]]
 def _key(rule: CompiledResourceRule, scope: Scope, labels: Mapping[str, str]) -> ObjectKey | None:
     if scope.kind == "nodes":
         name = labels.get(rule.node_label, "")
-        return ("", name) if name else None
+        return ("", compact.name(name)) if name else None
     namespace = labels.get(rule.namespace_label, "") if scope.namespace == ALL_NAMESPACES else scope.namespace
     name = labels.get(rule.pod_label, "")
-    return (namespace, name) if namespace and name else None
+    return (compact.name(namespace), compact.name(name)) if namespace and name else None
 
 
 def read_usage(rule: CompiledResourceRule, scope: Scope, values: Sampled, stamps: Sampled) -> Usage:
@@ -308,6 +308,7 @@ def read_usage(rule: CompiledResourceRule, scope: Scope, values: Sampled, stamps
     irate across a counter reset) is 0, as prometheus-adapter clamps it. The first sample of a key wins.
     """
     usage = Usage()
+    shared = compact.Stamps()
     for labels, value, ts in values:
         key = _key(rule, scope, labels)
         if key is None or not math.isfinite(value):
@@ -319,8 +320,9 @@ def read_usage(rule: CompiledResourceRule, scope: Scope, values: Sampled, stamps
                 continue
         per_object = usage.values.setdefault(key, {})
         if container not in per_object:
-            per_object[container] = max(value, 0.0)
-            usage.times[key] = min(usage.times.get(key, ts), ts)
+            per_object[compact.name(container)] = max(value, 0.0)
+            stamp = shared.shared(ts)
+            usage.times[key] = min(usage.times.get(key, stamp), stamp)
     for labels, value, _ in stamps:
         key = _key(rule, scope, labels)
         if key in usage.values and math.isfinite(value):

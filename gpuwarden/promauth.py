@@ -17,10 +17,9 @@ import ssl
 from collections.abc import Generator
 from pathlib import Path
 
-import httpx
-
 from gpuwarden.config.prometheus import TLS, PrometheusConfig
 from gpuwarden.errors import PrometheusError
+from gpuwarden.httpxlib import httpx
 
 
 class SecretFile:

@@ -29,7 +29,6 @@ from types import TracebackType
 from typing import Final, NamedTuple, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwarden import __version__
@@ -41,6 +40,7 @@ from gpuwarden.errors import (
     PrometheusTimeout,
     PrometheusUnreachable,
 )
+from gpuwarden.httpxlib import httpx
 from gpuwarden.promauth import build_auth, build_ssl_context
 from gpuwarden.promtypes import (
     DurationLike,
