@@ -158,7 +158,8 @@ def breaker_state(obj: JsonObject | None) -> BreakerState:
     if not obj:
         return BreakerState()
     meta = obj.get("metadata") or {}
-    reset = (meta.get("annotations") or {}).get(BREAKER_RESET_ANNOTATION, "").lower() in ("now", "true")
+    reset_value = (meta.get("annotations") or {}).get(BREAKER_RESET_ANNOTATION)
+    reset = str(reset_value or "").lower() in ("now", "true")  # a null (a patch clearing it) is no reset
     raw = (obj.get("data") or {}).get(BREAKER_DATA_KEY)
     try:
         body = json.loads(raw) if raw else {}

@@ -53,6 +53,8 @@ from gpuwarden.config.drain import DrainConfig, DrainGate
 from gpuwarden.config.idle import IdleConfig
 from gpuwarden.config.root import Config
 from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.litemetrics import Registry as AgentRegistry
+from gpuwarden.litemetrics import new_registry as new_agent_registry
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 from harness.localprom import LocalPrometheus, scrape_target
@@ -60,6 +62,7 @@ from harness.simulator import RunningSimulator, load_scenario, start
 from nodeagent.app import NodeAgent
 from nodeagent.kubeletapi.podresources.v1 import api_pb2 as pr
 from nodeagent.kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
+from nodeagent.listener import Listener
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -616,7 +619,7 @@ async def bounded_cleanup(runner: web.AppRunner) -> None:
         print(f"test fixture: server cleanup unfinished after {CLEANUP_LIMIT_SECONDS:.0f}s", file=sys.stderr)
 
 
-def kube_client(url: str, registry: CollectorRegistry) -> KubeClient:
+def kube_client(url: str, registry: CollectorRegistry | AgentRegistry) -> KubeClient:
     from kubernetes.client import Configuration
 
     configuration = Configuration()
@@ -839,7 +842,8 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             {("batch", AGENT_PODS[0]): ["0"], ("batch", AGENT_PODS[1]): ["5"]},
         )
         stack.push_async_callback(pr_server.stop, 0)
-        agent_registry = new_registry("node-agent")
+        # The agent's own metrics (gpuwarden.litemetrics) and listener, as `gpuwarden node-agent` runs them.
+        agent_registry = new_agent_registry("node-agent")
         kube_agent = kube_client(api_url, agent_registry)
         stack.push_async_callback(kube_agent.aclose)
         agent = NodeAgent(
@@ -848,8 +852,10 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             "gpu-node-004",
             registry=agent_registry,
         )
-        runner, agent_port = await serve(agent.app())
-        stack.push_async_callback(bounded_cleanup, runner)
+        agent_listener = Listener(agent.routes())
+        await agent_listener.start("127.0.0.1", 0)
+        stack.push_async_callback(agent_listener.close)
+        agent_port = agent_listener.port
 
         prom.scrape_configs = [
             scrape_target("gpuwarden-node-agent", f"127.0.0.1:{agent_port}"),

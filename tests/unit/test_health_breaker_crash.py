@@ -226,6 +226,10 @@ def test_breaker_state_round_trip() -> None:
     assert breaker_state(breaker_cm(state)) == state
     old = {"metadata": {"name": BREAKER_CONFIGMAP}, "data": {"state": '{"open": false}'}}
     assert breaker_state(old) == BreakerState(), "a state stored by an older version reads as before"
+    cleared = {**old, "metadata": {"name": BREAKER_CONFIGMAP, "annotations": {BREAKER_RESET: None}}}
+    assert breaker_state(cleared) == BreakerState(), (
+        "a reset annotation cleared by a patch (null) is no reset"
+    )
 
 
 class NoConfigMapWrites(Api):
