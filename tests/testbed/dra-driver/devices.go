@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/sha1"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -72,14 +73,21 @@ func (t Topology) GPUs() []GPU {
 	return out
 }
 
-// fakeUUID is stable per (node, index) and shaped like nvidia-smi's GPU UUIDs.
+// uuidNamespace is the fleet simulator's (harness/simulator/hardware.py): a GPU gets the same UUID here as
+// in the DCGM metrics the simulator exports for the node, as a real GPU has in dcgm-exporter and in its DRA
+// driver's ResourceSlice.
+var uuidNamespace = [16]byte{0x6a, 0x1f, 0x0c, 0x1e, 0x4f, 0x5b, 0x4a, 0x43, 0x9d, 0x7e, 0x7f, 0x3b, 0x3c, 0x2a, 0x9e, 0x10}
+
+// fakeUUID is stable per (node, index) and shaped like nvidia-smi's GPU UUIDs: "GPU-" and the RFC 4122
+// version-5 UUID of "<node>/<index>" in uuidNamespace (Python's uuid.uuid5).
 func fakeUUID(node string, index int) string {
-	var h uint64 = 14695981039346656037 // FNV-1a 64
-	for _, b := range []byte(fmt.Sprintf("%s/%d", node, index)) {
-		h ^= uint64(b)
-		h *= 1099511628211
-	}
-	return fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", uint32(h>>32), uint16(h>>16), uint16(h), index, h&0xffffffffffff)
+	h := sha1.New()
+	h.Write(uuidNamespace[:])
+	h.Write([]byte(fmt.Sprintf("%s/%d", node, index)))
+	u := h.Sum(nil)[:16]
+	u[6] = (u[6] & 0x0f) | 0x50 // version 5
+	u[8] = (u[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // Devices is the ResourceSlice content for the topology.

@@ -53,3 +53,11 @@ func TestLayout(t *testing.T) {
 		})
 	}
 }
+
+// The fleet simulator exports this UUID for GPU 3 of real-node-0 (Python: "GPU-" + str(uuid.uuid5(
+// uuid.UUID("6a1f0c1e-4f5b-4a43-9d7e-7f3b3c2a9e10"), "real-node-0/3"))): DCGM and the ResourceSlice agree.
+func TestUUIDMatchesTheFleetSimulator(t *testing.T) {
+	if got, want := fakeUUID("real-node-0", 3), "GPU-c02d1129-53f9-51bb-bed0-572fc6879332"; got != want {
+		t.Errorf("fakeUUID = %s, want %s", got, want)
+	}
+}
