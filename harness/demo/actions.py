@@ -87,6 +87,7 @@ class Actions:
                 for n, v in (
                     ("gpu_utilization", d.hpa.gpu_utilization),
                     ("requests_per_second", d.hpa.requests_per_second),
+                    (f"{manifests.GATEWAY_METRIC} (External)", d.hpa.gateway_requests_per_second),
                 )
                 if v is not None
             ]

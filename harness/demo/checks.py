@@ -166,6 +166,39 @@ class Checks:
         detail = f"currentMetrics {have or 'none'}; ScalingActive={active.get('ScalingActive', '?')}"
         return set(e.metrics) <= set(have) and active.get("ScalingActive") == "True", detail
 
+    async def probe_parked_at_zero(self, e: sc.ParkedAtZero) -> Verdict:
+        hpa = self.view.hpa(e.namespace, e.name)
+        if hpa is None:
+            return False, f"no HPA {e.namespace}/{e.name}"
+        spec, status = hpa.get("spec") or {}, hpa.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        scaled = conditions.get("ScaledToZero")
+        active = conditions.get("ScalingActive") or {}
+        # desiredReplicas is always in a written status; currentReplicas is omitted when 0 (omitempty)
+        desired, current = int(status.get("desiredReplicas", -1)), int(status.get("currentReplicas", 0))
+        pods = sorted(p["metadata"]["name"] for p in self.view.workload_pods(e.namespace, e.name))
+        if scaled is not None:
+            by_hpa = scaled.get("status") == "True"
+            why = f"ScaledToZero={scaled.get('status')} ({scaled.get('message', '')})"
+        else:  # before Kubernetes 1.37 the HPA has no such condition: it must at least have rescaled
+            by_hpa = bool(status.get("lastScaleTime"))
+            last = status.get("lastScaleTime", "none")
+            why = f"no ScaledToZero condition (before 1.37); lastScaleTime {last}"
+        values = ", ".join(f"{m} {c:g}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items())
+        detail = (
+            f"minReplicas {spec.get('minReplicas', 1)}, {why}, desired {desired}, current {current}, "
+            f"{len(pods)} pods{': ' + ', '.join(pods) if pods else ''}; ScalingActive="
+            f"{active.get('status', '?')} ({active.get('reason', '')}); {values} current/target"
+        )
+        ok = (
+            spec.get("minReplicas") == 0
+            and by_hpa
+            and desired == current == 0
+            and not pods
+            and active.get("status") == "True"
+        )
+        return ok, detail
+
     async def probe_series_follow_pods(self, e: sc.FollowPods) -> Verdict:
         pods = {p["metadata"]["name"] for p in self.bound(e.namespace, e.workload) if gpu_ids(p)}
         seen: dict[str, set[str]] = {}

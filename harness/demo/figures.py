@@ -16,6 +16,7 @@ from pathlib import Path
 from gpuwarden.kube import JsonObject
 from harness.demo import plots, queries
 from harness.demo import scenario as sc
+from harness.demo.manifests import GATEWAY_METRIC
 
 TAINT_COLOUR = "#8B1A1A"
 XID_COLOURS = {13: plots.AMBER, 31: plots.AMBER, 43: plots.AMBER, 45: plots.AMBER}
@@ -71,7 +72,22 @@ def hpa_workloads(scenario: sc.DemoScenario) -> list[sc.Deploy]:
     ]
 
 
-def autoscaling_figures(ctx: Context) -> list[Path]:
+AUTOSCALING_CAPTION = (
+    "Top: the HPA's desired replicas (and, in grey, the load offered at the gateway). Below: each metric as "
+    "the HPA controller read it through the APIService and the gpuwarden adapter, with its target; the thin "
+    "black line is the raw DCGM average in Prometheus."
+)
+SCALE_TO_ZERO_CAPTION = (
+    "Scale to zero without KEDA: an HPA with minReplicas 0 whose only metric is External. Top: the HPA's "
+    "desired replicas and, in grey, the requests per second the gateway receives for the workload - counted "
+    "while no pod runs, which is what lets the HPA wake it. Below: that rate per replica as the HPA "
+    "controller read it through external.metrics.k8s.io and the gpuwarden adapter (no reading while at zero "
+    "replicas: there is nothing to divide by), with its target."
+)
+
+
+def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
+    """One figure per HPA of the scenario, with its caption."""
     out = []
     for d in hpa_workloads(ctx.scenario):
         assert d.hpa is not None
@@ -90,21 +106,28 @@ def autoscaling_figures(ctx: Context) -> list[Path]:
             metrics[name] = (current, target)
         util = ctx.reader.range(queries.gpu_utilization(d.namespace, d.name))
         qps = ctx.reader.range(queries.offered_qps(d.namespace, d.name))
-        out.append(
-            plots.autoscaling(
-                ctx.out / f"autoscaling-{d.name}.png",
-                title=f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
-                "gpuwarden adapter",
-                t0=ctx.t0,
-                steps=ctx.steps,
-                desired=replicas.get("desired", []),
-                current=replicas.get("current", []),
-                bounds=(d.hpa.min, d.hpa.max),
-                metrics=dict(sorted(metrics.items())),
-                dcgm_utilization=util[0].points if util else [],
-                offered_qps=qps[0].points if qps else [],
-            )
+        zero = d.hpa.min == 0
+        title = (
+            f"HPA {d.namespace}/{d.name}: minReplicas 0 on the gateway's request rate (External, from the "
+            "gpuwarden adapter): parked at zero, woken by traffic, parked again"
+            if zero
+            else f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
+            "gpuwarden adapter"
         )
+        path = plots.autoscaling(
+            ctx.out / f"autoscaling-{d.name}.png",
+            title=title,
+            t0=ctx.t0,
+            steps=ctx.steps,
+            desired=replicas.get("desired", []),
+            current=replicas.get("current", []),
+            bounds=(d.hpa.min, d.hpa.max),
+            metrics=dict(sorted(metrics.items())),
+            dcgm_utilization=util[0].points if util else [],
+            offered_qps=qps[0].points if qps else [],
+            external=frozenset({GATEWAY_METRIC}),
+        )
+        out.append((path, SCALE_TO_ZERO_CAPTION if zero else AUTOSCALING_CAPTION))
     return out
 
 

@@ -112,9 +112,15 @@ def autoscaling(
     metrics: dict[str, tuple[Points, float | None]],
     dcgm_utilization: Points,
     offered_qps: Points,
+    external: frozenset[str] = frozenset(),
 ) -> Path:
-    """Replicas (with the offered load) above one panel per HPA metric: what the HPA read, and its target."""
-    fig, axes = plt.subplots(1 + len(metrics), 1, figsize=(11, 2.6 + 2.2 * len(metrics)), sharex=True)
+    """Replicas (with the offered load) above one panel per HPA metric: what the HPA read, and its target.
+
+    Metrics named in `external` are External metrics: one value for the workload, read per replica."""
+    fig, grid = plt.subplots(
+        1 + len(metrics), 1, figsize=(11, 2.6 + 2.2 * len(metrics)), sharex=True, squeeze=False
+    )
+    axes = grid[:, 0]  # one column; a 1-D array even when no metric was recorded (only the replicas panel)
     ax = axes[0]
     x, y = _xy(desired, t0)
     ax.step(x, y, where="post", color=PALETTE[0], lw=2.2, label="desired replicas (HPA)")
@@ -134,7 +140,9 @@ def autoscaling(
     ax.set_ylabel("replicas")
     twin = ax.twinx()
     x, y = _xy(offered_qps, t0)
-    twin.fill_between(x, y, color=GREY, alpha=0.15, step="post", label="offered load (QPS, right axis)")
+    twin.fill_between(
+        x, y, color=GREY, alpha=0.15, step="post", label="load offered at the gateway (QPS, right axis)"
+    )
     twin.set_ylabel("workload QPS", color="#666666")
     twin.set_ylim(0, max([v for _, v in offered_qps] + [1]) * 1.25)
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
@@ -145,7 +153,8 @@ def autoscaling(
     for i, (name, (points, target)) in enumerate(metrics.items(), 1):
         ax = axes[i]
         x, y = _xy(points, t0)
-        ax.plot(x, y, color=PALETTE[1 + i], lw=2, label=f"{name}: average per pod, as the HPA read it")
+        per = "External, per replica" if name in external else "average per pod"
+        ax.plot(x, y, color=PALETTE[1 + i], lw=2, label=f"{name}: {per}, as the HPA read it")
         if name == "gpu_utilization" and dcgm_utilization:
             x, y = _xy(dcgm_utilization, t0)
             ax.plot(x, y, color="black", lw=0.8, alpha=0.6, label="DCGM_FI_DEV_GPU_UTIL average (Prometheus)")

@@ -128,3 +128,27 @@ def test_quarantine_figure_draws_fabric_and_nvlink_signals_beside_xids_and_taint
     path = figures.quarantine_figure(ctx)
     width, height = png_size(path)
     assert width > 500 and height > 200
+
+
+def test_each_hpa_of_the_default_scenario_gets_a_figure_and_the_parked_one_says_scale_to_zero(
+    tmp_path: Path,
+) -> None:
+    t0 = 1_000.0
+    parked = [(t0 + i, float(3 if 40 <= i < 70 else 0)) for i in range(120)]
+    reader = FakeReader(
+        {
+            queries.hpa_replicas("inference", "llm-burst"): [Series({"kind": "desired"}, parked)],
+            queries.offered_qps("inference", "llm-burst"): [
+                Series({}, [(t, 50.0 if v else 0.0) for t, v in parked])
+            ],
+        }
+    )
+    ctx = figures.Context(tmp_path, t0, t0 + 120, [("one", 0.0)], reader, [], load_demo_scenario())  # type: ignore[arg-type]
+    made = {path.name: caption for path, caption in figures.autoscaling_figures(ctx)}
+    assert set(made) == {"autoscaling-llm-serve.png", "autoscaling-llm-burst.png"}
+    assert made["autoscaling-llm-burst.png"].startswith(
+        "Scale to zero without KEDA: an HPA with minReplicas 0"
+    )
+    assert "minReplicas 0" not in made["autoscaling-llm-serve.png"]
+    width, height = png_size(tmp_path / "autoscaling-llm-burst.png")
+    assert width > 500 and height > 200
