@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from adapter.naming import compile_rules
 from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
+from harness.demo import manifests
 from harness.demo.scenario import (
     DEFAULT_SCENARIO,
     Expect,
@@ -98,6 +100,10 @@ def test_the_demo_config_with_the_default_scenario_merged_is_a_valid_gpuwarden_c
     assert config.drain.enabled and config.preemption.make_room.enabled
     # the boot-flap step runs inside the grace, the fabric step outside it (examples/demo/default.yaml)
     assert config.health.signals.boot_grace_seconds == 90
+    # the External metric the scale-to-zero HPA reads is what the adapter's rule makes of the gateway series
+    (rule,) = compile_rules(config.adapter.external_rules, external=True)
+    assert rule.metric_name(manifests.GATEWAY_SERIES) == manifests.GATEWAY_METRIC
+    assert rule.accepts(manifests.GATEWAY_SERIES) and rule.namespaced
 
 
 def test_a_minimal_scenario_parses() -> None:
