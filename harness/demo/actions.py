@@ -80,7 +80,8 @@ class Actions:
 
     async def _deploy(self, d: Deploy) -> None:
         await self._apply(manifests.workload_objects(d))
-        text = f"Deployment {d.namespace}/{d.name}: {d.replicas} replicas, {self._where(d)}"
+        replicas = f"{d.replicas} replica{'' if d.replicas == 1 else 's'}"
+        text = f"Deployment {d.namespace}/{d.name}: {replicas}, {self._where(d)}"
         if d.hpa is not None:
             targets = [
                 f"{n} {v:g}"

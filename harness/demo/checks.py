@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +52,14 @@ def taint_text(taint: JsonObject | None) -> str:
 def node_state(taint: JsonObject | None, record: object, healthy: str) -> str:
     return (
         f"taint {taint_text(taint)}, annotation {'set' if record else 'absent'}, GPUHealthy={healthy or '?'}"
+    )
+
+
+def metric_values_text(hpa: JsonObject) -> str:
+    """`gpu_utilization 75/70, requests_per_second 37.5/40`: each metric as the HPA read it, and its target;
+    `none` where it has no reading (not served yet, or an External average over zero replicas)."""
+    return ", ".join(
+        f"{m} {'none' if math.isnan(c) else f'{c:g}'}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items()
     )
 
 
@@ -151,7 +160,7 @@ class Checks:
             return False, f"no HPA {e.namespace}/{e.name}"
         desired = int((hpa.get("status") or {}).get("desiredReplicas", 0))
         running = len(self.running(e.namespace, e.name))
-        values = ", ".join(f"{m} {c:g}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items())
+        values = metric_values_text(hpa)
         detail = f"HPA desired {desired}, {running} pods running ({values} current/target)"
         low, high = e.min if e.min is not None else 0, e.max if e.max is not None else 10**6
         return low <= desired <= high and running == desired, detail
@@ -184,7 +193,7 @@ class Checks:
             by_hpa = bool(status.get("lastScaleTime"))
             last = status.get("lastScaleTime", "none")
             why = f"no ScaledToZero condition (before 1.37); lastScaleTime {last}"
-        values = ", ".join(f"{m} {c:g}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items())
+        values = metric_values_text(hpa)
         detail = (
             f"minReplicas {spec.get('minReplicas', 1)}, {why}, desired {desired}, current {current}, "
             f"{len(pods)} pods{': ' + ', '.join(pods) if pods else ''}; ScalingActive="

@@ -456,7 +456,7 @@ CASES = [
         PARKED,
         True,
         "minReplicas 0, ScaledToZero=True (the HPA controller scaled the workload to zero), desired 0, "
-        "current 0, 0 pods; ScalingActive=True (ValidMetricFound)",
+        "current 0, 0 pods; ScalingActive=True (ValidMetricFound); gateway_requests_per_second none/20",
         id="parked",
     ),
     pytest.param(
