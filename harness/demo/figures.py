@@ -86,8 +86,33 @@ SCALE_TO_ZERO_CAPTION = (
 )
 
 
+def _involves(step: sc.Step, namespace: str, name: str) -> bool:
+    """The step acts on the workload or expects something of it (by name or workload, in its namespace)."""
+    bodies = [getattr(a, a.key) for a in step.do] + [e.body for e in step.expect]
+    return any(
+        getattr(b, "namespace", None) == namespace
+        and name in (getattr(b, "name", None), getattr(b, "workload", None))
+        for b in bodies
+    )
+
+
+def workload_window(ctx: Context, namespace: str, name: str) -> tuple[float, float]:
+    """Unix times a workload's figure spans: from 10 s before the first step involving it to 15 s into the
+    step after the last one (so a Deployment parked at zero is seen staying there), or the end of the run."""
+    starts = dict(ctx.steps)
+    involved = [
+        i for i, s in enumerate(ctx.scenario.steps) if s.name in starts and _involves(s, namespace, name)
+    ]
+    if not involved:
+        return ctx.t0, ctx.t_end
+    first = ctx.t0 + starts[ctx.scenario.steps[involved[0]].name] - 10
+    after = ctx.scenario.steps[involved[-1] + 1 :]
+    end = ctx.t0 + starts[after[0].name] + 15 if after and after[0].name in starts else ctx.t_end
+    return first, min(end, ctx.t_end)
+
+
 def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
-    """One figure per HPA of the scenario, with its caption."""
+    """One figure per HPA of the scenario, over the steps that involve its workload, with its caption."""
     out = []
     for d in hpa_workloads(ctx.scenario):
         assert d.hpa is not None
@@ -126,6 +151,7 @@ def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
             dcgm_utilization=util[0].points if util else [],
             offered_qps=qps[0].points if qps else [],
             external=frozenset({GATEWAY_METRIC}),
+            window=workload_window(ctx, d.namespace, d.name),
         )
         out.append((path, SCALE_TO_ZERO_CAPTION if zero else AUTOSCALING_CAPTION))
     return out
