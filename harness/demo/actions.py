@@ -80,13 +80,15 @@ class Actions:
 
     async def _deploy(self, d: Deploy) -> None:
         await self._apply(manifests.workload_objects(d))
-        text = f"Deployment {d.namespace}/{d.name}: {d.replicas} replicas, {self._where(d)}"
+        replicas = f"{d.replicas} replica{'' if d.replicas == 1 else 's'}"
+        text = f"Deployment {d.namespace}/{d.name}: {replicas}, {self._where(d)}"
         if d.hpa is not None:
             targets = [
                 f"{n} {v:g}"
                 for n, v in (
                     ("gpu_utilization", d.hpa.gpu_utilization),
                     ("requests_per_second", d.hpa.requests_per_second),
+                    (f"{manifests.GATEWAY_METRIC} (External)", d.hpa.gateway_requests_per_second),
                 )
                 if v is not None
             ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +52,14 @@ def taint_text(taint: JsonObject | None) -> str:
 def node_state(taint: JsonObject | None, record: object, healthy: str) -> str:
     return (
         f"taint {taint_text(taint)}, annotation {'set' if record else 'absent'}, GPUHealthy={healthy or '?'}"
+    )
+
+
+def metric_values_text(hpa: JsonObject) -> str:
+    """`gpu_utilization 75/70, requests_per_second 37.5/40`: each metric as the HPA read it, and its target;
+    `none` where it has no reading (not served yet, or an External average over zero replicas)."""
+    return ", ".join(
+        f"{m} {'none' if math.isnan(c) else f'{c:g}'}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items()
     )
 
 
@@ -151,7 +160,7 @@ class Checks:
             return False, f"no HPA {e.namespace}/{e.name}"
         desired = int((hpa.get("status") or {}).get("desiredReplicas", 0))
         running = len(self.running(e.namespace, e.name))
-        values = ", ".join(f"{m} {c:g}/{t:g}" for m, (c, t) in hpa_metric_values(hpa).items())
+        values = metric_values_text(hpa)
         detail = f"HPA desired {desired}, {running} pods running ({values} current/target)"
         low, high = e.min if e.min is not None else 0, e.max if e.max is not None else 10**6
         return low <= desired <= high and running == desired, detail
@@ -165,6 +174,39 @@ class Checks:
         active = {c.get("type"): c.get("status") for c in (hpa.get("status") or {}).get("conditions") or []}
         detail = f"currentMetrics {have or 'none'}; ScalingActive={active.get('ScalingActive', '?')}"
         return set(e.metrics) <= set(have) and active.get("ScalingActive") == "True", detail
+
+    async def probe_parked_at_zero(self, e: sc.ParkedAtZero) -> Verdict:
+        hpa = self.view.hpa(e.namespace, e.name)
+        if hpa is None:
+            return False, f"no HPA {e.namespace}/{e.name}"
+        spec, status = hpa.get("spec") or {}, hpa.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        scaled = conditions.get("ScaledToZero")
+        active = conditions.get("ScalingActive") or {}
+        # desiredReplicas is always in a written status; currentReplicas is omitted when 0 (omitempty)
+        desired, current = int(status.get("desiredReplicas", -1)), int(status.get("currentReplicas", 0))
+        pods = sorted(p["metadata"]["name"] for p in self.view.workload_pods(e.namespace, e.name))
+        if scaled is not None:
+            by_hpa = scaled.get("status") == "True"
+            why = f"ScaledToZero={scaled.get('status')} ({scaled.get('message', '')})"
+        else:  # before Kubernetes 1.37 the HPA has no such condition: it must at least have rescaled
+            by_hpa = bool(status.get("lastScaleTime"))
+            last = status.get("lastScaleTime", "none")
+            why = f"no ScaledToZero condition (before 1.37); lastScaleTime {last}"
+        values = metric_values_text(hpa)
+        detail = (
+            f"minReplicas {spec.get('minReplicas', 1)}, {why}, desired {desired}, current {current}, "
+            f"{len(pods)} pods{': ' + ', '.join(pods) if pods else ''}; ScalingActive="
+            f"{active.get('status', '?')} ({active.get('reason', '')}); {values} current/target"
+        )
+        ok = (
+            spec.get("minReplicas") == 0
+            and by_hpa
+            and desired == current == 0
+            and not pods
+            and active.get("status") == "True"
+        )
+        return ok, detail
 
     async def probe_series_follow_pods(self, e: sc.FollowPods) -> Verdict:
         pods = {p["metadata"]["name"] for p in self.bound(e.namespace, e.workload) if gpu_ids(p)}

@@ -16,6 +16,7 @@ from pathlib import Path
 from gpuwarden.kube import JsonObject
 from harness.demo import plots, queries
 from harness.demo import scenario as sc
+from harness.demo.manifests import GATEWAY_METRIC
 
 TAINT_COLOUR = "#8B1A1A"
 XID_COLOURS = {13: plots.AMBER, 31: plots.AMBER, 43: plots.AMBER, 45: plots.AMBER}
@@ -71,7 +72,47 @@ def hpa_workloads(scenario: sc.DemoScenario) -> list[sc.Deploy]:
     ]
 
 
-def autoscaling_figures(ctx: Context) -> list[Path]:
+AUTOSCALING_CAPTION = (
+    "Top: the HPA's desired replicas (and, in grey, the load offered at the gateway). Below: each metric as "
+    "the HPA controller read it through the APIService and the gpuwarden adapter, with its target; the thin "
+    "black line is the raw DCGM average in Prometheus."
+)
+SCALE_TO_ZERO_CAPTION = (
+    "Scale to zero without KEDA: an HPA with minReplicas 0 whose only metric is External. Top: the HPA's "
+    "desired replicas and, in grey, the requests per second the gateway receives for the workload - counted "
+    "while no pod runs, which is what lets the HPA wake it. Below: that rate per replica as the HPA "
+    "controller read it through external.metrics.k8s.io and the gpuwarden adapter (no reading while at zero "
+    "replicas: there is nothing to divide by), with its target."
+)
+
+
+def _involves(step: sc.Step, namespace: str, name: str) -> bool:
+    """The step acts on the workload or expects something of it (by name or workload, in its namespace)."""
+    bodies = [getattr(a, a.key) for a in step.do] + [e.body for e in step.expect]
+    return any(
+        getattr(b, "namespace", None) == namespace
+        and name in (getattr(b, "name", None), getattr(b, "workload", None))
+        for b in bodies
+    )
+
+
+def workload_window(ctx: Context, namespace: str, name: str) -> tuple[float, float]:
+    """Unix times a workload's figure spans: from 10 s before the first step involving it to 15 s into the
+    step after the last one (so a Deployment parked at zero is seen staying there), or the end of the run."""
+    starts = dict(ctx.steps)
+    involved = [
+        i for i, s in enumerate(ctx.scenario.steps) if s.name in starts and _involves(s, namespace, name)
+    ]
+    if not involved:
+        return ctx.t0, ctx.t_end
+    first = ctx.t0 + starts[ctx.scenario.steps[involved[0]].name] - 10
+    after = ctx.scenario.steps[involved[-1] + 1 :]
+    end = ctx.t0 + starts[after[0].name] + 15 if after and after[0].name in starts else ctx.t_end
+    return first, min(end, ctx.t_end)
+
+
+def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
+    """One figure per HPA of the scenario, over the steps that involve its workload, with its caption."""
     out = []
     for d in hpa_workloads(ctx.scenario):
         assert d.hpa is not None
@@ -90,21 +131,29 @@ def autoscaling_figures(ctx: Context) -> list[Path]:
             metrics[name] = (current, target)
         util = ctx.reader.range(queries.gpu_utilization(d.namespace, d.name))
         qps = ctx.reader.range(queries.offered_qps(d.namespace, d.name))
-        out.append(
-            plots.autoscaling(
-                ctx.out / f"autoscaling-{d.name}.png",
-                title=f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
-                "gpuwarden adapter",
-                t0=ctx.t0,
-                steps=ctx.steps,
-                desired=replicas.get("desired", []),
-                current=replicas.get("current", []),
-                bounds=(d.hpa.min, d.hpa.max),
-                metrics=dict(sorted(metrics.items())),
-                dcgm_utilization=util[0].points if util else [],
-                offered_qps=qps[0].points if qps else [],
-            )
+        zero = d.hpa.min == 0
+        title = (
+            f"HPA {d.namespace}/{d.name}: minReplicas 0 on the gateway's request rate (External, from the "
+            "gpuwarden adapter): parked at zero, woken by traffic, parked again"
+            if zero
+            else f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
+            "gpuwarden adapter"
         )
+        path = plots.autoscaling(
+            ctx.out / f"autoscaling-{d.name}.png",
+            title=title,
+            t0=ctx.t0,
+            steps=ctx.steps,
+            desired=replicas.get("desired", []),
+            current=replicas.get("current", []),
+            bounds=(d.hpa.min, d.hpa.max),
+            metrics=dict(sorted(metrics.items())),
+            dcgm_utilization=util[0].points if util else [],
+            offered_qps=qps[0].points if qps else [],
+            external=frozenset({GATEWAY_METRIC}),
+            window=workload_window(ctx, d.namespace, d.name),
+        )
+        out.append((path, SCALE_TO_ZERO_CAPTION if zero else AUTOSCALING_CAPTION))
     return out
 
 

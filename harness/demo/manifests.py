@@ -2,9 +2,9 @@
 
 Why it exists: the scenario says "a Deployment of 1-GPU pods with an HPA on GPU utilization and QPS" or "a
 2-pod, 4-GPU training Job in the batch pool"; this module turns that into the exact objects a platform team
-would apply (autoscaling/v2 Pods metrics served by the gpuwarden adapter, tolerations for pool taints, node
-affinity, priority classes), and describes the kwok GPU nodes the way the device plugin and gpuwarden's
-topology annotation would. Pure: dicts in, dicts out, no I/O.
+would apply (autoscaling/v2 Pods and External metrics served by the gpuwarden adapter, tolerations for pool
+taints, node affinity, priority classes), and describes the kwok GPU nodes the way the device plugin and
+gpuwarden's topology annotation would. Pure: dicts in, dicts out, no I/O.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ HOLD_FINALIZER = "gpuwarden.io/demo-hold"
 APP_LABEL = "app"
 DEMO_LABEL = "gpuwarden.io/demo"
 IMAGE = "registry.invalid/harness/demo-workload:0"  # kwok never pulls it
+GATEWAY_SERIES = "gateway_requests_total"
+GATEWAY_METRIC = "gateway_requests_per_second"
+"""The External metric the adapter serves from the simulator's `gateway_requests_total{namespace, service}`
+(the stack's adapter config has the rule), selected per workload by `service=<workload>`."""
 
 
 def topology(fleet: Fleet, node: str) -> dict[str, dict[str, Any]]:
@@ -139,7 +143,9 @@ def deployment(d: Deploy) -> dict[str, Any]:
 
 
 def hpa(d: Deploy, spec: Hpa) -> dict[str, Any]:
-    """autoscaling/v2 on the adapter's Pods metrics (gpu_utilization, requests_per_second)."""
+    """autoscaling/v2 on the adapter's Pods metrics (gpu_utilization, requests_per_second) and its External
+    gateway request rate; `minReplicas: 0` is allowed by the API server only when every metric is External
+    (or Object), which the scenario model already checked."""
     targets = (("gpu_utilization", spec.gpu_utilization), ("requests_per_second", spec.requests_per_second))
     metrics = [
         {
@@ -152,6 +158,19 @@ def hpa(d: Deploy, spec: Hpa) -> dict[str, Any]:
         for name, value in targets
         if value is not None
     ]
+    if spec.gateway_requests_per_second is not None:
+        metrics.append(
+            {
+                "type": "External",
+                "external": {
+                    "metric": {"name": GATEWAY_METRIC, "selector": {"matchLabels": {"service": d.name}}},
+                    "target": {
+                        "type": "AverageValue",
+                        "averageValue": f"{spec.gateway_requests_per_second:g}",
+                    },
+                },
+            }
+        )
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",

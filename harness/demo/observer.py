@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,19 +117,35 @@ class ClusterView:
         )
 
 
+METRIC_SOURCES = {"Pods": "pods", "External": "external"}
+"""HPA metric types the demo plots, and the key of their block in spec.metrics / status.currentMetrics."""
+
+
+def _metric_blocks(metrics: list[JsonObject]) -> Iterator[tuple[str, JsonObject]]:
+    for m in metrics:
+        block = m.get(METRIC_SOURCES.get(str(m.get("type")), ""))
+        if isinstance(block, dict):
+            yield str(block["metric"]["name"]), block
+
+
 def hpa_metric_values(hpa: JsonObject) -> dict[str, tuple[float, float]]:
-    """Metric name -> (current average value, target average value) from an HPA's spec and status."""
+    """Metric name -> (current average value, target average value) from an HPA's spec and status, for its
+    Pods and External metrics.
+
+    An External average over zero replicas is a division by zero in the HPA controller, which reports it as
+    a huge negative number; a negative current value is therefore NaN (no reading), as is a missing one.
+    """
     targets = {
-        m["pods"]["metric"]["name"]: quantity(m["pods"]["target"].get("averageValue"))
-        for m in (hpa.get("spec") or {}).get("metrics") or []
-        if m.get("type") == "Pods"
+        name: quantity(block["target"].get("averageValue"))
+        for name, block in _metric_blocks((hpa.get("spec") or {}).get("metrics") or [])
     }
     current = {
-        m["pods"]["metric"]["name"]: quantity(m["pods"]["current"].get("averageValue"))
-        for m in (hpa.get("status") or {}).get("currentMetrics") or []
-        if m.get("type") == "Pods"
+        name: value
+        if (value := quantity((block.get("current") or {}).get("averageValue"))) >= 0
+        else math.nan
+        for name, block in _metric_blocks((hpa.get("status") or {}).get("currentMetrics") or [])
     }
-    return {name: (current.get(name, float("nan")), target) for name, target in targets.items()}
+    return {name: (current.get(name, math.nan), target) for name, target in targets.items()}
 
 
 class ViewCollector(Collector):
@@ -145,7 +162,7 @@ class ViewCollector(Collector):
         )
         metric = GaugeMetricFamily(
             "gpuwarden_demo_hpa_metric",
-            "HPA Pods metric average (current, target) as the HPA controller sees it",
+            "HPA metric average, Pods or External (current, target), as the HPA controller sees it",
             labels=["namespace", "hpa", "metric", "kind"],
         )
         for h in self.view.hpas:

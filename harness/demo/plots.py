@@ -69,9 +69,11 @@ def _mmss(seconds: float, _pos: object = None) -> str:
 
 
 def _time_axis(ax: Axes, steps: Sequence[tuple[str, float]], labels: bool, span: float) -> None:
-    """mm:ss ticks every 30 s / 1 min / 2 min, and a dotted line per step, numbered as in the report."""
+    """mm:ss ticks every 10 s, 30 s, 1 min or 2 min, and a dotted line per step, numbered as in the report."""
     ax.xaxis.set_major_formatter(FuncFormatter(_mmss))
-    ax.xaxis.set_major_locator(MultipleLocator(30 if span <= 300 else 60 if span <= 720 else 120))
+    ax.xaxis.set_major_locator(
+        MultipleLocator(10 if span <= 120 else 30 if span <= 300 else 60 if span <= 720 else 120)
+    )
     ax.grid(True, axis="both", alpha=0.25)
     lo, hi = ax.get_xlim()
     for i, (name, t) in enumerate(steps, 1):
@@ -100,6 +102,17 @@ def _xy(points: Points, t0: float) -> tuple[list[float], list[float]]:
     return [ts - t0 for ts, _ in points], [v for _, v in points]
 
 
+def break_gaps(points: Points, gap: float = 2.5) -> Points:
+    """The points with a NaN wherever no sample came for more than `gap` seconds, so a line breaks there
+    instead of bridging a time without readings (an External average at zero replicas has none)."""
+    out: Points = []
+    for ts, value in points:
+        if out and ts - out[-1][0] > gap:
+            out.append((out[-1][0] + gap / 2, float("nan")))
+        out.append((ts, value))
+    return out
+
+
 def autoscaling(
     path: Path,
     *,
@@ -112,9 +125,17 @@ def autoscaling(
     metrics: dict[str, tuple[Points, float | None]],
     dcgm_utilization: Points,
     offered_qps: Points,
+    external: frozenset[str] = frozenset(),
+    window: tuple[float, float] | None = None,
 ) -> Path:
-    """Replicas (with the offered load) above one panel per HPA metric: what the HPA read, and its target."""
-    fig, axes = plt.subplots(1 + len(metrics), 1, figsize=(11, 2.6 + 2.2 * len(metrics)), sharex=True)
+    """Replicas (with the offered load) above one panel per HPA metric: what the HPA read, and its target.
+
+    Metrics named in `external` are External metrics: one value for the workload, read per replica.
+    `window` (unix times) limits the time axis; default: everything given."""
+    fig, grid = plt.subplots(
+        1 + len(metrics), 1, figsize=(11, 2.6 + 2.2 * len(metrics)), sharex=True, squeeze=False
+    )
+    axes = grid[:, 0]  # one column; a 1-D array even when no metric was recorded (only the replicas panel)
     ax = axes[0]
     x, y = _xy(desired, t0)
     ax.step(x, y, where="post", color=PALETTE[0], lw=2.2, label="desired replicas (HPA)")
@@ -134,26 +155,33 @@ def autoscaling(
     ax.set_ylabel("replicas")
     twin = ax.twinx()
     x, y = _xy(offered_qps, t0)
-    twin.fill_between(x, y, color=GREY, alpha=0.15, step="post", label="offered load (QPS, right axis)")
+    twin.fill_between(
+        x, y, color=GREY, alpha=0.15, step="post", label="load offered at the gateway (QPS, right axis)"
+    )
     twin.set_ylabel("workload QPS", color="#666666")
     twin.set_ylim(0, max([v for _, v in offered_qps] + [1]) * 1.25)
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
     ax.set_title(title, fontsize=11, loc="left", pad=30)
-    span = max((ts for ts, _ in desired), default=t0) - t0
+    if window is not None:
+        ax.set_xlim(window[0] - t0, window[1] - t0)  # shared by every panel
+        span = window[1] - window[0]
+    else:
+        span = max((ts for ts, _ in desired), default=t0) - t0
     _time_axis(ax, steps, labels=True, span=span)
     for i, (name, (points, target)) in enumerate(metrics.items(), 1):
         ax = axes[i]
-        x, y = _xy(points, t0)
-        ax.plot(x, y, color=PALETTE[1 + i], lw=2, label=f"{name}: average per pod, as the HPA read it")
+        x, y = _xy(break_gaps(points), t0)
+        per = "External, per replica" if name in external else "average per pod"
+        ax.plot(x, y, color=PALETTE[1 + i], lw=2, label=f"{name}: {per}, as the HPA read it")
         if name == "gpu_utilization" and dcgm_utilization:
-            x, y = _xy(dcgm_utilization, t0)
+            x, y = _xy(break_gaps(dcgm_utilization), t0)
             ax.plot(x, y, color="black", lw=0.8, alpha=0.6, label="DCGM_FI_DEV_GPU_UTIL average (Prometheus)")
         if target is not None:
             ax.axhline(target, color=RED, lw=1.2, ls="--", label=f"target {target:g}")
         ax.set_ylabel(name.replace("_", " "))
         ax.set_ylim(bottom=0)
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+        ax.legend(loc="best", fontsize=8, framealpha=0.9)
         _time_axis(ax, steps, labels=False, span=span)
     axes[-1].set_xlabel("time since the demo started (mm:ss)")
     return _save(fig, path)

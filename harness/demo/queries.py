@@ -38,8 +38,9 @@ def hpa_metric(namespace: str, hpa: str) -> str:
 
 
 def offered_qps(namespace: str, workload: str) -> str:
-    """Requests per second the whole workload served, from the pods' own counters."""
-    return f'sum(rate(http_requests_total{{namespace="{namespace}",pod=~"{workload}-.*"}}[10s]))'
+    """Requests per second arriving at the gateway in front of the workload: served by its pods, or by none
+    while it is parked at zero replicas (the pods' own `http_requests_total` would show nothing then)."""
+    return f'sum(rate(gateway_requests_total{{namespace="{namespace}",service="{workload}"}}[10s]))'
 
 
 def gpu_utilization(namespace: str, workload: str) -> str:

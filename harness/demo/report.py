@@ -72,15 +72,7 @@ def _figures(record: RunRecord, out: Path, events: list[JsonObject]) -> list[tup
     reader = RangeReader(record.prometheus_url, t0, now)
     ctx = figures.Context(out, t0, now + 5, steps, reader, events, record.scenario)
     made: list[tuple[Path, str]] = []
-    for path in figures.autoscaling_figures(ctx):
-        made.append(
-            (
-                path,
-                "Top: the HPA's desired replicas (and the offered load in grey). Below: each Pods "
-                "metric as the HPA controller read it through the APIService and the gpuwarden adapter, "
-                "with its target; the thin black line is the raw DCGM average in Prometheus.",
-            )
-        )
+    made += figures.autoscaling_figures(ctx)
     made.append(
         (
             figures.quarantine_figure(ctx),

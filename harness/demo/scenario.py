@@ -50,13 +50,41 @@ class Fleet(Section):
 
 
 class Hpa(Section):
-    """An autoscaling/v2 HPA on the Deployment, with Pods metrics served by the gpuwarden adapter."""
+    """An autoscaling/v2 HPA on the Deployment, with metrics served by the gpuwarden adapter: Pods metrics
+    (custom.metrics.k8s.io) and the gateway's request rate (External, external.metrics.k8s.io)."""
 
-    min: int = Field(1, ge=1)
+    min: int = Field(
+        1,
+        ge=0,
+        description="minReplicas; 0 parks the Deployment at zero when idle (HPAScaleToZero: beta and on from "
+        "Kubernetes 1.37), which needs every metric to be External: only `gateway_requests_per_second`",
+    )
     max: int = Field(ge=1)
     gpu_utilization: float | None = Field(None, gt=0, description="target average GPU utilization (%)")
     requests_per_second: float | None = Field(None, gt=0, description="target average QPS per pod")
+    gateway_requests_per_second: float | None = Field(
+        None,
+        gt=0,
+        description="target requests per second per replica of the rate the gateway in front of the "
+        "workload receives (External metric `gateway_requests_per_second{service=<name>}`, from the "
+        "simulator's `gateway_requests_total`): it exists while no pod runs, so it can wake a Deployment "
+        "parked at zero",
+    )
     scale_down_stabilization_seconds: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _metrics_fit_the_bounds(self) -> Hpa:
+        pods_metrics = [n for n in ("gpu_utilization", "requests_per_second") if getattr(self, n) is not None]
+        if not pods_metrics and self.gateway_requests_per_second is None:
+            raise ValueError("give at least one metric target")
+        if self.min == 0 and pods_metrics:
+            raise ValueError(
+                f"min 0 needs every metric to be External (a Pods metric has no pod to read at zero): "
+                f"drop {', '.join(pods_metrics)} or set min >= 1"
+            )
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
 
 
 class Workload(Section):
@@ -256,6 +284,16 @@ class GpuPreempting(Selected):
     """gpuwarden's GPU preemption (make-room) evicted for a pod of the workload: a `GPUPreempting` Event."""
 
 
+class ParkedAtZero(Section):
+    """The HPA (`minReplicas: 0`) parked its Deployment at zero: its `ScaledToZero` condition is True (set
+    by the HPA controller only when it scaled the workload from some replicas to zero; Kubernetes 1.37+,
+    before that the HPA must at least have rescaled), desired and current replicas 0, no pod of the workload
+    left, and `ScalingActive=True`: it still reads its External metric, so traffic can wake it."""
+
+    name: str
+    namespace: str = "default"
+
+
 class TopPods(Selected):
     """`kubectl top pods` (metrics.k8s.io, served by the adapter) lists every running pod of the workload,
     each with CPU and the memory working set Prometheus holds for it."""
@@ -283,6 +321,7 @@ class Expect(Section):
     drained: Drained | None = None
     gpu_preempting: GpuPreempting | None = None
     top_pods: TopPods | None = None
+    parked_at_zero: ParkedAtZero | None = None
     within: Seconds | None = Field(None, gt=0, description="default: the step's `within`")
     hold: Seconds = Field(0.0, ge=0, description="after first holding, must keep holding this long")
 

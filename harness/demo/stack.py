@@ -3,9 +3,10 @@
 Why it exists: the demo is only convincing if every piece is the real one, wired as in production —
 kube-apiserver, kube-controller-manager's HPA controller and kube-scheduler from the test bed; kwok GPU
 nodes that advertise `nvidia.com/gpu` and gpuwarden's topology annotation; the fleet simulator as the
-dcgm-exporter; a real Prometheus scraping it; `gpuwarden adapter` behind real APIServices; `gpuwarden
-controller` with its extender wired into kube-scheduler's configuration. This module starts them in
-dependency order, each with a readiness check and a timeline line, and stops them in reverse order.
+dcgm-exporter (and as the gateway in front of the inference workloads); a real Prometheus scraping it;
+`gpuwarden adapter` behind real APIServices; `gpuwarden controller` with its extender wired into
+kube-scheduler's configuration. This module starts them in dependency order, each with a readiness check and
+a timeline line, and stops them in reverse order.
 
 Everything listens on 127.0.0.1 only. All files live under one work directory (configs, TLS, logs,
 kubeconfig, TSDB), which is kept after the run for inspection.
@@ -53,6 +54,21 @@ APIS = (
     ("metrics.k8s.io", "v1beta1"),  # kubectl top, from the simulator's cAdvisor series
 )
 RATE = "[5s]"  # five 1 s scrapes (kube-prometheus: 120 s = four 30 s scrapes)
+SCALE_TO_ZERO_GATE = {"kubeFeatureGates": "HPAScaleToZero=true"}
+"""HPA `minReplicas: 0` on External metrics: beta and on by default from 1.37 (the test bed's release), alpha
+and off before; set explicitly so the demo also parks at zero on a test bed built for an older release."""
+
+
+def gateway_rule() -> dict[str, Any]:
+    """prometheus-adapter `externalRules` entry: the simulator's `gateway_requests_total{namespace, service}`
+    as the External metric `gateway_requests_per_second`, selected by `service` (an HPA's
+    `metric.selector`). It exists while the workload runs no pod: what an HPA at zero replicas can read."""
+    return {
+        "seriesQuery": f'{manifests.GATEWAY_SERIES}{{namespace!="",service!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
+        "name": {"matches": f"^{manifests.GATEWAY_SERIES}$", "as": manifests.GATEWAY_METRIC},
+        "metricsQuery": f"sum(rate(<<.Series>>{{<<.LabelMatchers>>}}{RATE})) by (namespace)",
+    }
 
 
 def resource_rule(series: str, rate: bool) -> dict[str, Any]:
@@ -112,6 +128,7 @@ def gpuwarden_config(
                 "cpu": resource_rule("container_cpu_usage_seconds_total", rate=True),
                 "memory": resource_rule("container_memory_working_set_bytes", rate=False),
             },
+            "externalRules": [gateway_rule()],
         },
         "health": {
             "loop_interval_seconds": 1,
@@ -205,7 +222,8 @@ class Stack:
         binaries = Binaries.locate()
         version = binaries.versions.get("kubernetes", "?")
         t.info(
-            f"control plane: kube-apiserver, etcd, kube-controller-manager, kube-scheduler {version}, kwok"
+            f"control plane {version}: kube-apiserver, etcd, kube-controller-manager (feature gate "
+            "HPAScaleToZero on), kube-scheduler, kwok"
         )
         config = ClusterConfig(
             name="gpuwarden-demo",
@@ -214,6 +232,7 @@ class Stack:
             hpa_sync_period="2s",
             hpa_downscale_stabilization="5s",
             progress=False,
+            kwokctl_options=SCALE_TO_ZERO_GATE,
         )
         self.cluster = cluster = await asyncio.to_thread(Cluster.create, config, binaries)
         t.info(f"control plane ready in {cluster.timings.get('ready_s', 0):.1f}s at {cluster.server}")

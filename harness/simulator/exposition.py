@@ -133,6 +133,11 @@ def _energy(gpus: list[Gpu]) -> Iterable[str]:
 XID = Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 XID_COUNT = Family("DCGM_EXP_XID_ERRORS_COUNT", "counter", "reported XIDs during last window")
 HTTP_REQUESTS = Family("http_requests_total", "counter", "Total HTTP requests served by the pod (simulated).")
+GATEWAY_REQUESTS = Family(
+    "gateway_requests_total",
+    "counter",
+    "Total requests the gateway received for the service, whether or not a pod serves it (simulated).",
+)
 CONTAINER_CPU = Family(
     "container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed in seconds."
 )
@@ -450,11 +455,28 @@ class Renderer:
                 out += [Chunk(family.header.encode()), Chunk(("\n".join(body) + "\n").encode())]
         return out
 
+    def render_gateway(self) -> list[Chunk]:
+        """gateway_requests_total{namespace, service} for every workload with a gateway (as an ingress or
+        inference gateway in front of it would count them): present, and moving with the load, while the
+        workload runs no pod at all."""
+        served = sorted(
+            (w for w in self.fleet.workloads.values() if w.gateway), key=lambda w: (w.namespace, w.name)
+        )
+        if not served:
+            return []
+        lines = [
+            f'{GATEWAY_REQUESTS.name}{{namespace="{escape(w.namespace)}",service="{escape(w.name)}"}} '
+            f"{int(w.gateway_requests)}"
+            for w in served
+        ]
+        return [Chunk(GATEWAY_REQUESTS.header.encode()), Chunk(("\n".join(lines) + "\n").encode())]
+
     def render_chunks(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> list[Chunk]:
-        """The whole fleet (default, block-cached), one node's exporter (`node`), or only app metrics."""
+        """The whole fleet (default, block-cached), one node's exporter (`node`), or only app metrics (the
+        pods' and the gateway's)."""
         chunks = self.render_dcgm(self.exported_gpus(node), cache=node is None) if dcgm else []
         if apps:
-            chunks += self.render_apps()
+            chunks += self.render_apps() + self.render_gateway()
         return chunks
 
     def render(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> str:

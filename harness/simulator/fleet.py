@@ -137,6 +137,8 @@ class Fleet:
     def _integrate(self, t0: float, t1: float) -> None:
         dt = t1 - t0
         for w in self.workloads.values():
+            if w.gateway:
+                w.gateway_requests += (w.curve.qps(t0) + w.curve.qps(t1)) / 2 * dt
             if w.pods:
                 per_pod = (w.pod_qps(t0) + w.pod_qps(t1)) / 2 * dt
                 for pod in w.pods.values():
@@ -297,13 +299,16 @@ class Fleet:
         qps_per_gpu: float | None = None,
         memory_mib_per_gpu: int | None = None,
         container: str | None = None,
+        gateway: bool = True,
     ) -> WorkloadState:
-        """Create the workload or change its load curve (and optionally capacity / memory)."""
+        """Create the workload or change its load curve (and optionally capacity / memory); `gateway`
+        False only for a workload created because a pod of it was mapped (no load was ever set)."""
         w = self.workloads.get((namespace, name))
         if w is None:
             w = self.workloads[(namespace, name)] = WorkloadState(
-                namespace, name, curve, container=container or name
+                namespace, name, curve, container=container or name, gateway=gateway
             )
+        w.gateway = w.gateway or gateway
         w.curve = curve
         if qps_per_gpu is not None:
             w.qps_per_gpu = qps_per_gpu
@@ -351,7 +356,7 @@ class Fleet:
                 self._unmap(key)
             w = self.workloads.get((s.namespace, s.workload))
             if w is None:
-                w = self.set_load(s.namespace, s.workload, LoadCurve.constant(0.0, self.now))
+                w = self.set_load(s.namespace, s.workload, LoadCurve.constant(0.0, self.now), gateway=False)
             pod = Pod(s.namespace, s.name, s.container or w.container, w, s.node, s.gpus, requests)
             self.pods[key] = w.pods[s.name] = pod
             for g in s.gpus:

@@ -4,9 +4,10 @@ Why it exists: one aiohttp process stands in for a whole fleet of dcgm-exporters
 so that a real Prometheus, the adapter, the controller and the demo can be exercised against known behaviour.
 
 Endpoints:
-    GET /metrics                  every node's DCGM series plus http_requests_total of every pod (one target)
+    GET /metrics                  every node's DCGM series plus http_requests_total of every pod and the
+                                  gateway's gateway_requests_total per workload (one target)
     GET /nodes/{node}/metrics     one node's exporter only, as a DaemonSet pod would serve it
-    GET /apps/metrics             only http_requests_total (the pods' own endpoints, merged)
+    GET /apps/metrics             only the app series (the pods' own endpoints and the gateway's, merged)
     GET /healthz                  liveness
     /control/...                  the control API (control.py)
 

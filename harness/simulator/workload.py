@@ -51,7 +51,13 @@ class LoadCurve:
 
 @dataclass(eq=False)
 class WorkloadState:
-    """A workload at run time: its curve, capacity per GPU and the pods currently serving it."""
+    """A workload at run time: its curve, capacity per GPU and the pods currently serving it.
+
+    `gateway_requests` integrates the whole curve, pods or not: the requests a gateway in front of the
+    workload received (`gateway_requests_total`), the one signal that exists while no pod runs and so the
+    one an HPA with `minReplicas: 0` can scale on. `gateway` is False for workloads nobody set a load for
+    (bare pods mapped for a training job): no gateway stands in front of those.
+    """
 
     namespace: str
     name: str
@@ -60,6 +66,8 @@ class WorkloadState:
     memory_mib_per_gpu: int = 16384
     container: str = ""
     pods: dict[str, Pod] = field(default_factory=dict)
+    gateway: bool = True
+    gateway_requests: float = 0.0
 
     def pod_qps(self, now: float) -> float:
         """QPS each pod serves at `now` (load split evenly over the pods mapped to GPUs)."""

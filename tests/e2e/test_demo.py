@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 REPORT_FILES = (
     "index.html",
     "autoscaling-llm-serve.png",
+    "autoscaling-llm-burst.png",  # the HPA with minReplicas 0: parked, woken, parked again
     "quarantine.png",
     "numa-map.png",
     "preemptions.png",
@@ -69,6 +70,8 @@ def test_default_scenario_passes_and_writes_the_report(tmp_path: Path) -> None:
         assert path.is_file() and path.stat().st_size > 2000, f"{path} missing or empty"
     page = (out / "index.html").read_text()
     assert "PASSED" in page and "NOT observed" not in page
+    parked = "<code>parked_at_zero(name=llm-burst, namespace=inference)</code></td><td>observed"
+    assert page.count(parked) == 2  # HPA minReplicas 0: parked before the traffic and again after it
     assert "export KUBECONFIG=" in done.stdout
 
 

@@ -145,6 +145,42 @@ def expect(doc: dict[str, Any]) -> sc.Expect:
     return sc.Expect.model_validate(doc)
 
 
+def zero_hpa(
+    desired: int = 0,
+    current: int = 0,
+    scaled: str | None = "True",
+    active: str = "True",
+    min_replicas: int = 0,
+    last_scale: bool = True,
+) -> dict[str, Any]:
+    """An HPA `w` on the gateway's External metric, as kube-controller-manager writes its status (1.37:
+    the ScaledToZero condition; currentReplicas omitted when 0)."""
+    conditions = [{"type": "ScalingActive", "status": active, "reason": "ValidMetricFound"}]
+    if scaled is not None:
+        message = "the HPA controller scaled the workload to zero"
+        conditions.append({"type": "ScaledToZero", "status": scaled, "message": message})
+    metric = {"name": "gateway_requests_per_second", "selector": {"matchLabels": {"service": "w"}}}
+    status: dict[str, Any] = {"desiredReplicas": desired, "conditions": conditions}
+    if current:
+        status["currentReplicas"] = current
+    if last_scale:
+        status["lastScaleTime"] = "2026-12-03T15:00:00Z"
+    return {
+        "metadata": {"name": "w", "namespace": "t"},
+        "spec": {
+            "minReplicas": min_replicas,
+            "maxReplicas": 4,
+            "metrics": [
+                {"type": "External", "external": {"metric": metric, "target": {"averageValue": "20"}}}
+            ],
+        },
+        "status": status,
+    }
+
+
+PARKED = {"parked_at_zero": {"name": "w", "namespace": "t"}}
+
+
 CASES = [
     pytest.param(
         make(
@@ -415,6 +451,46 @@ CASES = [
         "2/2",
         id="xid-seen",
     ),
+    pytest.param(
+        make(hpas=[zero_hpa()]),
+        PARKED,
+        True,
+        "minReplicas 0, ScaledToZero=True (the HPA controller scaled the workload to zero), desired 0, "
+        "current 0, 0 pods; ScalingActive=True (ValidMetricFound); gateway_requests_per_second none/20",
+        id="parked",
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa(scaled=None, last_scale=False)]),
+        PARKED,
+        False,
+        "no ScaledToZero condition (before 1.37); lastScaleTime none",
+        id="never-rescaled",  # e.g. the HPA has not synced yet: nothing says the HPA took it to zero
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa(scaled=None)]), PARKED, True, "lastScaleTime 2026", id="parked-before-1.37"
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa(scaled="False")]), PARKED, False, "ScaledToZero=False", id="woken-since"
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa(desired=0, current=2)], pods=[pod("w-1", node="n0"), pod("w-2", node="n1")]),
+        PARKED,
+        False,
+        "desired 0, current 2, 2 pods: w-1, w-2",
+        id="scaling-down",
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa()], pods=[pod("w-1", node="n0", deleting=True)]),
+        PARKED,
+        False,
+        "1 pods: w-1",
+        id="last-pod-still-terminating",
+    ),
+    pytest.param(
+        make(hpas=[zero_hpa(active="False")]), PARKED, False, "ScalingActive=False", id="metric-lost-at-zero"
+    ),
+    pytest.param(make(hpas=[zero_hpa(min_replicas=1)]), PARKED, False, "minReplicas 1", id="min-one"),
+    pytest.param(make(), PARKED, False, "no HPA t/w", id="no-hpa"),
 ]
 
 

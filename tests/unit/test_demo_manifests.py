@@ -64,6 +64,27 @@ def test_deployment_and_hpa_on_the_adapter_metrics() -> None:
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
 
 
+def test_a_scale_to_zero_hpa_reads_only_the_gateway_rate_as_an_external_metric() -> None:
+    d = Deploy(
+        name="burst", namespace="inf", replicas=1, hpa=Hpa(min=0, max=4, gateway_requests_per_second=20)
+    )
+    deployment, hpa = manifests.workload_objects(d)
+    assert deployment["spec"]["replicas"] == 1
+    assert hpa["spec"]["minReplicas"] == 0
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "External",
+            "external": {
+                "metric": {
+                    "name": "gateway_requests_per_second",
+                    "selector": {"matchLabels": {"service": "burst"}},
+                },
+                "target": {"type": "AverageValue", "averageValue": "20"},
+            },
+        }
+    ]
+
+
 def test_pool_nodes_priority_and_hold_shape_the_pods() -> None:
     d = Deploy(
         name="low", namespace="b", gpus=8, pool="batch", nodes=["n1", "n2"], priority_class="p", hold=True
@@ -131,6 +152,34 @@ def test_hpa_metric_values_pairs_current_with_target() -> None:
     assert values["gpu_utilization"] == (75.5, 70.0)
     current, target = values["requests_per_second"]
     assert math.isnan(current) and target == 40.0
+
+
+def external_hpa(current: str) -> dict[str, Any]:
+    d = Deploy(name="burst", namespace="inf", hpa=Hpa(min=0, max=4, gateway_requests_per_second=20))
+    hpa = manifests.workload_objects(d)[1]
+    metric = {"name": "gateway_requests_per_second", "selector": {"matchLabels": {"service": "burst"}}}
+    hpa["status"] = {
+        "desiredReplicas": 3,
+        "currentMetrics": [
+            {"type": "External", "external": {"metric": metric, "current": {"averageValue": current}}}
+        ],
+    }
+    return hpa
+
+
+@pytest.mark.parametrize(
+    ("current", "value"),
+    [
+        pytest.param("16667m", 16.667, id="per-replica"),
+        pytest.param("0", 0.0, id="idle"),
+        # at zero replicas the controller divides by zero and reports math.MinInt64 milli-units
+        pytest.param("-9223372036854775808m", math.nan, id="over-zero-replicas"),
+    ],
+)
+def test_hpa_metric_values_read_external_metrics_too(current: str, value: float) -> None:
+    got, target = hpa_metric_values(external_hpa(current))["gateway_requests_per_second"]
+    assert target == 20.0
+    assert (math.isnan(got) and math.isnan(value)) or got == pytest.approx(value)
 
 
 def pod(

@@ -128,3 +128,58 @@ def test_quarantine_figure_draws_fabric_and_nvlink_signals_beside_xids_and_taint
     path = figures.quarantine_figure(ctx)
     width, height = png_size(path)
     assert width > 500 and height > 200
+
+
+def test_each_hpa_of_the_default_scenario_gets_a_figure_and_the_parked_one_says_scale_to_zero(
+    tmp_path: Path,
+) -> None:
+    t0 = 1_000.0
+    parked = [(t0 + i, float(3 if 40 <= i < 70 else 0)) for i in range(120)]
+    reader = FakeReader(
+        {
+            queries.hpa_replicas("inference", "llm-burst"): [Series({"kind": "desired"}, parked)],
+            queries.offered_qps("inference", "llm-burst"): [
+                Series({}, [(t, 50.0 if v else 0.0) for t, v in parked])
+            ],
+        }
+    )
+    ctx = figures.Context(tmp_path, t0, t0 + 120, [("one", 0.0)], reader, [], load_demo_scenario())  # type: ignore[arg-type]
+    made = {path.name: caption for path, caption in figures.autoscaling_figures(ctx)}
+    assert set(made) == {"autoscaling-llm-serve.png", "autoscaling-llm-burst.png"}
+    assert made["autoscaling-llm-burst.png"].startswith(
+        "Scale to zero without KEDA: an HPA with minReplicas 0"
+    )
+    assert "minReplicas 0" not in made["autoscaling-llm-serve.png"]
+    width, height = png_size(tmp_path / "autoscaling-llm-burst.png")
+    assert width > 500 and height > 200
+
+
+def test_a_workload_figure_spans_the_steps_that_involve_it(tmp_path: Path) -> None:
+    scenario = load_demo_scenario()
+    steps = [(s.name, 10.0 * i) for i, s in enumerate(scenario.steps)]  # step i starts at 10 i s
+    index = {name: i for i, (name, _) in enumerate(steps)}
+    t0, end = 1_000.0, 1_000.0 + 10 * len(steps) + 30
+    ctx = figures.Context(tmp_path, t0, end, steps, FakeReader({}), [], scenario)  # type: ignore[arg-type]
+    burst = figures.workload_window(ctx, "inference", "llm-burst")
+    # from 10 s before scale-to-zero to 15 s into the step after park-again (it is seen staying parked)
+    assert burst == (t0 + 10 * index["scale-to-zero"] - 10, t0 + 10 * (index["park-again"] + 1) + 15)
+    serve = figures.workload_window(ctx, "inference", "llm-serve")
+    assert serve == (t0 + 10 * index["inference"] - 10, end)  # its last step (recovery) is the run's last
+    assert figures.workload_window(ctx, "inference", "nobody") == (t0, end)
+
+
+@pytest.mark.parametrize(
+    ("points", "broken_after"),
+    [
+        pytest.param([(0.0, 1.0), (1.0, 1.0), (2.0, 1.0)], [], id="continuous"),
+        pytest.param([(0.0, 1.0), (1.0, 1.0), (9.0, 2.0), (10.0, 2.0)], [1.0], id="gap"),
+        pytest.param([], [], id="empty"),
+    ],
+)
+def test_lines_break_where_readings_stop(
+    points: list[tuple[float, float]], broken_after: list[float]
+) -> None:
+    out = plots.break_gaps(points)
+    nans = [i for i, (_, v) in enumerate(out) if v != v]
+    assert [out[i - 1][0] for i in nans] == broken_after
+    assert [p for p in out if p[1] == p[1]] == points

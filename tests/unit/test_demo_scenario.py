@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from adapter.naming import compile_rules
 from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
+from harness.demo import manifests
 from harness.demo.scenario import (
     DEFAULT_SCENARIO,
     Expect,
@@ -56,8 +58,37 @@ def test_the_default_scenario_parses_and_tells_the_whole_story() -> None:
         "drained",
         "gpu_preempting",
         "top_pods",
+        "parked_at_zero",
     } <= keys
     assert DEFAULT_SCENARIO.is_file()
+
+
+def test_the_default_scenario_parks_wakes_and_parks_again_an_hpa_with_min_zero_on_an_external_metric() -> (
+    None
+):
+    scenario = load_demo_scenario()
+    zero = [
+        a.deploy for s in scenario.steps for a in s.do if a.deploy and a.deploy.hpa and a.deploy.hpa.min == 0
+    ]
+    assert len(zero) == 1 and zero[0].hpa is not None
+    name = zero[0].name
+    assert zero[0].replicas >= 1  # the HPA, not the manifest, takes it to zero first
+    assert zero[0].hpa.gateway_requests_per_second is not None
+    story = [
+        (e.key, getattr(e.body, "min", None))
+        for s in scenario.steps
+        for e in s.expect
+        if getattr(e.body, "name", getattr(e.body, "workload", None)) == name
+    ]
+    parked, woken = ("parked_at_zero", None), ("replicas", 3)
+    assert story[0] == parked and woken in story and story[-1] == parked
+    assert story.index(woken) < len(story) - 1
+
+
+def test_a_scale_to_zero_hpa_on_the_gateway_rate_parses() -> None:
+    doc = _with("steps.0.do.0.deploy.hpa", {"min": 0, "max": 4, "gateway_requests_per_second": 20})
+    hpa = parse_demo_scenario(doc).steps[0].do[0].deploy.hpa  # type: ignore[union-attr]
+    assert hpa is not None and (hpa.min, hpa.gateway_requests_per_second) == (0, 20)
 
 
 def test_the_demo_config_with_the_default_scenario_merged_is_a_valid_gpuwarden_config() -> None:
@@ -69,6 +100,10 @@ def test_the_demo_config_with_the_default_scenario_merged_is_a_valid_gpuwarden_c
     assert config.drain.enabled and config.preemption.make_room.enabled
     # the boot-flap step runs inside the grace, the fabric step outside it (examples/demo/default.yaml)
     assert config.health.signals.boot_grace_seconds == 90
+    # the External metric the scale-to-zero HPA reads is what the adapter's rule makes of the gateway series
+    (rule,) = compile_rules(config.adapter.external_rules, external=True)
+    assert rule.metric_name(manifests.GATEWAY_SERIES) == manifests.GATEWAY_METRIC
+    assert rule.accepts(manifests.GATEWAY_SERIES) and rule.namespaced
 
 
 def test_a_minimal_scenario_parses() -> None:
@@ -162,6 +197,33 @@ def _with(path: str, value: Any) -> dict[str, Any]:
             "steps[0].do[0].fault.nodes",
             "unknown node",
             id="fault-node",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.hpa", {"min": 0, "max": 4, "gpu_utilization": 70}),
+            "steps[0].do[0].deploy.hpa",
+            "drop gpu_utilization or set min >= 1",
+            id="zero-on-a-pods-metric",
+        ),
+        pytest.param(
+            _with(
+                "steps.0.do.0.deploy.hpa",
+                {"min": 0, "max": 4, "requests_per_second": 5, "gateway_requests_per_second": 20},
+            ),
+            "steps[0].do[0].deploy.hpa",
+            "drop requests_per_second",
+            id="zero-beside-a-pods-metric",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.hpa", {"min": 1, "max": 4}),
+            "steps[0].do[0].deploy.hpa",
+            "at least one metric",
+            id="hpa-without-metrics",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.hpa", {"min": 5, "max": 4, "gateway_requests_per_second": 20}),
+            "steps[0].do[0].deploy.hpa",
+            "above max",
+            id="hpa-min-above-max",
         ),
     ],
 )

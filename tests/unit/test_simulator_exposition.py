@@ -156,7 +156,7 @@ def _families_of(text: str) -> set[str]:
         ),
         pytest.param(
             {"metrics": ["DCGM_FI_DEV_GPU_UTIL"]},
-            lambda t: _families_of(t) == {"DCGM_FI_DEV_GPU_UTIL", "http_requests"},
+            lambda t: _families_of(t) == {"DCGM_FI_DEV_GPU_UTIL", "http_requests", "gateway_requests"},
             id="metric-subset",
         ),
         pytest.param(
@@ -207,6 +207,20 @@ def test_app_metrics_per_pod() -> None:
         'http_requests_total{code="200",method="GET",namespace="shop",pod="web-0"} 250',
         'http_requests_total{code="200",method="GET",namespace="shop",pod="web-x"} 250',
     ]
+
+
+def test_gateway_series_per_workload_exists_while_no_pod_runs() -> None:
+    fleet = make()
+    fleet.set_load("serving", "cold", LoadCurve.constant(20, fleet.now))  # no pod: nothing serves it
+    fleet.set_pods([PodSpec("train", "job-worker-0", "gpu-node-001", (0,), "job")], replace=False)
+    fleet.advance(10)
+    text = Renderer(fleet).render(dcgm=False)
+    assert lines(text, "gateway_requests_total") == [
+        'gateway_requests_total{namespace="serving",service="cold"} 200',
+        'gateway_requests_total{namespace="shop",service="web"} 500',
+    ]  # none for the training job: no load was ever set for it, no gateway stands in front of it
+    assert families(text)["gateway_requests"].type == "counter"
+    assert not any('pod="cold' in line for line in lines(text, "http_requests_total"))
 
 
 def test_cadvisor_series_per_pod_follow_its_gpu_load_only_when_asked_for() -> None:

@@ -150,6 +150,26 @@ def test_requests_integrate_the_load_curve() -> None:
     assert [p.requests for p in fleet.pods.values()] == [pytest.approx(2250), pytest.approx(2250)]
 
 
+def test_the_gateway_counts_the_whole_load_with_or_without_pods() -> None:
+    fleet = make({"workloads": [{"name": "w", "replicas": 0, "load": [{"at": 0, "qps": 0}]}]})
+    fleet.set_load("default", "w", LoadCurve(((0.0, 0.0), (10.0, 100.0)), fleet.now))
+    for second in range(1, 21):  # 0..100 over 10 s, then 100 for 10 s: 500 + 1000, no pod served any of it
+        fleet.advance(T0 + second)
+    w = fleet.workloads[("default", "w")]
+    assert (w.gateway_requests, w.pods) == (pytest.approx(1500), {})
+    fleet.set_pods([PodSpec("default", "w-a", "gpu-node-000", (0,), "w")], replace=False)
+    fleet.advance(T0 + 30)
+    assert (w.gateway_requests, w.pods["w-a"].requests) == (pytest.approx(2500), pytest.approx(1000))
+
+
+def test_a_workload_known_only_from_a_mapped_pod_has_no_gateway_until_a_load_is_set() -> None:
+    fleet = make()
+    fleet.set_pods([PodSpec("train", "job-worker-0", "gpu-node-000", (0, 1), "job")], replace=False)
+    assert not fleet.workloads[("train", "job")].gateway
+    fleet.set_load("train", "job", LoadCurve.constant(5, fleet.now))
+    assert fleet.workloads[("train", "job")].gateway
+
+
 Check = Callable[[Fleet], bool]
 
 
