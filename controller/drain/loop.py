@@ -28,8 +28,10 @@ from controller.drain.handoff import Handoff, inputs
 from controller.drain.observe import QUARANTINE_TAINT, DrainSnapshot, build_snapshot, device_scoped
 from controller.drain.plan import DrainPlan, DrainVerdict, evictions_in_window, plan_drains
 from controller.drain.remediation import decide
+from controller.gpus.dra import extended_resource_classes
+from controller.gpus.feed import DEVICE_CLASSES
 from gpuwarden.config.root import Config
-from gpuwarden.errors import KubeError
+from gpuwarden.errors import KubeError, KubeNotFound
 from gpuwarden.kube import LIVE_PODS, NODES, PODS, EventRecorder, Informer, JsonObject, KubeClient
 from gpuwarden.kube.resources import Resource
 
@@ -75,17 +77,34 @@ class DrainLoop:
         self._evicted_at: deque[float] = deque()
         self.last_plan: DrainPlan | None = None
 
-    def snapshot(self, claims: Mapping[tuple[str, str], JsonObject] | None = None) -> DrainSnapshot:
+    def snapshot(
+        self,
+        claims: Mapping[tuple[str, str], JsonObject] | None = None,
+        dra_classes: Mapping[str, str] | None = None,
+    ) -> DrainSnapshot:
         return build_snapshot(
-            self.nodes.objects(), self.pods.objects(), resource=self.resource, claims=claims
-        )
+            self.nodes.objects(), self.pods.objects(), resource=self.resource, claims=claims,
+            dra_classes=dra_classes,
+        )  # fmt: skip
+
+    async def dra_classes(self) -> dict[str, str] | None:
+        """Which extended resources DRA serves (DeviceClasses): DRA-backed GPU nodes count in the gate's
+        floor. An API without resource.k8s.io/v1 has none; a failed list is None (not read this pass)."""
+        try:
+            listed = await self.kube.list_objects(DEVICE_CLASSES, limit=self.page_size)
+        except KubeNotFound:
+            return {}
+        except KubeError as exc:
+            log.debug("DeviceClasses not listed", extra={"error": str(exc)})
+            return None
+        return extended_resource_classes(listed.items)
 
     async def run_once(self, leading: asyncio.Event | None = None) -> DrainPlan:
         now = self.clock()
         while self._evicted_at and now - self._evicted_at[0] > 60.0:
             self._evicted_at.popleft()
         claims = await read_claims(self.kube, self.nodes.objects(), self.pods.objects(), self.page_size)
-        snap = self.snapshot(claims)
+        snap = self.snapshot(claims, await self.dra_classes())
         plan = plan_drains(
             snap.nodes,
             snap.pods_by_node,

@@ -16,6 +16,7 @@ from typing import Any
 from controller.drain.plan import DrainNode, DrainPod, Eviction
 from controller.drain.state import DrainState, decode
 from controller.gpus.devices import claim_names, pod_devices
+from controller.gpus.dra import dra_class_for_node
 from controller.gpus.objects import gpu_request
 from controller.gpus.topology import TopologyError, parse_annotation, uuid_map
 from gpuwarden.quarantine import decode as decode_record
@@ -118,9 +119,12 @@ def build_snapshot(
     *,
     resource: str,
     claims: Mapping[tuple[str, str], Obj] | None = None,
+    dra_classes: Mapping[str, str] | None = None,
 ) -> DrainSnapshot:
     """`claims`: the ResourceClaims of the pods on device-scoped quarantines' nodes (None: not read, so those
-    pods' devices are unknown and the drain there is node-wide)."""
+    pods' devices are unknown and the drain there is node-wide). `dra_classes`: extended resource name ->
+    DeviceClass (`controller.gpus.dra`); a node whose GPUs DRA serves counts as a GPU node for the gate's
+    floor like a device-plugin one (None: not read, only device-plugin and topology-annotated nodes count)."""
     nodes = list(nodes)
     scoped = device_scoped(nodes)
     # Only quarantined nodes (and released ones still carrying a drain state) need their pods parsed: at
@@ -150,7 +154,12 @@ def build_snapshot(
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name", ""))
         ann = _annotations(node)
-        if TOPOLOGY_ANNOTATION in ann or _allocatable(node, resource) > 0:
+        allocatable = _allocatable(node, resource) > 0
+        if (
+            allocatable
+            or TOPOLOGY_ANNOTATION in ann
+            or dra_class_for_node(allocatable, resource, dra_classes or {})
+        ):
             gpu_nodes += 1
             schedulable += _schedulable(node)
         tainted = name in tainted_nodes

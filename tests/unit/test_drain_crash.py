@@ -31,7 +31,7 @@ from controller.drain.state import DrainState, decode
 from gpuwarden.config.drain import DrainConfig
 from gpuwarden.errors import KubeConflict
 from gpuwarden.kube import EventRecorder
-from gpuwarden.kube.resources import JsonObject, Resource
+from gpuwarden.kube.resources import JsonObject, ObjectList, Resource
 from gpuwarden.quarantine import Evidence, QuarantineRecord
 from gpuwarden.wellknown import DRAIN, QUARANTINE_RECORD, QUARANTINE_TAINT
 
@@ -58,6 +58,10 @@ class Api:
         self.writes = 0
         self.kill_before = kill_before
         self.now = NOW
+
+    async def list_objects(self, resource: Resource, **_: Any) -> ObjectList:
+        """Reads are not writes (no kill point): DeviceClasses, none here (a cluster without DRA)."""
+        return ObjectList(items=[], resource_version="1")
 
     def _write(self) -> None:
         if self.kill_before is not None and self.writes >= self.kill_before:

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from controller.drain.loop import read_claims
+from controller.drain.loop import DrainLoop, read_claims
 from controller.drain.observe import build_snapshot, device_scoped
 from controller.drain.plan import DrainNode, DrainPod, in_scope
-from gpuwarden.errors import KubeUnreachable
+from gpuwarden.config.root import Config
+from gpuwarden.errors import KubeNotFound, KubeUnreachable
 from gpuwarden.kube.resources import ObjectList
 from gpuwarden.quarantine import DeviceRef
 from gpuwarden.wellknown import QUARANTINE_RECORD, QUARANTINE_TAINT
@@ -153,3 +154,30 @@ def test_claims_are_read_only_where_a_quarantine_is_device_scoped() -> None:
     assert asyncio.run(read_claims(kube, [node_obj()], PODS, 500)) == CLAIMS  # type: ignore[arg-type]
     assert kube.asked == ["train"]
     assert asyncio.run(read_claims(Claims(fail=True), [node_obj()], PODS, 500)) is None  # type: ignore[arg-type]
+
+
+class Classes:
+    def __init__(self, answer: list[dict[str, Any]] | Exception) -> None:
+        self.answer = answer
+
+    async def list_objects(self, resource: Any, **kw: Any) -> ObjectList:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return ObjectList(items=self.answer, resource_version="1")
+
+
+GPU_CLASS = {"metadata": {"name": "gpu.example.com"}, "spec": {"extendedResourceName": "nvidia.com/gpu"}}
+
+
+@pytest.mark.parametrize(
+    ("answer", "want"),
+    [
+        ([GPU_CLASS], {"nvidia.com/gpu": "gpu.example.com"}),
+        ([], {}),
+        (KubeNotFound("resource.k8s.io/v1 not served"), {}),  # no DRA API: no DRA-backed node
+        (KubeUnreachable("connection refused"), None),  # not read: not "no DRA"
+    ],
+)
+def test_the_drain_loop_reads_which_resources_dra_serves(answer: Any, want: dict[str, str] | None) -> None:
+    loop = DrainLoop(Config(), Classes(answer))  # type: ignore[arg-type]
+    assert asyncio.run(loop.dra_classes()) == want

@@ -64,6 +64,28 @@ def test_snapshot() -> None:
     assert any("garbled" in p for p in snap.problems)
 
 
+def test_dra_backed_nodes_count_in_the_gates_floor() -> None:
+    """A node whose GPUs DRA serves (no allocatable, a DeviceClass naming the resource) is a GPU node; our
+    PreferNoSchedule marker of a device-scoped quarantine leaves it accepting pods, NoSchedule does not."""
+    marker = {**TAINT, "effect": "PreferNoSchedule"}
+
+    def dra(name: str, *taints: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": name, "annotations": {}}, "spec": {"taints": list(taints)},
+                "status": {"allocatable": {"cpu": "8"}}}  # fmt: skip
+
+    nodes = [node("dp"), dra("dra-ok"), dra("dra-marker", marker), dra("dra-blocked", TAINT)]
+    classes = {"nvidia.com/gpu": "gpu.example.com"}
+    cases = [
+        (classes, (4, 3)),
+        ({"example.com/fpga": "fpga"}, (1, 1)),  # a class for another resource: not GPU nodes
+        ({}, (1, 1)),  # no DeviceClass: nodes without GPUs
+        (None, (1, 1)),  # not read this pass: only what the nodes themselves say
+    ]
+    for dra_classes, want in cases:
+        snap = build_snapshot(nodes, [], resource="nvidia.com/gpu", dra_classes=dra_classes)
+        assert (snap.gpu_nodes, snap.schedulable_gpu_nodes) == want, dra_classes
+
+
 def test_drain_state_round_trip_and_garbage() -> None:
     from controller.drain.plan import PodHistory
 
