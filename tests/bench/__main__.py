@@ -22,6 +22,9 @@ from pathlib import Path
 from tests.bench import summary
 
 SUMMARY_MD = Path(__file__).resolve().parents[2] / ".cache" / "bench" / "summary.md"
+SUMMARY_ALL_MD = SUMMARY_MD.with_name("summary-all.md")
+"""Every benchmark's latest rows (this run's and earlier runs'), for the README's whole-picture table."""
+SUMMARY_RUNS = SUMMARY_MD.with_name("summary-runs.json")
 
 
 def _modules(selected: list[str]) -> list[str]:
@@ -54,10 +57,19 @@ def _write_summary(names: list[str]) -> None:
     try:
         SUMMARY_MD.parent.mkdir(parents=True, exist_ok=True)
         SUMMARY_MD.write_text(summary.render_markdown(rows, heading))
+        previous = summary.decode_runs(SUMMARY_RUNS.read_text()) if SUMMARY_RUNS.exists() else {}
+        runs = summary.merge_runs(previous, rows, machine)
+        SUMMARY_RUNS.write_text(summary.encode_runs(runs))
+        SUMMARY_ALL_MD.write_text(
+            summary.render_all(runs, "`make bench` summary, every benchmark's latest run")
+        )
     except OSError as exc:
         print(f"summary not written to {SUMMARY_MD}: {exc!r}", file=sys.stderr)
         return
-    print(f"(Markdown for the README: {SUMMARY_MD})", flush=True)
+    print(
+        f"(Markdown for the README: {SUMMARY_MD}; every benchmark's latest rows: {SUMMARY_ALL_MD})",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> int:

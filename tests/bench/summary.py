@@ -12,9 +12,11 @@ way that is. A benchmark with nothing to compare against records its headline nu
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 NO_ANCHOR = "—"
 """The anchor of a row whose benchmark measures nothing to compare against (its headline number only)."""
@@ -197,3 +199,54 @@ def machine_line(date: str, arch: str, cpus: int | None, memory_bytes: int | Non
     """When and where a summary was measured: "2026-12-03 14:05 UTC, x86_64, 2 CPUs, 23.4 GiB"."""
     memory = f"{memory_bytes / 2**30:.1f} GiB" if memory_bytes else "memory unknown"
     return f"{date}, {arch}, {cpus if cpus else '?'} CPUs, {memory}"
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One benchmark's rows from its latest run, with when and where they were measured."""
+
+    measured_at: str
+    """`machine_line()`: date, architecture, CPUs, memory."""
+    rows: tuple[Row, ...]
+
+
+def merge_runs(
+    previous: Mapping[str, BenchRun], rows: Sequence[Row], measured_at: str
+) -> dict[str, BenchRun]:
+    """The latest run of every benchmark: this run's rows replace the earlier rows of the benchmarks it ran,
+    the others are kept as they were measured (so `python -m tests.bench drain` does not empty the table)."""
+    out = dict(previous)
+    for bench in dict.fromkeys(r.bench for r in rows):
+        out[bench] = BenchRun(measured_at, tuple(r for r in rows if r.bench == bench))
+    return dict(sorted(out.items()))
+
+
+def encode_runs(runs: Mapping[str, BenchRun]) -> str:
+    return json.dumps(
+        {b: {"measured_at": r.measured_at, "rows": [asdict(x) for x in r.rows]} for b, r in runs.items()},
+        indent=1,
+    )
+
+
+def decode_runs(text: str) -> dict[str, BenchRun]:
+    """The stored runs; unreadable text or rows are dropped (a summary is never a reason to fail)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    names = {f.name for f in fields(Row)}
+    out: dict[str, BenchRun] = {}
+    for bench, run in doc.items() if isinstance(doc, dict) else ():
+        try:
+            rows = tuple(Row(**{k: v for k, v in x.items() if k in names}) for x in run["rows"])
+            out[str(bench)] = BenchRun(str(run["measured_at"]), rows)
+        except (KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def render_all(runs: Mapping[str, BenchRun], title: str) -> str:
+    """The whole picture: every benchmark's latest rows in one table, with when each was measured."""
+    rows: list[Any] = [r for run in runs.values() for r in run.rows]
+    dates = [f"- {bench}: {run.measured_at}" for bench, run in runs.items()]
+    return render_markdown(rows, [title, "", "Each benchmark's rows come from its latest run:", *dates])

@@ -12,14 +12,19 @@ from tests.bench.summary import (
     EMPTY,
     HEADER,
     NO_ANCHOR,
+    BenchRun,
     Collector,
     Row,
     cells,
+    decode_runs,
+    encode_runs,
     format_met,
     format_ratio,
     format_value,
     machine_line,
+    merge_runs,
     one_line,
+    render_all,
     render_markdown,
     render_text,
 )
@@ -190,3 +195,27 @@ def test_collector_keeps_order_and_names_benches() -> None:
 )
 def test_machine_line(cpus: int | None, memory: int | None, expected: str) -> None:
     assert machine_line("2026-12-03 14:05 UTC", "x86_64", cpus, memory) == expected
+
+
+def test_runs_keep_every_benchmarks_latest_rows() -> None:
+    old_drain = Row("drain", "pass p50", 40.0, "ms")
+    old_extender = Row("extender", "pods/s", 52.0, "pods/s", "null extender", 84.0, "≥ 90 %", False)
+    first = merge_runs({}, [old_drain, old_extender], "2026-12-01 10:00 UTC, x86_64, 2 CPUs, 23.5 GiB")
+    new_extender = Row("extender", "pods/s", 70.0, "pods/s", "null extender", 80.0, "≥ 90 %", True)
+    failed = Row("keda", "failed", None, "", failed="boom")
+    second = merge_runs(first, [new_extender, failed], "2026-12-03 15:00 UTC, x86_64, 2 CPUs, 23.5 GiB")
+    assert list(second) == ["drain", "extender", "keda"]
+    assert second["drain"] == first["drain"]  # not run again: kept as measured
+    assert second["extender"] == BenchRun("2026-12-03 15:00 UTC, x86_64, 2 CPUs, 23.5 GiB", (new_extender,))
+    assert decode_runs(encode_runs(second)) == second
+    text = render_all(second, "title")
+    assert "- drain: 2026-12-01 10:00 UTC" in text and "- extender: 2026-12-03 15:00 UTC" in text
+    assert "| extender | pods/s | 70.0 pods/s |" in text and "52.0" not in text and "failed: boom" in text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{not json", "[]", '{"x": 1}', '{"x": {"measured_at": "d", "rows": [{"bench": "x"}]}}'],
+)
+def test_unreadable_runs_are_dropped(text: str) -> None:
+    assert decode_runs(text) == {}
