@@ -144,6 +144,20 @@ class AnswerCache:
         return found  # type: ignore[return-value]
 
 
+def warm(
+    cache: AnswerCache, views: Iterable[NodeView], gpu_counts: Sequence[int], settings: Settings, now: float
+) -> int:
+    """Derive and keep each node's answers for pods of these sizes under the default policy, as the first
+    request of each size would (and `fit.warm`'s memo with them); returns how many answers were derived.
+    Done before the process freezes its long-lived objects out of GC scans, so these are frozen too."""
+    views = list(views)
+    names = [view.name for view in views]
+    by_name = dict(zip(names, views, strict=True))
+    for k in gpu_counts:
+        cache.answers(PodInfo("", "", k), names, by_name.get, settings, now)
+    return len(names) * len(gpu_counts)
+
+
 def filter_body(
     pod: PodInfo, answers: Sequence[Answer], settings: Settings, now: float
 ) -> tuple[bytes, Counter[int]]:

@@ -51,7 +51,6 @@ def scheduler_pod(name: str, gpus: int) -> dict[str, Any]:
 async def run(pods: int, profiler: cProfile.Profile | None) -> float:
     rng = random.Random(29)
     model, _, _ = fleet(rng)
-    gc.freeze()
     service = ExtenderService(model, Settings(), extender_metrics(CollectorRegistry()), clock=lambda: 0.0)
     names = model.node_names()
     for k in sorted(set(SIZES)):  # warmed, as extender.warm_gpu_counts does
@@ -59,6 +58,7 @@ async def run(pods: int, profiler: cProfile.Profile | None) -> float:
             args = ExtenderArgs(pod=pod(f"warm{k}", k), node_names=names[start : start + CANDIDATES])
             await service.filter(args)
             await service.prioritize(args)
+    gc.freeze()  # as the extender does once warmed
     bodies = []
     for i in range(pods):
         body = {"Pod": scheduler_pod(f"p{i}", rng.choice(SIZES)), "Nodes": None}
