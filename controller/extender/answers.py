@@ -20,11 +20,10 @@ It decides nothing itself and does no I/O; it must never answer differently from
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from itertools import compress
 from json.encoder import encode_basestring
-from operator import itemgetter, not_
+from operator import countOf, itemgetter, not_
 from typing import NamedTuple
 
 from controller.gpus.fit import FilterResult, FitVerdict, Settings, assess, choose_gpus
@@ -160,24 +159,34 @@ def warm(
 
 def filter_body(
     pod: PodInfo, answers: Sequence[Answer], settings: Settings, now: float
-) -> tuple[bytes, Counter[int]]:
+) -> tuple[bytes, FilterCounts]:
     """The `ExtenderFilterResult` JSON (nodeCacheCapable) for these answers, byte for byte what the
     pydantic model gives for `filter_nodes` + `explain_room`; and how many nodes of each kind it holds."""
-    counts = Counter(map(_KIND, answers))
-    if counts[FRAGMENTED]:
-        unresolvable = ",".join(_explained(pod, answers, settings, now))
-    else:
-        unresolvable = ",".join(filter(None, map(_UNRESOLVABLE, answers)))
+    passed = list(filter(None, map(_PASSED, answers)))
+    failed = list(filter(None, map(_FAILED, answers)))
+    unresolvable = list(filter(None, map(_UNRESOLVABLE, answers)))
+    if unresolvable and countOf(map(_KIND, answers), FRAGMENTED):
+        unresolvable = _explained(pod, answers, settings, now)
+    dra = countOf(map(_KIND, answers), DRA) if passed else 0
     body = (
         '{"Nodes":null,"NodeNames":['
-        + ",".join(filter(None, map(_PASSED, answers)))
+        + ",".join(passed)
         + '],"FailedNodes":{'
-        + ",".join(filter(None, map(_FAILED, answers)))
+        + ",".join(failed)
         + '},"FailedAndUnresolvableNodes":{'
-        + unresolvable
+        + ",".join(unresolvable)
         + '},"Error":""}'
     )
-    return body.encode(), counts
+    return body.encode(), FilterCounts(len(passed) - dra, dra, len(failed), len(unresolvable))
+
+
+class FilterCounts(NamedTuple):
+    """How many candidates a filter answer passed, passed through (DRA), failed and failed unresolvably."""
+
+    passed: int
+    dra: int
+    failed: int
+    unresolvable: int
 
 
 def _explained(pod: PodInfo, answers: Sequence[Answer], settings: Settings, now: float) -> list[str]:

@@ -29,11 +29,6 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from controller.extender.answers import (
-    DRA,
-    FAILED,
-    FRAGMENTED,
-    PASSED,
-    UNRESOLVABLE,
     AnswerCache,
     filter_body,
     may_be_settling,
@@ -212,12 +207,8 @@ class ExtenderService:
             if not (self.settle_seconds > 0 and may_be_settling(answers, pod.priority)):
                 # (else the general path below gives the watch a moment, as it does)
                 body, counts = filter_body(pod, answers, settings, now)
-                self._count_filtered(
-                    counts[PASSED], counts[DRA], counts[FAILED], counts[UNRESOLVABLE] + counts[FRAGMENTED]
-                )
-                if (counts[FAILED] or counts[UNRESOLVABLE] or counts[FRAGMENTED]) and log.isEnabledFor(
-                    logging.DEBUG
-                ):
+                self._count_filtered(*counts)
+                if (counts.failed or counts.unresolvable) and log.isEnabledFor(logging.DEBUG):
                     log.debug("filter", extra={"pod": pod.key, "answer": body.decode()})
                 return Encoded(body)
         return await self._filter(args)
