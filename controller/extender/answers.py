@@ -132,7 +132,15 @@ class AnswerCache:
             self._settings = settings
         cached = self._by_shape.setdefault((pod.gpus, pod.policy), {})
         get = cached.get
-        found = [None if n in hot else get(n) for n in names] if hot else list(map(get, names))
+        found: list[Answer | None] = list(map(get, names))
+        for name in hot:  # a few nodes; their places found in C, not by a Python pass over every name
+            at = -1
+            while True:
+                try:
+                    at = names.index(name, at + 1)
+                except ValueError:
+                    break
+                found[at] = None
         if None in found:
             for i in compress(range(len(found)), map(not_, found)):  # the missing ones, found in C
                 name = names[i]

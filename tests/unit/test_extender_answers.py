@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.extender.answers import AnswerCache, keepable
+from controller.extender.answers import FAILED, PASSED, AnswerCache, keepable
 from controller.extender.metrics import extender_metrics
 from controller.extender.server import ExtenderService
 from controller.extenderv1 import ExtenderArgs, ExtenderFilterResult, encode_host_priorities
@@ -169,3 +169,21 @@ def test_only_answers_that_depend_on_the_view_alone_are_kept(pods: list[dict[str
     cache = AnswerCache()
     cache.answers(pod_info(pod("incoming", 1), RESOURCE), ["a", "zz"], m.view, Settings(), NOW)
     assert len(cache) == (1 if kept else 0)  # an unknown node is never kept either
+
+
+def test_hot_nodes_are_derived_from_their_overlaid_view_and_never_kept() -> None:
+    empty = support_model([support_node("a"), support_node("b")], [])
+    full = support_model([support_node("a")], [pod("h", 8, node="a", ids="0,1,2,3,4,5,6,7")])
+    incoming, settings = pod_info(pod("incoming", 1), RESOURCE), Settings()
+    cache = AnswerCache()
+    names = ["a", "b", "a"]  # a name twice: every place of a hot node is derived
+
+    def kinds(hot: set[str]) -> list[int]:
+        def view(name: str) -> Any:
+            return full.view(name) if name in hot else empty.view(name)
+
+        return [a.kind for a in cache.answers(incoming, names, view, settings, NOW, hot)]
+
+    assert kinds(set()) == [PASSED, PASSED, PASSED]  # now kept
+    assert kinds({"a"}) == [FAILED, PASSED, FAILED]  # this replica's claims fill "a": not the kept answer
+    assert kinds({"nominated-elsewhere"}) == [PASSED, PASSED, PASSED]  # the overlaid answer was not kept
