@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from controller.extender.answers import warm
 from controller.extender.bind import Binder, KubePodApi
 from controller.extender.events import BindEvents
 from controller.extender.metrics import extender_metrics, register_model_collectors
@@ -32,7 +33,6 @@ from controller.extender.server import (
     passthrough_preemption,
 )
 from controller.gpus.feed import ErrorTrends, GpuModel, ModelFeed, build_gpu_model
-from controller.gpus.fit import warm
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
@@ -91,7 +91,13 @@ class Extender:
                 # settings per chunk: a late NodeResourceTopology may change the fleet's NUMA size
                 settings, now = self.service.current_settings(), self.service.clock()
                 views = (self.model.view(name) for name in names[i : i + WARM_CHUNK])
-                done += warm([v for v in views if v is not None], self.warm_gpu_counts, settings, now)
+                done += warm(
+                    self.service.answers,
+                    [v for v in views if v is not None],
+                    self.warm_gpu_counts,
+                    settings,
+                    now,
+                )
                 await asyncio.sleep(0)
         except Exception:  # only an optimisation: answers are then computed on first use, as without it
             log.exception("warming the extender's answers failed; serving without")

@@ -28,6 +28,12 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from controller.extender.answers import (
+    AnswerCache,
+    filter_body,
+    may_be_settling,
+    prioritize_body,
+)
 from controller.extender.bind import Binder, BindOutcome
 from controller.extender.events import BindEvents, bind_event
 from controller.extender.metrics import ExtenderMetrics
@@ -112,6 +118,9 @@ class ExtenderService:
         """Per node: (model view, this replica's in-flight claims there, the view with them). Kept while
         both are unchanged, so decide.py's answers cached on it serve the next requests too (filter then
         prioritize of one pod, and the pods after it) instead of being rebuilt per request."""
+        self.answers = AnswerCache()
+        """Pre-encoded answers per node and request shape (answers.py), dropped with their node's view."""
+        model.add_change_listener(self.answers.forget)
 
     @property
     def settings(self) -> Settings:
@@ -150,6 +159,32 @@ class ExtenderService:
                 del overlays[name]
         return out
 
+    def _view(self, name: str) -> NodeView | None:
+        """One node's view as `_views` gives it (with this replica's in-flight claims)."""
+        return self._views([name])[0][1]
+
+    def _hot(self, pod: PodInfo, names: list[str]) -> set[str]:
+        """The candidates whose answers must be derived for this request: nodes with this replica's in-flight
+        claims (their views are overlaid) and the node the pod is nominated to."""
+        hot: set[str] = set()
+        if self.binder is not None and self.binder.has_inflight():
+            hot = self.binder.inflight_nodes() & names  # type: ignore[operator]
+        else:
+            self._overlays.clear()
+        if pod.nominated:
+            hot.add(pod.nominated)
+        return hot
+
+    def _fast(self, args: ExtenderArgs) -> tuple[PodInfo, list[str]] | None:
+        """The pod and candidate names when the pre-encoded answers serve this request: nodeCacheCapable and
+        a pod asking for GPUs (else the general path answers)."""
+        if args.node_names is None:
+            return None
+        if not self.model.synced:
+            raise NotSynced
+        pod = self._pod(args)
+        return (pod, args.node_names) if pod.gpus > 0 else None
+
     def _pod(self, args: ExtenderArgs) -> PodInfo:
         """The pod as the scheduler sent it; its nomination from our watch when that copy has none yet (the
         scheduler patches `nominatedNodeName` asynchronously and may retry the preemptor before then)."""
@@ -160,7 +195,37 @@ class ExtenderService:
                 pod = dataclasses.replace(pod, nominated=cached.nominated)
         return pod
 
-    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult | Encoded:
+        try:
+            fast = self._fast(args)
+        except NotSynced:
+            return ExtenderFilterResult(error=NOT_SYNCED)
+        if fast is not None:
+            pod, names = fast
+            settings, now = self.current_settings(), self.clock()
+            answers = self.answers.answers(pod, names, self._view, settings, now, self._hot(pod, names))
+            if not (self.settle_seconds > 0 and may_be_settling(answers, pod.priority)):
+                # (else the general path below gives the watch a moment, as it does)
+                body, counts = filter_body(pod, answers, settings, now)
+                self._count_filtered(*counts)
+                if (counts.failed or counts.unresolvable) and log.isEnabledFor(logging.DEBUG):
+                    log.debug("filter", extra={"pod": pod.key, "answer": body.decode()})
+                return Encoded(body)
+        return await self._filter(args)
+
+    def _count_filtered(self, passed: int, dra: int, failed: int, unresolvable: int) -> None:
+        for label, count in (
+            ("passed", passed),
+            ("dra_passthrough", dra),
+            ("failed", failed),
+            ("unresolvable", unresolvable),
+        ):
+            if count:
+                self.metrics.filter_nodes.labels(label).inc(count)
+
+    async def _filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """The general path: any request (Nodes mode, pods without GPUs, a preemptor whose victims' deletion
+        the watch may not have delivered yet)."""
         try:
             nodes = self._views(args.candidate_names())
         except NotSynced:
@@ -180,14 +245,12 @@ class ExtenderService:
             result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
         if result.fragmented:
             result = explain_room(pod, result, dict(nodes), self.current_settings(), self.clock())
-        for label, count in (
-            ("passed", len(result.passed) - len(result.dra)),
-            ("dra_passthrough", len(result.dra)),
-            ("failed", len(result.failed)),
-            ("unresolvable", len(result.unresolvable)),
-        ):
-            if count:
-                self.metrics.filter_nodes.labels(label).inc(count)
+        self._count_filtered(
+            len(result.passed) - len(result.dra),
+            len(result.dra),
+            len(result.failed),
+            len(result.unresolvable),
+        )
         if result.failed or result.unresolvable:
             log.debug(
                 "filter", extra={"pod": pod.key, "failed": result.failed, "unresolvable": result.unresolvable}
@@ -205,6 +268,12 @@ class ExtenderService:
         )
 
     async def prioritize(self, args: ExtenderArgs) -> Encoded:
+        fast = self._fast(args)
+        if fast is not None:
+            pod, names = fast
+            settings, now = self.current_settings(), self.clock()
+            hot = self._hot(pod, names)
+            return Encoded(prioritize_body(self.answers.answers(pod, names, self._view, settings, now, hot)))
         nodes = self._views(args.candidate_names())
         pod = self._pod(args)
         return Encoded(encode_host_priorities(score_nodes(pod, nodes, self.current_settings(), self.clock())))
@@ -259,6 +328,11 @@ def _preemption_settling(
     priority, or already terminating): only then is waiting for the watch worth it."""
     if pod.gpus <= 0 or not failed:
         return False
+    if len(failed) < len(nodes):
+        views = dict(nodes)
+        return any(
+            (view := views.get(name)) is not None and view.may_yield_to(pod.priority) for name in failed
+        )
     return any(
         view is not None and name in failed and view.may_yield_to(pod.priority) for name, view in nodes
     )
@@ -284,44 +358,74 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _handler(
+Answer = tuple[int, bytes, str]
+"""An HTTP answer: status, body (JSON, or text for a non-200) and the request outcome for the metrics."""
+
+
+def _answerer(
     verb: str,
     parse: type[Args],
     call: Callable[[Args], Awaitable[Encodable]],
     on_error: Callable[[], Encodable] | None,
-    service: ExtenderService,
+) -> Callable[[bytes], Awaitable[Answer]]:
+    """One verb from request bytes to response bytes: parse, call, encode, and the error contract."""
+
+    async def answer(raw: bytes) -> Answer:
+        try:
+            args = parse.model_validate_json(raw)
+        except ValidationError as exc:
+            return 400, f"malformed {parse.__name__}: {_problem(exc)}".encode(), "bad_request"
+        try:
+            result = await call(args)
+        except NotSynced:
+            return 503, NOT_SYNCED.encode(), "error"
+        except Exception:
+            log.exception("extender verb failed", extra={"verb": verb})
+            if on_error is None:
+                return 500, INTERNAL.encode(), "error"
+            result = on_error()
+            return 200, result.to_json(), "error"
+        return 200, result.to_json(), "error" if getattr(result, "error", "") else "ok"
+
+    return answer
+
+
+def answerers(service: ExtenderService) -> dict[str, Callable[[bytes], Awaitable[Answer]]]:
+    """Per verb, the request-bytes-to-answer function its route serves (the benchmarks call them too)."""
+    return {
+        "filter": _answerer(
+            "filter", ExtenderArgs, service.filter, lambda: ExtenderFilterResult(error=INTERNAL)
+        ),
+        "prioritize": _answerer("prioritize", ExtenderArgs, service.prioritize, None),
+        "preempt": _answerer("preempt", ExtenderPreemptionArgs, service.preempt, None),
+        "bind": _answerer(
+            "bind", ExtenderBindingArgs, service.bind, lambda: ExtenderBindingResult(error=INTERNAL)
+        ),
+    }
+
+
+def _handler(
+    verb: str, answer: Callable[[bytes], Awaitable[Answer]], service: ExtenderService
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     metrics = service.metrics
+    requests, latency = metrics.requests, metrics.latency.labels(verb)
 
     async def handle(request: web.Request) -> web.Response:
         start = time.perf_counter()
         outcome = "ok"
         try:
             try:
-                args = parse.model_validate_json(await _read_body(request, service.max_body_bytes))
-            except ValidationError as exc:
-                outcome = "bad_request"
-                return web.Response(status=400, text=f"malformed {parse.__name__}: {_problem(exc)}")
+                raw = await _read_body(request, service.max_body_bytes)
             except web.HTTPException:
                 outcome = "bad_request"
                 raise
-            try:
-                result = await call(args)
-            except NotSynced:
-                outcome = "error"
-                return web.Response(status=503, text=NOT_SYNCED)
-            except Exception:
-                log.exception("extender verb failed", extra={"verb": verb})
-                outcome = "error"
-                if on_error is None:
-                    return web.Response(status=500, text=INTERNAL)
-                result = on_error()
-            if getattr(result, "error", ""):
-                outcome = "error"
-            return web.Response(body=result.to_json(), content_type="application/json")
+            status, body, outcome = await answer(raw)
+            if status != 200:
+                return web.Response(status=status, body=body, content_type="text/plain", charset="utf-8")
+            return web.Response(body=body, content_type="application/json")
         finally:
-            metrics.requests.labels(verb, outcome).inc()
-            metrics.latency.labels(verb).observe(time.perf_counter() - start)
+            requests.labels(verb, outcome).inc()
+            latency.observe(time.perf_counter() - start)
 
     return handle
 
@@ -329,16 +433,9 @@ def _handler(
 def extender_routes(service: ExtenderService, prefix: str = DEFAULT_PREFIX) -> web.RouteTableDef:
     """The four routes under `prefix` (e.g. "/gpu-extender" -> POST /gpu-extender/filter ...)."""
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    m = service
     routes = web.RouteTableDef()
-    routes.post(f"{base}/filter")(
-        _handler("filter", ExtenderArgs, service.filter, lambda: ExtenderFilterResult(error=INTERNAL), m)
-    )
-    routes.post(f"{base}/prioritize")(_handler("prioritize", ExtenderArgs, service.prioritize, None, m))
-    routes.post(f"{base}/preempt")(_handler("preempt", ExtenderPreemptionArgs, service.preempt, None, m))
-    routes.post(f"{base}/bind")(
-        _handler("bind", ExtenderBindingArgs, service.bind, lambda: ExtenderBindingResult(error=INTERNAL), m)
-    )
+    for verb, answer in answerers(service).items():
+        routes.post(f"{base}/{verb}")(_handler(verb, answer, service))
     return routes
 
 

@@ -24,7 +24,7 @@ This module does no I/O, reads no clock, and must not decide anything: it only d
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -236,16 +236,24 @@ class ClusterModel:
         self._numa_max_count: Counter[int] = Counter()
         self.nodes_synced = False
         self.pods_synced = False
+        self._change_listeners: list[Callable[[Collection[str]], None]] = []
 
     @property
     def synced(self) -> bool:
         return self.nodes_synced and self.pods_synced
 
-    def _dirty(self, names: Iterable[str]) -> None:
+    def add_change_listener(self, listener: Callable[[Collection[str]], None]) -> None:
+        """`listener(names)` is called whenever these nodes' views are dropped (a change that may alter them):
+        for what is derived from views and kept elsewhere (the extender's pre-encoded answers)."""
+        self._change_listeners.append(listener)
+
+    def _dirty(self, names: Collection[str]) -> None:
         for name in names:
             view = self._views.pop(name, None)
             if view is not None:
                 self._stale[name] = view
+        for listener in self._change_listeners:
+            listener(names)
 
     def _topology_changed(self, name: str) -> None:
         """Keep `max_numa_gpus()` O(1): a count of nodes per largest-NUMA-node size."""

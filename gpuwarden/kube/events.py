@@ -142,6 +142,10 @@ class EventWriter(Protocol):
     ) -> JsonObject: ...
 
 
+EXPIRY_SWEEPS = 12
+"""How often per window the recorder forgets expired series (a series is kept up to 1/12 longer)."""
+
+
 class EventRecorder:
     """Records events as `reportingController: gpuwarden.io/<component>`, `reportingInstance: <instance>`."""
 
@@ -164,6 +168,10 @@ class EventRecorder:
         self._monotonic = monotonic
         self._wall = wall
         self._series: dict[EventKey, SeriesState] = {}
+        self._expired_at = float("-inf")
+        """When `_series` was last swept of series past the window (at most every `window / EXPIRY_SWEEPS`:
+        a sweep is a pass over every series of the last window, one per Event written would make a burst of
+        distinct Events - a bind per pod - quadratic)."""
 
     def _body(self, key: EventKey, now: datetime, name: str, namespace: str) -> JsonObject:
         body: JsonObject = {
@@ -295,6 +303,11 @@ class EventRecorder:
                     log.warning("event series not recorded", extra={"reason": key.reason, "error": str(exc)})
 
     def _expire(self, now: float) -> None:
+        """Forget the series past the window with nothing left to write (`correlate` starts a new Event for
+        them anyway: this only bounds memory, so it need not run on every Event)."""
+        if now - self._expired_at < self._window / EXPIRY_SWEEPS:
+            return
+        self._expired_at = now
         for key, state in list(self._series.items()):
             if now - state.last_seen > self._window and state.count == state.written_count:
                 del self._series[key]

@@ -756,10 +756,15 @@ def measure(
 
 
 def extender_counters(text: str) -> dict[str, str]:
-    """Bind outcomes and conflicts from the extender's counters, as one line."""
+    """Bind outcomes, conflicts and dropped bind Events from the extender's counters, as one line."""
     parts = []
+    counted = (
+        "gpuwarden_extender_requests",
+        "gpuwarden_extender_bind_conflicts",
+        "gpuwarden_extender_events_dropped",
+    )
     for family in text_string_to_metric_families(text):
-        if family.name in ("gpuwarden_extender_requests", "gpuwarden_extender_bind_conflicts"):
+        if family.name in counted:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))

@@ -99,6 +99,7 @@ async def test_ready_once_synced_and_the_usual_sizes_are_answered_for_every_node
     expected = {(kind, k, None) for kind in ("assess", "choose") for k in counts}
     assert cached == expected
     assert all(len(view.memo) == (2 * len(counts) + 1 if counts else 0) for view in views if view)
+    assert len(ext.service.answers) == len(counts) * len(views)  # pre-encoded, kept until a node changes
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running

@@ -18,6 +18,7 @@ from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extenderv1 import (
     ExtenderArgs,
     ExtenderBindingArgs,
+    ExtenderFilterResult,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
 )
@@ -230,7 +231,7 @@ async def test_filter_takes_the_nomination_from_the_watch_when_the_scheduler_cop
     )
     service = ExtenderService(m, Settings(fleet_max_numa_gpus=4), extender_metrics(CollectorRegistry()))
     args = ExtenderArgs.model_validate({"Pod": pod("p", 8, priority=10), "NodeNames": ["n"]})
-    result = await service.filter(args)
+    result = ExtenderFilterResult.model_validate_json((await service.filter(args)).to_json())
     assert result.node_names == passed
 
 
@@ -260,7 +261,7 @@ async def test_filter_gives_the_watch_a_moment_when_a_preemption_may_be_settling
         sleep=watch_delivers_the_deletion,
     )
     args = ExtenderArgs.model_validate({"Pod": pod("p", 8, priority=10), "NodeNames": ["n"]})
-    result = await service.filter(args)
+    result = ExtenderFilterResult.model_validate_json((await service.filter(args)).to_json())
     assert result.node_names == passed and bool(slept) is waits
 
 

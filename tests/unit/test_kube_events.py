@@ -259,3 +259,19 @@ async def test_emit_once_says_whether_anything_is_left_to_do(error: Exception | 
 async def test_invalid_reason_or_action_is_a_programming_error(reason: str, action: str) -> None:
     with pytest.raises(ValueError):
         await recorder(FakeEvents(), Clock()).emit(NODE, reason=reason, note="n", action=action)
+
+
+async def test_series_past_the_window_with_nothing_to_write_are_forgotten() -> None:
+    api, clock = FakeEvents(), Clock()
+    rec = recorder(api, clock)
+    for i in range(50):  # distinct Events (a bind per pod): one series each
+        await rec.emit(NODE, reason="GPUsAssigned", note=f"pod {i}", action="Bind")
+        clock.t += 1
+    assert len(rec._series) == 50
+    clock.t += W  # every series is now past the window, with nothing left to write
+    await rec.emit(NODE, reason="GPUsAssigned", note="pod 50", action="Bind")
+    assert len(rec._series) == 1  # swept
+    clock.t += 1
+    await rec.emit(NODE, reason="GPUsAssigned", note="pod 51", action="Bind")
+    await rec.emit(NODE, reason="GPUsAssigned", note="pod 50", action="Bind")  # within the window: a series
+    assert len(rec._series) == 2 and len(api.patched) == 1
