@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRIM_INTERVAL = 15.0
-"""Seconds between `malloc_trim` calls (gpuwarden/memtrim.py): the cache refresher's default cadence."""
+"""Seconds between `malloc_trim` calls without the value cache (per-request mode; gpuwarden/memtrim.py)."""
 
 
 def kube_client_for(config: Config, registry: CollectorRegistry | None) -> KubeClient | None:
@@ -271,8 +271,19 @@ class Adapter:
             for gr in WATCHED:
                 self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
             self._spawn(self._settle(), "settle")
-        self._spawn(memtrim.run_trimmer(TRIM_INTERVAL), "memory trim")
+        if self.cache is not None:
+            self._spawn(self._trim_after_refreshes(self.cache), "memory trim")
+        else:
+            self._spawn(memtrim.run_trimmer(TRIM_INTERVAL), "memory trim")
         return self.app
+
+    @staticmethod
+    async def _trim_after_refreshes(cache: ValueCache[Cached]) -> None:
+        """`malloc_trim` right after each cache refresh round, when its decoded answers and the values
+        it replaced have just been freed (the burst that sets the RSS; gpuwarden/memtrim.py)."""
+        while True:
+            await cache.refreshed(cache.rounds)
+            memtrim.trim()
 
     async def _settle(self) -> None:
         """Once the label caches hold every object: move what exists now out of the collector's reach.

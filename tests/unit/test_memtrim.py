@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import pytest
 
@@ -40,3 +41,25 @@ async def test_without_malloc_trim_the_trimmer_ends_at_once(monkeypatch: pytest.
     monkeypatch.setattr(memtrim, "_malloc_trim", lambda: None)
     assert memtrim.trim() is False
     await asyncio.wait_for(memtrim.run_trimmer(0.01), timeout=5)
+
+
+async def test_the_adapter_trims_after_each_cache_refresh_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapter.app import Adapter
+    from adapter.cache import ValueCache
+
+    trimmed = asyncio.Event()
+    monkeypatch.setattr(memtrim, "trim", lambda: trimmed.set() or True)
+    cache: ValueCache[Any] = ValueCache(refresh_interval=15, max_age=60, idle_expiry=600)
+
+    async def fetch() -> Any:
+        return {"pod-a": (1.0, 0.0)}
+
+    await cache.get("key", fetch)
+    task = asyncio.ensure_future(Adapter._trim_after_refreshes(cache))
+    await asyncio.sleep(0)
+    assert not trimmed.is_set()  # nothing refreshed yet: no trim
+    assert await cache.refresh_due(everything=True) == 1
+    await asyncio.wait_for(trimmed.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
