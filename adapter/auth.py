@@ -15,6 +15,7 @@ table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -190,6 +191,7 @@ class KubeReviews:
         self._kube = kube
         self._tokens = TtlCache(ttl)
         self._access = TtlCache(ttl)
+        self._asking: dict[str, asyncio.Future[bool]] = {}
 
     async def user_for_token(self, token: str) -> UserInfo | None:
         cached = self._tokens.get(token)
@@ -225,6 +227,17 @@ class KubeReviews:
         cached = self._access.get(key)
         if cached is not None:
             return bool(cached)
+        # One review per question in flight: the HPA controller's workers ask about the same namespace and
+        # metric at once when its answer has expired (every sync, as the cache lives 10 s and a sync comes
+        # every 15 s); the others wait for that answer instead of each posting its own.
+        asking = self._asking.get(key)
+        if asking is not None:
+            return await asyncio.shield(asking)
+        future = self._asking[key] = asyncio.ensure_future(self._review(key, spec))
+        future.add_done_callback(lambda done: self._asking.pop(key, None))
+        return await asyncio.shield(future)
+
+    async def _review(self, key: str, spec: dict[str, Any]) -> bool:
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
         answer = await self._kube.request(
             "POST",
