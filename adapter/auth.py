@@ -15,6 +15,7 @@ table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -81,10 +82,16 @@ def _common_name(cert: x509.Certificate) -> str:
 
 def requestheader_user(cfg: RequestHeaderConfig, cert: x509.Certificate, headers: Headers) -> UserInfo | None:
     """The user asserted in headers by a trusted front proxy, or None if `cert` is not one / no user."""
-    if not issued_by(cert, cfg.ca):
-        return None
-    if cfg.allowed_names and _common_name(cert) not in cfg.allowed_names:
-        return None
+    return headers_user(cfg, headers) if front_proxy(cfg, cert) else None
+
+
+def front_proxy(cfg: RequestHeaderConfig, cert: x509.Certificate) -> bool:
+    """Whether `cert` is a front proxy's: issued by the requestheader CA, CN among the allowed names."""
+    return issued_by(cert, cfg.ca) and (not cfg.allowed_names or _common_name(cert) in cfg.allowed_names)
+
+
+def headers_user(cfg: RequestHeaderConfig, headers: Headers) -> UserInfo | None:
+    """The user a front proxy asserts in `headers` (None: no user name header)."""
     name = next((v for h in cfg.username_headers for v in headers.get(h.lower(), ()) if v), "")
     if not name:
         return None
@@ -184,6 +191,7 @@ class KubeReviews:
         self._kube = kube
         self._tokens = TtlCache(ttl)
         self._access = TtlCache(ttl)
+        self._asking: dict[str, asyncio.Future[bool]] = {}
 
     async def user_for_token(self, token: str) -> UserInfo | None:
         cached = self._tokens.get(token)
@@ -219,6 +227,17 @@ class KubeReviews:
         cached = self._access.get(key)
         if cached is not None:
             return bool(cached)
+        # One review per question in flight: the HPA controller's workers ask about the same namespace and
+        # metric at once when its answer has expired (every sync, as the cache lives 10 s and a sync comes
+        # every 15 s); the others wait for that answer instead of each posting its own.
+        asking = self._asking.get(key)
+        if asking is not None:
+            return await asyncio.shield(asking)
+        future = self._asking[key] = asyncio.ensure_future(self._review(key, spec))
+        future.add_done_callback(lambda done: self._asking.pop(key, None))
+        return await asyncio.shield(future)
+
+    async def _review(self, key: str, spec: dict[str, Any]) -> bool:
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
         answer = await self._kube.request(
             "POST",
@@ -266,6 +285,19 @@ def retrust(
     return Trust(requestheader, tuple(client_cas))
 
 
+SEEN_CERTIFICATES = 64
+"""Client certificates whose verdict is remembered (callers are a few aggregators and controllers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CertFacts:
+    """A client certificate as `trust` sees it: a front proxy's, and/or a user of the client CAs."""
+
+    trust: Trust
+    front_proxy: bool
+    client_user: UserInfo | None
+
+
 class Authenticator:
     """Everything needed to authenticate a request; the trusted CAs may be replaced while serving."""
 
@@ -277,6 +309,7 @@ class Authenticator:
     ) -> None:
         self.trust = Trust(requestheader, client_cas)  # read once per request, replaced whole
         self.token_review = token_review
+        self._seen: dict[bytes, CertFacts] = {}
 
     @property
     def requestheader(self) -> RequestHeaderConfig | None:
@@ -293,13 +326,13 @@ class Authenticator:
     async def authenticate(self, cert_der: bytes | None, headers: Headers) -> UserInfo | None:
         if cert_der:
             trust = self.trust
-            cert = x509.load_der_x509_certificate(cert_der)
-            if trust.requestheader is not None:
-                user = requestheader_user(trust.requestheader, cert, headers)
+            facts = self._facts(trust, cert_der)
+            if facts.front_proxy and trust.requestheader is not None:
+                user = headers_user(trust.requestheader, headers)
                 if user is not None:
                     return user
-            if issued_by(cert, trust.client_cas):
-                return cert_user(cert)
+            if facts.client_user is not None:
+                return facts.client_user
         auth = next(iter(headers.get("authorization", ())), "")
         if auth.lower().startswith("bearer ") and self.token_review is not None:
             try:
@@ -307,6 +340,24 @@ class Authenticator:
             except KubeError as exc:
                 log.warning("token review failed", extra={"error": str(exc)})
         return None
+
+    def _facts(self, trust: Trust, cert_der: bytes) -> CertFacts:
+        """What `trust` makes of this client certificate, remembered per certificate and trust.
+
+        The aggregator presents the same front-proxy certificate on every connection: parsing it and
+        checking its signature on every request was a fifth of a request's CPU. The TLS handshake still
+        verifies each connection's certificate (validity included); a new `Trust` forgets every answer.
+        """
+        hit = self._seen.get(cert_der)
+        if hit is not None and hit.trust is trust:
+            return hit
+        cert = x509.load_der_x509_certificate(cert_der)
+        proxy = trust.requestheader is not None and front_proxy(trust.requestheader, cert)
+        facts = CertFacts(trust, proxy, cert_user(cert) if issued_by(cert, trust.client_cas) else None)
+        if len(self._seen) >= SEEN_CERTIFICATES:
+            self._seen.clear()
+        self._seen[cert_der] = facts
+        return facts
 
     def trusted_cas(self) -> list[x509.Certificate]:
         return self.trust.cas()

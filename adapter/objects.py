@@ -101,6 +101,8 @@ class LabelIndex:
         self._spaces: dict[tuple[GroupResource, str], _Namespace] = {}
         self._synced: dict[GroupResource, bool] = dict.fromkeys(resources, False)
         self._shared: dict[LabelKey, tuple[Mapping[str, str], int]] = {}
+        self.on_synced: Callable[[], None] | None = None
+        """Called once, when the last of the resources completes its first list."""
 
     def supports(self, gr: GroupResource) -> bool:
         return gr in self._synced
@@ -109,10 +111,13 @@ class LabelIndex:
         return self._synced.get(gr, False)
 
     def mark_synced(self, gr: GroupResource) -> None:
+        first = not all(self._synced.values())
         self._synced[gr] = True
         # label sets `canonical` registered for objects that never reached `upsert` (unchanged on a relist,
         # deleted unseen) are dropped here
         self._shared = {key: held for key, held in self._shared.items() if held[1] > 0}
+        if first and all(self._synced.values()) and self.on_synced is not None:
+            self.on_synced()
 
     def unsynced(self) -> list[GroupResource]:
         """The supported resources whose first list has not completed (requests for them answer 503)."""

@@ -281,5 +281,6 @@ class Provider:
         """Count the values served under `api` (custom, external, keda) and observe their ages."""
         now = self._clock()
         self._metrics.items.labels(api).inc(len(timestamps))
+        age = self._metrics.value_age.labels(api)  # one label lookup per answer, not per value
         for ts in timestamps:
-            self._metrics.value_age.labels(api).observe(max(0.0, now - ts))
+            age.observe(max(0.0, now - ts))

@@ -11,6 +11,7 @@ This module must not know about Prometheus, aiohttp or the registry.
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -40,6 +41,28 @@ def format_quantity(value: float) -> str:
     """
     if math.isnan(value) or math.isinf(value):
         raise ValueError(f"{value} cannot be represented as a Kubernetes Quantity")
+    if -_EXACT < value < _EXACT and value == int(value):
+        return _format_integer(int(value))
+    return _format_decimal(value)
+
+
+_EXACT = 2.0**53
+"""Below this magnitude an integral float is an exact int: formatted without Decimal (the common GPU-percent
+and count values; ~6x cheaper, and every answer formats one per object)."""
+
+
+def _format_integer(number: int) -> str:
+    """`format_quantity` of an integral value (the Decimal path's result for it, tested so)."""
+    if number == 0:
+        return "0"
+    mantissa, exponent = abs(number), 0
+    while mantissa % 1000 == 0:
+        mantissa //= 1000
+        exponent += 3
+    return f"{'-' if number < 0 else ''}{mantissa}{_SUFFIXES[exponent]}"
+
+
+def _format_decimal(value: float) -> str:
     dec = Decimal(repr(value))
     if abs(dec) > _INT64_MAX:
         dec = Decimal(_INT64_MAX).copy_sign(dec)
@@ -58,8 +81,12 @@ def format_quantity(value: float) -> str:
     return f"{'-' if sign else ''}{mantissa}{_SUFFIXES[exponent]}"
 
 
+@functools.lru_cache(maxsize=256)
 def format_time(timestamp: float) -> str:
-    """RFC 3339 in UTC with whole seconds, exactly as Go's `metav1.Time` marshals."""
+    """RFC 3339 in UTC with whole seconds, exactly as Go's `metav1.Time` marshals.
+
+    Memoized: the objects of one answer share a handful of timestamps (`adapter.compact.Stamps`), and
+    strftime per object was a tenth of a request's CPU."""
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

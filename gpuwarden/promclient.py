@@ -52,6 +52,7 @@ from gpuwarden.promtypes import (
     parse_query_data,
     parse_series_data,
     parse_string_list,
+    sample_hook,
 )
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _decode(response: httpx.Response) -> tuple[object, list[str]]:
     status = response.status_code
     retry_after = _retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
     try:
-        body = json.loads(response.content)
+        body = json.loads(response.content, object_hook=sample_hook)
     except ValueError:
         body = None
     if isinstance(body, dict) and body.get("status") == "error":

@@ -15,6 +15,7 @@ answer still yields its float samples.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias
@@ -137,10 +138,43 @@ def _items(raw: object, what: str) -> list[dict[str, Any]]:
     return raw
 
 
+def sample_hook(obj: dict[str, Any]) -> Any:
+    """`json.loads` object_hook: a vector item becomes its `Sample` the moment it is decoded.
+
+    Why: decoded whole, an answer for 10,000 pods is a 6.3 MiB tree of small objects (from a 0.9 MiB body)
+    that lives until it is converted, and the allocator keeps the pages of the largest tree it ever held:
+    the adapter's RSS grew by as much after its first cache refresh. Converted item by item, each item's
+    dict, value pair and value string are freed while the next is decoded and their memory is reused at
+    once. Label values are interned: an object name the adapter's label index holds is kept once.
+    Anything not plainly a valid vector item is left as decoded, for `parse_query_data` to judge (its
+    errors are unchanged).
+    """
+    metric = obj.get("metric")
+    if type(metric) is not dict or len(obj) != 2:
+        return obj
+    pair = obj.get("value")
+    if type(pair) is not list or len(pair) != 2:
+        return obj
+    try:
+        timestamp, value = _timestamp(pair[0]), parse_value(pair[1])
+        labels = {key: _intern(text) for key, text in metric.items()}
+    except (ResponseShapeError, TypeError):  # TypeError: a label value that is not a string
+        return obj
+    return Sample(labels, timestamp, value)
+
+
+_intern = sys.intern
+
+
 def _vector(result: object, warnings: list[str]) -> Vector:
     samples: list[Sample] = []
     skipped = False
-    for item in _items(result, "vector result"):
+    if not isinstance(result, list) or not all(isinstance(item, dict | Sample) for item in result):
+        raise ResponseShapeError("vector result must be a list of objects")
+    for item in result:
+        if isinstance(item, Sample):  # converted while decoding (`sample_hook`)
+            samples.append(item)
+            continue
         if "value" not in item and "histogram" in item:
             skipped = True
             continue

@@ -90,6 +90,28 @@ def test_client_certificate_user() -> None:
     assert auth.cert_user(cert(ALICE)) == auth.UserInfo("alice", ("team-a", "team-b"))
 
 
+def der(pair: KeyPair) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pair.cert_pem.decode())
+
+
+async def test_certificate_verdicts_are_remembered_per_trust() -> None:
+    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None)
+    for _ in range(2):  # the second time from the memo: the same answers
+        assert await authenticator.authenticate(der(FRONT), HEADERS) == auth.UserInfo(
+            HPA, ("system:serviceaccounts", "system:authenticated"), extra={"scopes/a": ("x",)}
+        )
+        assert await authenticator.authenticate(der(FRONT), {"x-remote-group": ["g"]}) is None
+        assert await authenticator.authenticate(der(ALICE), HEADERS) == auth.UserInfo(
+            "alice", ("team-a", "team-b")
+        )
+        assert await authenticator.authenticate(der(UNTRUSTED_FRONT), HEADERS) is None
+    # a new trust (CA rotation) judges every certificate again
+    authenticator.replace_trust(auth.retrust(authenticator.trust, [cert(OTHER_CA)], []))
+    assert await authenticator.authenticate(der(FRONT), HEADERS) is None
+    assert await authenticator.authenticate(der(ALICE), HEADERS) is None
+    assert await authenticator.authenticate(der(UNTRUSTED_FRONT), HEADERS) is not None
+
+
 @pytest.mark.parametrize(
     ("method", "path", "expected"),
     [

@@ -169,3 +169,15 @@ def test_canonical_labels_are_the_ones_upsert_shares_and_unused_ones_go_at_sync(
     assert idx.canonical({"app": "llm", "tier": "gpu"}) is first
     apply(idx, PODS, WatchEvent(DELETED, pod))
     assert idx.shared_label_sets() == 0
+
+
+def test_on_synced_is_called_once_when_every_resource_has_listed() -> None:
+    calls: list[str] = []
+    index = LabelIndex([PODS, NODES])
+    index.on_synced = lambda: calls.append("synced")
+    index.mark_synced(PODS)
+    assert calls == []
+    index.mark_synced(NODES)
+    assert calls == ["synced"]
+    index.mark_synced(PODS)  # a relist marks it again: not a first sync
+    assert calls == ["synced"]

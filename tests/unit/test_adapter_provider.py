@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -98,3 +99,31 @@ async def test_reviews_post_the_upstream_shapes_and_cache_answers() -> None:
     sar = kube.posts[2][1]
     assert sar["kind"] == "SubjectAccessReview"
     assert sar["spec"] == {"user": "u", "groups": ["g"], "uid": "1", "extra": {"k": ["v"]}, **attributes}
+
+
+class SlowKube(FakeKube):
+    """Answers a review only when released, so several askers are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        await self.release.wait()
+        return await super().request(method, path, **kwargs)
+
+
+async def test_concurrent_askers_of_one_question_share_one_review() -> None:
+    kube = SlowKube()
+    reviews = auth.KubeReviews(kube, ttl=10)  # type: ignore[arg-type]
+    same = {"resourceAttributes": {"verb": "get", "resource": "pods", "namespace": "ml"}}
+    other = {"resourceAttributes": {"verb": "get", "resource": "pods", "namespace": "web"}}
+    user = auth.UserInfo("u")
+    asks = [asyncio.ensure_future(reviews.allowed(user, a)) for a in (same, same, same, other)]
+    await asyncio.sleep(0)
+    asks[0].cancel()  # a caller that goes away does not take the answer from the others
+    kube.release.set()
+    assert await asyncio.gather(*asks[1:]) == [True, True, True]
+    assert len(kube.posts) == 2  # one per distinct question
+    assert await reviews.allowed(user, same) is True  # then from the cache
+    assert len(kube.posts) == 2

@@ -54,6 +54,16 @@ def test_format_quantity_is_canonical(value: float, expected: str) -> None:
     assert wire.format_quantity(value) == expected
 
 
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, 7, 10, 99, 100, 1000, 1500, 3000, 12000, 10**6, 2 * 10**9, 4096, 10**15, 2**53 - 1, 9 * 10**15],
+)
+@pytest.mark.parametrize("sign", [1, -1])
+def test_integral_values_format_as_the_decimal_path_does(value: int, sign: int) -> None:
+    number = float(sign * value)
+    assert wire.format_quantity(number) == wire._format_decimal(number)
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "+inf", "-inf"])
 def test_non_finite_values_have_no_quantity(value: float) -> None:
     with pytest.raises(ValueError, match="cannot be represented"):

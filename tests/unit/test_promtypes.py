@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from gpuwarden.promtypes import (
     parse_series_data,
     parse_string_list,
     parse_value,
+    sample_hook,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "prometheus"
@@ -154,6 +156,32 @@ def test_golden_series_labels_and_values() -> None:
 def test_malformed_query_data(data: object) -> None:
     with pytest.raises(ResponseShapeError):
         parse_query_data(data, [])
+    # decoded with the client's sample hook, the same data is rejected the same way
+    with pytest.raises(ResponseShapeError):
+        parse_query_data(json.loads(json.dumps(data), object_hook=sample_hook), [])
+
+
+QUERY_ANSWERS = sorted(p.stem for p in GOLDEN.glob("*.json") if '"resultType"' in p.read_text())
+
+
+@pytest.mark.parametrize("name", QUERY_ANSWERS)
+def test_the_sample_hook_decodes_every_answer_as_the_plain_decoder(name: str) -> None:
+    text = (GOLDEN / f"{name}.json").read_bytes()
+    plain, hooked = json.loads(text), json.loads(text, object_hook=sample_hook)
+    expected = parse_query_data(plain["data"], list(plain.get("warnings", [])))
+    got = parse_query_data(hooked["data"], list(hooked.get("warnings", [])))
+    assert repr(got) == repr(expected)  # repr: NaN values compare unequal
+
+
+def test_the_sample_hook_interns_label_values() -> None:
+    held = sys.intern("".join(["pod-", "7d9f"]))  # as the adapter's label index holds a pod name
+    body = json.dumps(
+        {"resultType": "vector", "result": [{"metric": {"pod": "pod-7d9f"}, "value": [T0, "1"]}]}
+    )
+    result = parse_query_data(json.loads(body, object_hook=sample_hook), [])
+    assert isinstance(result, Vector)
+    assert result.samples == [Sample({"pod": "pod-7d9f"}, T0, 1.0)]
+    assert result.samples[0].labels["pod"] is held
 
 
 @pytest.mark.parametrize(
