@@ -18,7 +18,7 @@ from typing import TypeAlias
 Value: TypeAlias = str | Sequence[str] | Mapping[str, str]
 
 _ACTION = re.compile(r"<<(-\s)?\s*(.*?)\s*(\s-)?>>", re.DOTALL)
-_FIELD = re.compile(r"^\.[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_FIELD = re.compile(r"^\.[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _STRING = re.compile(r'^"((?:[^"\\]|\\.)*)"$|^`([^`]*)`$')
 _ARG = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`|\S+')
 

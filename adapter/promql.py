@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
-LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 MatchOp = Literal["=", "!=", "=~", "!~"]
 
 _RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")

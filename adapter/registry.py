@@ -76,8 +76,8 @@ class Registry:
         return [(name, True, "ExternalMetricValueList") for name in self.external]
 
 
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 def distinct_series(series: SeriesList) -> list[tuple[str, frozenset[str]]]:

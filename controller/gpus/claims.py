@@ -38,7 +38,7 @@ from gpuwarden.wellknown import NUMA_NODE as NUMA_ANNOTATION
 from gpuwarden.wellknown import format_gpu_ids
 from gpuwarden.wellknown import gpu_id_key as gpu_sort_key
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 
 
 def label_value(node: str) -> str:

@@ -37,9 +37,9 @@ TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
 """apimachinery's rand.SafeEncodeString alphabet: generateName suffixes and pod-template-hash use it."""
-_GENERATED = re.compile(rf"^(?P<base>.+)-[{_SAFE}]{{5}}$")
-_TEMPLATE_HASH = re.compile(rf"^(?P<base>.+)-[{_SAFE}]{{6,10}}$")
-_ORDINAL = re.compile(r"^(?P<base>.+)-\d+$")
+_GENERATED = re.compile(rf"^(?P<base>.+)-[{_SAFE}]{{5}}\Z")
+_TEMPLATE_HASH = re.compile(rf"^(?P<base>.+)-[{_SAFE}]{{6,10}}\Z")
+_ORDINAL = re.compile(r"^(?P<base>.+)-\d+\Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ Accept = Callable[[Any], tuple[bool, Any]]
 """A value → (True, the value the model would hold) when certainly valid, else (False, None)."""
 
 NO = (False, None)
-_NUMBER = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
+_NUMBER = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?\Z")
 
 
 def text(pattern: str | None = None, *, min_length: int = 0, max_length: int | None = None) -> Accept:

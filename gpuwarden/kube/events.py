@@ -29,7 +29,7 @@ from gpuwarden.wellknown import reporting_controller
 
 log = logging.getLogger(__name__)
 
-_REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
+_REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}\Z")
 NOTE_MAX_BYTES = 1024
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 TopologySource = Literal["nvml", "sysfs", "file"]
 
 # domain:bus:device.function, the domain 4 hex digits (Linux) or 8 (NVML's busId), any case.
-_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$", re.IGNORECASE)
+_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])\Z", re.IGNORECASE)
 
 
 class TopologyReadError(Exception):

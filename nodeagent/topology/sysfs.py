@@ -28,9 +28,9 @@ NVIDIA_VENDOR = "0x10de"
 # bridges (0x0680) that NVIDIA also ships.
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
 
-_DEVICE_DIR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_ROOT_BUS_DIR = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]+$")
+_DEVICE_DIR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_ROOT_BUS_DIR = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}\Z")
+_UUID = re.compile(r"^GPU-[0-9a-fA-F-]+\Z")
 
 
 def _read_text(path: Path) -> str:
