@@ -256,27 +256,32 @@ class Actuator:
         there, named after the node and device - brought in step), each dropped one deleted (404: gone).
         A failure raises: the Event stays owed and the next pass's `finish-event` writes the rules again."""
         for rule in rules:
-            try:
-                await self.client.create(DEVICE_TAINT_RULES, devicerules.manifest(rule))
-            except KubeConflict:
-                await self.client.patch(DEVICE_TAINT_RULES, rule.name, devicerules.taint_patch(rule))
+            await self._put_rule(rule)
             result.writes += 1
         for name in drop:
-            try:
-                await self.client.delete(DEVICE_TAINT_RULES, name)
-                result.writes += 1
-            except KubeNotFound:
-                pass
+            await self._delete_rule(name, result)
+
+    async def _put_rule(self, rule: RuleSpec) -> None:
+        """Create the rule; one already there (409: named after the node and device) is brought in step."""
+        try:
+            await self.client.create(DEVICE_TAINT_RULES, devicerules.manifest(rule))
+        except KubeConflict:
+            await self.client.patch(DEVICE_TAINT_RULES, rule.name, devicerules.taint_patch(rule))
+
+    async def _delete_rule(self, name: str, result: ActResult) -> None:
+        """Delete the rule; one already gone (404) is no write."""
+        try:
+            await self.client.delete(DEVICE_TAINT_RULES, name)
+            result.writes += 1
+        except KubeNotFound:
+            pass
 
     async def _sync_rules(self, sync: RuleSync, result: ActResult) -> None:
         """The pass's rule sync (devicerules.plan_rule_sync); dry-run's `None` rules included. A failure is
         logged and counted: the next pass plans the same change again."""
         for rule in sync.create + sync.update:
             try:
-                try:
-                    await self.client.create(DEVICE_TAINT_RULES, devicerules.manifest(rule))
-                except KubeConflict:
-                    await self.client.patch(DEVICE_TAINT_RULES, rule.name, devicerules.taint_patch(rule))
+                await self._put_rule(rule)
                 result.writes += 1
             except KubeError as exc:
                 result.failures += 1
@@ -284,10 +289,7 @@ class Actuator:
                 log.warning("device taint rule not written", extra={"rule": rule.name, "error": str(exc)})
         for name in sync.delete:
             try:
-                await self.client.delete(DEVICE_TAINT_RULES, name)
-                result.writes += 1
-            except KubeNotFound:
-                pass
+                await self._delete_rule(name, result)
             except KubeError as exc:
                 result.failures += 1
                 self.metrics.write_failures.labels("device-rule").inc()
