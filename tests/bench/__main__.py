@@ -1,9 +1,10 @@
 """`make bench`: run every `tests/bench/bench_*.py` module's `main()` in turn and print its numbers.
 
 Benchmarks print numbers; they never assert on time. Select some with `python -m tests.bench NAME ...`
-(e.g. `simulator`). Each benchmark bounds its own loops and talks only to loopback. The run ends with one
-summary table of what the benchmarks recorded (`tests.bench.summary`): printed, and written as Markdown with
-the date and the machine to `.cache/bench/summary.md` for the README.
+(e.g. `simulator`; an exact name such as `keda` runs that one only, other text every name holding it). Each
+benchmark bounds its own loops and talks only to loopback. The run ends with one summary table of what the
+benchmarks recorded (`tests.bench.summary`): printed, and written as Markdown with the date and the machine
+to `.cache/bench/summary.md` for the README.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def _modules(selected: list[str]) -> list[str]:
     here = Path(__file__).parent
     names = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
     if selected:
-        names = [n for n in names if any(s in n for s in selected)]
+        # an exact name (`keda`, `bench_keda`) selects that one only; other text, every name holding it
+        exact = {f"bench_{s.removeprefix('bench_')}" for s in selected} & set(names)
+        loose = [s for s in selected if f"bench_{s.removeprefix('bench_')}" not in exact]
+        names = [n for n in names if n in exact or any(s in n for s in loose)]
     return names
 
 
