@@ -7,6 +7,10 @@ pod labels agree), idle ones on GPUs no workload uses. After the 60 s window has
 one pass reports the idle pod (annotation + Events), marks the one under a prefer-as-victim rule
 `idle-reclaimable` too, leaves the busy and the acknowledged one alone, evicts the one whose rule says evict,
 and is refused by a PodDisruptionBudget for the protected one.
+
+Both tests' workloads are created by the module's fixture, on disjoint GPUs and in their own namespaces
+(each test's loop excludes the other's), so one 60 s window covers both: the window is the floor the config
+allows (`window_seconds` >= 60), and waiting it once per test doubled the module's time.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,10 +40,11 @@ from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, ensure_namespac
 from harness.testbed.nodes import delete_nodes
 from tests.e2e.conftest import pod_manifest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 NODES = [f"idle-node-{i}" for i in range(2)]
 NS = "sim"  # the simulator's workload namespace: the busy pod has the simulator pod's name here
+SCALE_NS = "sim-scale"  # the scale-down test's Deployments
 WINDOW = 60
 
 
@@ -48,11 +52,13 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def config(cluster: Cluster, prom_url: str) -> Config:
+def config(cluster: Cluster, prom_url: str, other: str) -> Config:
+    """The idle loop's config for one test; `other` is the other test's namespace, never judged here."""
     return Config.model_validate({
         "prometheus": {"url": prom_url, "retries": 0},
         "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
         "idle": {"enabled": True, "dry_run": False, "window_seconds": WINDOW, "warmup_seconds": 1,
+                 "exclude_namespaces": ["kube-system", other],
                  "scrape_interval_seconds": 1, "evict_after_seconds": 600,
                  "rules": [{"name": "evictable", "match_labels": {"idle": "evict"}, "action": "evict"},
                            {"name": "lendable", "match_labels": {"idle": "prefer"},
@@ -66,12 +72,19 @@ class Env:
     prom: LocalPrometheus
     busy: tuple[str, str, list[int]]  # simulator pod name, node, GPUs
     free: list[tuple[str, int]]
+    running_at: float  # monotonic: when every workload of both tests was running
+
+    async def window_passed(self) -> None:
+        """Wait until the idle window fits inside every workload's lifetime."""
+        await asyncio.sleep(max(0.0, self.running_at + WINDOW + 3 - time.monotonic()))
 
 
-@pytest_asyncio.fixture
-async def env(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Env]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    tmp_path = tmp_path_factory.mktemp("idle")
     add_gpu_nodes(cluster, [GpuNodeSpec(name=n, gpus=8) for n in NODES])
     ensure_namespace(cluster, NS)
+    ensure_namespace(cluster, SCALE_NS)
     scenario = parse_scenario({
         "fleet": {"nodes": len(NODES), "node_name_pattern": "idle-node-{index}"},
         "exporter": {"tick": 0.5},
@@ -90,11 +103,21 @@ async def env(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Env]:
         [busy] = [(p["pod"], p["node"], [int(g) for g in p["gpus"]]) for p in state["pods"]]
         used = {(busy[1], g) for g in busy[2]}
         free = sorted({(n, g) for n in NODES for g in range(8)} - used)
-        yield Env(cluster, prom, busy, free)
+        cluster.apply(*report_workloads(busy, free[:5]), *scale_workloads(free[5:7]))
+        cluster.kubectl(
+            "wait", "--for=jsonpath={.status.phase}=Running", "pod", "--all", "-n", NS, "--timeout=60s"
+        )
+        cluster.kubectl(
+            "rollout", "status", "deployment/serving", "deployment/floored", "-n", SCALE_NS, "--timeout=90s"
+        )
+        yield Env(cluster, prom, busy, free, time.monotonic())
     finally:
         await prom.stop()
         await sim.stop()
         cluster.kubectl("delete", "pods,pdb", "--all", "-n", NS, "--ignore-not-found", "--wait=false")
+        cluster.kubectl(
+            "delete", "deployments,hpa,pods", "--all", "-n", SCALE_NS, "--ignore-not-found", "--wait=false"
+        )
         delete_nodes(cluster, NODES)
 
 
@@ -104,17 +127,18 @@ def placed(
     gpus: list[int],
     labels: dict[str, str] | None = None,
     ann: dict[str, str] | None = None,
+    namespace: str = NS,
 ) -> dict[str, Any]:
     pod = pod_manifest(name, gpus=len(gpus), labels={"app": name, **(labels or {})}, nodeName=node)
-    pod["metadata"] |= {"namespace": NS, "annotations": {GPU_IDS: ",".join(map(str, gpus)), **(ann or {})}}
+    annotations = {GPU_IDS: ",".join(map(str, gpus)), **(ann or {})}
+    pod["metadata"] |= {"namespace": namespace, "annotations": annotations}
     return pod
 
 
-async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
-    env: Env, cluster: Cluster
-) -> None:
-    busy_name, busy_node, busy_gpus = env.busy
-    (n1, g1), (n2, g2), (n3, g3), (n4, g4), (n5, g5) = env.free[:5]
+def report_workloads(busy: tuple[str, str, list[int]], free: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The first test's pods (on the busy GPU and five free ones) and the PDB guarding one of them."""
+    busy_name, busy_node, busy_gpus = busy
+    (n1, g1), (n2, g2), (n3, g3), (n4, g4), (n5, g5) = free
     pods = [
         placed(busy_name, busy_node, busy_gpus),
         placed("notebook", n1, [g1]),
@@ -129,13 +153,16 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
         "metadata": {"name": "guarded", "namespace": NS},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded-nb"}}},
     }
-    cluster.apply(pdb, *pods)
-    cluster.kubectl(
-        "wait", "--for=jsonpath={.status.phase}=Running", "pod", "--all", "-n", NS, "--timeout=60s"
-    )
-    await asyncio.sleep(WINDOW + 3)  # the window now fits inside every pod's lifetime
+    return [pdb, *pods]
 
-    cfg = config(cluster, env.prom.url)
+
+async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
+    env: Env, cluster: Cluster
+) -> None:
+    busy_name = env.busy[0]
+    await env.window_passed()
+
+    cfg = config(cluster, env.prom.url, SCALE_NS)
     async with (
         PrometheusClient(cfg.prometheus) as prom,
         KubeClient.from_config(kubeconfig=cluster.kubeconfig) as kube,
@@ -182,6 +209,9 @@ async def test_one_pass_reports_idle_leaves_busy_and_acked_and_evicts_by_rule(
     } <= reasons, json.dumps(sorted(reasons))
 
 
+SCALABLE = {"idle": "scale"}
+
+
 def deployment(name: str, node: str, gpu: int, replicas: int, labels: dict[str, str]) -> dict[str, Any]:
     """A Deployment whose pods sit on `node` and record GPU `gpu` (an idle one of the simulator's fleet)."""
     template = placed(name, node, [gpu], labels)
@@ -190,7 +220,7 @@ def deployment(name: str, node: str, gpu: int, replicas: int, labels: dict[str, 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": SCALE_NS},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
@@ -200,18 +230,16 @@ def deployment(name: str, node: str, gpu: int, replicas: int, labels: dict[str, 
 
 
 def replicas(cluster: Cluster, name: str) -> int:
-    return int(cluster.get_json("deployment", name, "-n", NS)["spec"]["replicas"])
+    return int(cluster.get_json("deployment", name, "-n", SCALE_NS)["spec"]["replicas"])
 
 
-async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_floor_dry_run_changes_nothing(
-    env: Env, cluster: Cluster
-) -> None:
-    (n1, g1), (n2, g2) = env.free[:2]
-    scalable = {"idle": "scale"}
+def scale_workloads(free: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The second test's two Deployments (two pods each, on one free GPU each) and the HPA flooring one."""
+    (n1, g1), (n2, g2) = free
     hpa = {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "floored", "namespace": NS},
+        "metadata": {"name": "floored", "namespace": SCALE_NS},
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "floored"},
             "minReplicas": 2, "maxReplicas": 3,
@@ -219,15 +247,17 @@ async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_
                 "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}],
         },
     }  # fmt: skip
-    cluster.apply(deployment("serving", n1, g1, 2, scalable), deployment("floored", n2, g2, 2, scalable), hpa)
-    cluster.kubectl(
-        "rollout", "status", "deployment/serving", "deployment/floored", "-n", NS, "--timeout=90s"
-    )
-    await asyncio.sleep(WINDOW + 3)  # the window now fits inside every pod's lifetime
+    return [deployment("serving", n1, g1, 2, SCALABLE), deployment("floored", n2, g2, 2, SCALABLE), hpa]
 
-    base = config(cluster, env.prom.url).model_dump()
+
+async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_floor_dry_run_changes_nothing(
+    env: Env, cluster: Cluster
+) -> None:
+    await env.window_passed()
+
+    base = config(cluster, env.prom.url, NS).model_dump()
     base["idle"]["scale_down_after_seconds"] = 30  # idle-since is written as now - window: due at once
-    base["idle"]["rules"].insert(0, {"name": "scalable", "match_labels": scalable, "action": "scale-down"})
+    base["idle"]["rules"].insert(0, {"name": "scalable", "match_labels": SCALABLE, "action": "scale-down"})
     cfg = Config.model_validate(base)
     async with (
         PrometheusClient(cfg.prometheus) as prom,
@@ -252,7 +282,9 @@ async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_
                 2
             ):  # the second dry pass "remembers" the marks: scale-down due, still nothing written
                 await dry.run_once(leading)
-            assert dry.last_result is not None and dry.last_result.scaled == [f"{NS}/Deployment/serving"]
+            assert dry.last_result is not None and dry.last_result.scaled == [
+                f"{SCALE_NS}/Deployment/serving"
+            ]
             assert replicas(cluster, "serving") == 2
             assert all(IDLE_SINCE not in (p["metadata"].get("annotations") or {}) for p in serving_pods())
 
@@ -272,7 +304,7 @@ async def test_idle_deployment_is_reported_then_scaled_down_never_below_its_hpa_
         "HorizontalPodAutoscaler floored keeps minReplicas 2 (the Deployment has 2)"
     ]
     assert replicas(cluster, "serving") == 1 and replicas(cluster, "floored") == 2
-    events = cluster.get_json("events.events.k8s.io", "-n", NS)["items"]
+    events = cluster.get_json("events.events.k8s.io", "-n", SCALE_NS)["items"]
     reasons = {(e["regarding"]["kind"], e["regarding"]["name"], e["reason"]) for e in events}
     assert {
         ("Deployment", "serving", "GPUIdleScaledDown"),
