@@ -244,7 +244,7 @@ class Adapter:
         requestheader, client_cas = await auth.load_trust(acfg, self.kube)
         if requestheader is None:
             log.warning("no front-proxy CA: aggregated requests cannot be authenticated")
-        reviews = auth.KubeReviews(self.kube, acfg.cache_ttl_seconds)
+        reviews = auth.KubeReviews(self.kube, acfg.cache_ttl_seconds, acfg.refresh_ahead_seconds)
         authenticator = auth.Authenticator(
             requestheader, client_cas, reviews.user_for_token if acfg.token_review else None
         )

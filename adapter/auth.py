@@ -178,19 +178,52 @@ class TtlCache:
             return None
         return hit[1]
 
+    def age(self, key: str) -> tuple[float, Any] | None:
+        """(seconds since it was put, value) of an entry, expired or not; None when there is none."""
+        hit = self._data.get(key)
+        return None if hit is None else (self._clock() - hit[0], hit[1])
+
     def put(self, key: str, value: Any) -> None:
         if len(self._data) >= self._limit:
             self._data.clear()
         self._data[key] = (self._clock(), value)
 
 
-class KubeReviews:
-    """TokenReview and SubjectAccessReview through the API server, cached."""
+def review_due(age: float | None, value: Any, ttl: float, stale_allowed: float) -> str:
+    """What to do with a cached SubjectAccessReview answer `age` seconds old (None: none cached).
 
-    def __init__(self, kube: KubeClient, ttl: float) -> None:
+    "use" it (within the TTL); "use-and-refresh": an *allow* past its TTL by at most `stale_allowed` is used
+    while one review re-asks in the background, whose answer replaces it; "ask" in the request (nothing
+    cached, a deny past its TTL - a deny is never used stale - or an allow too old)."""
+    if age is None:
+        return "ask"
+    if age <= ttl:
+        return "use"
+    if value is True and age <= ttl + stale_allowed:
+        return "use-and-refresh"
+    return "ask"
+
+
+class KubeReviews:
+    """TokenReview and SubjectAccessReview through the API server, cached.
+
+    `stale_allowed` seconds of refresh-ahead for allowed answers (`review_due`): the HPA controller asks
+    every 15 s and an answer lives 10 s, so without it every sync would wait for a review round trip - the
+    adapter's p99. With it the caller gets the answer it had while the re-check runs; a revoked grant is then
+    honoured for at most TTL + `stale_allowed` (kube-apiserver's own webhook authorizer caches allows 5 min).
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        ttl: float,
+        stale_allowed: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._kube = kube
-        self._tokens = TtlCache(ttl)
-        self._access = TtlCache(ttl)
+        self._ttl, self._stale_allowed = ttl, stale_allowed
+        self._tokens = TtlCache(ttl, clock)
+        self._access = TtlCache(ttl, clock)
         self._asking: dict[str, asyncio.Future[bool]] = {}
 
     async def user_for_token(self, token: str) -> UserInfo | None:
@@ -224,18 +257,25 @@ class KubeReviews:
         if user.extra:
             spec["extra"] = {k: list(v) for k, v in user.extra.items()}
         key = json.dumps(spec, sort_keys=True)
-        cached = self._access.get(key)
-        if cached is not None:
-            return bool(cached)
+        age, value = self._access.age(key) or (None, None)
+        due = review_due(age, value, self._ttl, self._stale_allowed)
+        if due == "use":
+            return bool(value)
+        if due == "use-and-refresh":
+            self._ask(key, spec).add_done_callback(_consume)  # a failed re-check: the next caller asks
+            return True
         # One review per question in flight: the HPA controller's workers ask about the same namespace and
         # metric at once when its answer has expired (every sync, as the cache lives 10 s and a sync comes
         # every 15 s); the others wait for that answer instead of each posting its own.
+        return await asyncio.shield(self._ask(key, spec))
+
+    def _ask(self, key: str, spec: dict[str, Any]) -> asyncio.Future[bool]:
+        """The review of `key` in flight, started if there is none."""
         asking = self._asking.get(key)
-        if asking is not None:
-            return await asyncio.shield(asking)
-        future = self._asking[key] = asyncio.ensure_future(self._review(key, spec))
-        future.add_done_callback(lambda done: self._asking.pop(key, None))
-        return await asyncio.shield(future)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._review(key, spec))
+            asking.add_done_callback(lambda done: self._asking.pop(key, None))
+        return asking
 
     async def _review(self, key: str, spec: dict[str, Any]) -> bool:
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
@@ -250,6 +290,12 @@ class KubeReviews:
         allowed = bool((answer.get("status") or {}).get("allowed"))
         self._access.put(key, allowed)
         return allowed
+
+
+def _consume(done: asyncio.Future[bool]) -> None:
+    """Retrieve a background review's error (logged, not raised: the answer it would replace expires)."""
+    if not done.cancelled() and (error := done.exception()) is not None:
+        log.warning("SubjectAccessReview re-check failed", extra={"error": str(error)})
 
 
 @dataclass(frozen=True)

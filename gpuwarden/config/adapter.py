@@ -9,12 +9,20 @@ presets for GPU fleets, so the common case needs no PromQL at all.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from gpuwarden.config.base import Section
-from gpuwarden.config.fieldtypes import FieldError, LabelName, MetricName, Port, PositiveCount, Seconds
+from gpuwarden.config.fieldtypes import (
+    FieldError,
+    LabelName,
+    MetricName,
+    NoBool,
+    Port,
+    PositiveCount,
+    Seconds,
+)
 from gpuwarden.config.metric_rules import PrometheusAdapterRules
 
 
@@ -160,6 +168,16 @@ class Authentication(Section):
         default=10.0,
         description="Seconds a TokenReview / SubjectAccessReview answer is cached. 10 s is "
         "k8s.io/apiserver's delegating default: one review per caller per HPA sync at most.",
+    )
+    refresh_ahead_seconds: Annotated[float, NoBool] = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="An *allowed* SubjectAccessReview answer past cache_ttl_seconds by at most this much is "
+        "still used while one review re-asks in the background (its answer replaces it), so an HPA syncing "
+        "every 15 s never waits for a review round trip. A revoked grant is then honoured for at most "
+        "cache_ttl_seconds + this; denies are never used past their TTL. 0: every expired answer is "
+        "re-asked in the request.",
     )
     always_allow_paths: list[str] = Field(
         default_factory=lambda: ["/healthz", "/livez", "/readyz"],

@@ -1,0 +1,104 @@
+"""Refresh-ahead of allowed SubjectAccessReview answers: `review_due` (table) and `KubeReviews` on a clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from adapter import auth
+
+TTL, STALE = 10.0, 10.0
+
+
+@pytest.mark.parametrize(
+    ("age", "value", "stale", "expected"),
+    [
+        (None, None, STALE, "ask"),  # nothing cached
+        (0.0, True, STALE, "use"),
+        (10.0, True, STALE, "use"),  # the TTL's last moment
+        (10.0, False, STALE, "use"),  # a deny within its TTL
+        (10.1, True, STALE, "use-and-refresh"),
+        (20.0, True, STALE, "use-and-refresh"),
+        (20.1, True, STALE, "ask"),  # too old even for refresh-ahead
+        (10.1, False, STALE, "ask"),  # a deny is never used stale
+        (10.1, True, 0.0, "ask"),  # refresh-ahead off
+    ],
+)
+def test_review_due(age: float | None, value: Any, stale: float, expected: str) -> None:
+    assert auth.review_due(age, value, TTL, stale) == expected
+
+
+class Kube:
+    """Answers SubjectAccessReviews with `allow` once `release` is set; counts them."""
+
+    def __init__(self) -> None:
+        self.allow, self.posts, self.fail = True, 0, False
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        await self.release.wait()
+        self.posts += 1
+        if self.fail:
+            raise RuntimeError("API server unreachable")
+        return {"status": {"allowed": self.allow}}
+
+
+USER = auth.UserInfo("system:serviceaccount:kube-system:horizontal-pod-autoscaler")
+ASK = {"resourceAttributes": {"verb": "get", "resource": "pods", "namespace": "ml"}}
+
+
+def reviews(kube: Kube, now: list[float], stale: float = STALE) -> auth.KubeReviews:
+    return auth.KubeReviews(kube, TTL, stale, clock=lambda: now[0])  # type: ignore[arg-type]
+
+
+async def test_an_expired_allow_is_used_while_it_is_rechecked_and_the_recheck_replaces_it() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is True and kube.posts == 1
+    now[0] = 15.0  # the next HPA sync: past the TTL
+    kube.allow = False  # the grant was revoked meanwhile
+    kube.release.clear()
+    # answered at once from the expired allow (the review is held back: waiting for it would time out)
+    assert await asyncio.wait_for(r.allowed(USER, ASK), 5) is True
+    assert await asyncio.wait_for(r.allowed(USER, ASK), 5) is True  # still in flight: one re-check
+    kube.release.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert kube.posts == 2
+    assert await r.allowed(USER, ASK) is False  # the re-check's deny replaced it
+
+
+async def test_without_refresh_ahead_an_expired_allow_waits_for_its_review() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now, stale=0.0)
+    assert await r.allowed(USER, ASK) is True
+    now[0] = 15.0
+    kube.allow = False
+    assert await r.allowed(USER, ASK) is False and kube.posts == 2
+
+
+async def test_a_deny_is_never_used_stale() -> None:
+    kube, now = Kube(), [0.0]
+    kube.allow = False
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is False
+    now[0] = 15.0
+    kube.allow = True
+    assert await r.allowed(USER, ASK) is True and kube.posts == 2  # asked in the request
+
+
+async def test_a_failed_recheck_is_not_raised_and_the_next_caller_past_the_window_asks() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is True
+    now[0] = 15.0
+    kube.fail = True
+    assert await r.allowed(USER, ASK) is True  # the background re-check fails: logged, not raised
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    now[0] = 25.0  # past TTL + refresh-ahead: the failure reaches the caller as before
+    with pytest.raises(RuntimeError):
+        await r.allowed(USER, ASK)
