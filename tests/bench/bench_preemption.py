@@ -58,8 +58,13 @@ PERMISSIVE = {"global_budget": {"max_victims": 1_000_000, "window_seconds": 300}
 
 
 class NullRecorder:
+    """An `EventRecorder` that writes nothing (the bench times decisions and writes, not Events)."""
+
     async def emit(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+    async def emit_once(self, *args: Any, **kwargs: Any) -> bool:
+        return True  # "nothing left to do", as for an Event that exists
 
     async def flush(self) -> None:
         return None
