@@ -128,7 +128,8 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
+def process_memory(pid: int, field: str = "VmRSS") -> int:
+    """A `/proc/PID/status` memory field (VmRSS, VmHWM, RssAnon, ...) in bytes; 0 when the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(f"{field}:"):
@@ -555,11 +556,11 @@ class Cluster:
 
     def control_plane_peak_rss(self) -> dict[str, int]:
         """Peak resident memory (bytes, ``VmHWM``) per running control-plane process, over its lifetime."""
-        return {name: _rss_bytes(pid, "VmHWM") for name, pid in self.pids().items() if _alive(pid)}
+        return {name: process_memory(pid, "VmHWM") for name, pid in self.pids().items() if _alive(pid)}
 
     def control_plane_rss(self) -> dict[str, int]:
         """Resident memory (bytes) per running control-plane process."""
-        return {name: _rss_bytes(pid) for name, pid in self.pids().items() if _alive(pid)}
+        return {name: process_memory(pid) for name, pid in self.pids().items() if _alive(pid)}
 
     def logs(self, component: str) -> Path:
         """Log file of one component."""

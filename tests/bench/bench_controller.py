@@ -42,6 +42,7 @@ from harness.testbed import (
     TestbedMissingError,
     ensure_namespace,
 )
+from harness.testbed.cluster import process_memory
 from harness.testbed.fleet import create_fleet, quiet_fleet_config
 from tests.bench.scheduler_e2e import cpu_seconds, create_pods, topology, wait_quiet
 from tests.bench.summary import record
@@ -51,17 +52,6 @@ PODS = int(os.environ.get("GPUWARDEN_BENCH_CONTROLLER_PODS", "2000"))
 SECONDS = float(os.environ.get("GPUWARDEN_BENCH_CONTROLLER_SECONDS", "30"))
 NAMESPACE = "gpuwarden"
 PODS_NAMESPACE = "bench-controller"
-
-
-def status_bytes(pid: int, field: str) -> int:
-    """A `/proc/PID/status` memory field (VmRSS, VmHWM, RssAnon, RssFile) in bytes; 0 when gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def mib(value: float) -> str:
@@ -138,12 +128,12 @@ def measure(cluster: Cluster, prometheus_url: str, workdir: Path) -> None:
         started = time.monotonic()
         while time.monotonic() - started < SECONDS:
             time.sleep(1)
-            samples.append(status_bytes(proc.pid, "VmRSS"))
+            samples.append(process_memory(proc.pid, "VmRSS"))
         cores = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - started)
         if proc.poll() is not None:
             raise RuntimeError(f"gpuwarden controller exited with {proc.returncode} while measured")
         steady = statistics.median(samples)
-        peak, anon = status_bytes(proc.pid, "VmHWM"), status_bytes(proc.pid, "RssAnon")
+        peak, anon = process_memory(proc.pid, "VmHWM"), process_memory(proc.pid, "RssAnon")
     finally:
         proc.terminate()
         try:
@@ -151,9 +141,8 @@ def measure(cluster: Cluster, prometheus_url: str, workdir: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    pids = cluster.pids()
-    sched = status_bytes(pids["kube-scheduler"], "VmRSS") if "kube-scheduler" in pids else 0
-    kcm = status_bytes(pids["kube-controller-manager"], "VmRSS") if "kube-controller-manager" in pids else 0
+    plane = cluster.control_plane_rss()
+    sched, kcm = plane.get("kube-scheduler", 0), plane.get("kube-controller-manager", 0)
     print(
         f"  gpuwarden controller (all loops, {NODES} nodes, {PODS} GPU pods): ready in {ready:.1f} s; "
         f"RSS {mib(steady)} median over {len(samples)} s (anonymous {mib(anon)}), peak {mib(peak)}; "
