@@ -29,7 +29,6 @@ from typing import Any
 
 from controller.gpus.fit import FleetSettings, settings_from_config
 from controller.gpus.model import ClusterModel
-from controller.gpus.podproto import pod_object
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeNotFound, PrometheusError
 from gpuwarden.kube import (
@@ -122,6 +121,10 @@ class ModelFeed:
     def _informer(self, resource: Resource, field_selector: str | None = None) -> Informer:
         source: WatchSource = self._client
         if resource is PODS and self._protobuf:
+            # Imported here: a controller whose pods come from the shared (JSON) informer never loads the
+            # protobuf runtime.
+            from controller.gpus.podproto import pod_object
+
             source = ProtobufSource(self._client, decode=pod_object)
         return Informer(
             source,
