@@ -4,8 +4,10 @@ Why it exists: the GPU model's pod feed lists and watches pods as protobuf (`gpu
 the API server already encodes every pod event as protobuf for kube-scheduler, and a subset message skips
 managedFields, volumes, env and container statuses by length). `pod_info` stays the one reader of a pod:
 this module only rebuilds the part of the pod's JSON it reads, with JSON's values (a Quantity as its
-string, a Time as RFC 3339, absent fields absent), so the same pod gives the same `PodInfo` on both paths
-(tests/unit/test_podproto.py). A field `pod_info` starts to read must be added here and in podpb/pod.proto.
+string, a Time as RFC 3339) and JSON's omissions: the API server's protobuf writes every string field of a
+struct, empty ones too, where its JSON omits them (`omitempty`), so an empty string here is left out as
+there. The same pod gives the same `PodInfo` on both paths (tests/unit/test_podproto.py). A field
+`pod_info` starts to read must be added here and in podpb/pod.proto.
 
 It must not interpret anything (that is `pod_info`'s job). Pure: no I/O.
 """
@@ -41,7 +43,7 @@ def _container(value: Container) -> dict[str, Any]:
     out: dict[str, Any] = {"name": value.name}
     if value.HasField("resources"):
         out["resources"] = _resources(value.resources)
-    if value.HasField("restartPolicy"):
+    if value.restartPolicy:
         out["restartPolicy"] = value.restartPolicy
     return out
 
@@ -58,7 +60,7 @@ def pod_object(raw: bytes) -> dict[str, Any]:
         raise PodDecodeError(f"not a v1.Pod message: {exc}") from None
     m, s, st = pod.metadata, pod.spec, pod.status
     meta: dict[str, Any] = {
-        name: getattr(m, name) for name in ("name", "namespace", "uid", "resourceVersion") if m.HasField(name)
+        name: value for name in ("name", "namespace", "uid", "resourceVersion") if (value := getattr(m, name))
     }
     if m.HasField("deletionTimestamp"):
         meta["deletionTimestamp"] = _time(m.deletionTimestamp)
@@ -69,21 +71,21 @@ def pod_object(raw: bytes) -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": [_container(c) for c in s.containers]}
         if s.initContainers:
             spec["initContainers"] = [_container(c) for c in s.initContainers]
-        if s.HasField("nodeName"):
+        if s.nodeName:
             spec["nodeName"] = s.nodeName
         if s.HasField("priority"):
             spec["priority"] = s.priority
         obj["spec"] = spec
     if pod.HasField("status"):
         status: dict[str, Any] = {}
-        if st.HasField("phase"):
+        if st.phase:
             status["phase"] = st.phase
         if st.conditions:
             status["conditions"] = [
-                {"type": c.type, "status": c.status, **({"reason": c.reason} if c.HasField("reason") else {})}
+                {"type": c.type, "status": c.status, **({"reason": c.reason} if c.reason else {})}
                 for c in st.conditions
             ]
-        if st.HasField("nominatedNodeName"):
+        if st.nominatedNodeName:
             status["nominatedNodeName"] = st.nominatedNodeName
         obj["status"] = status
     return obj
