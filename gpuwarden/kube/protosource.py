@@ -7,10 +7,12 @@ dozen fields. The caller's `decode` turns an object's message bytes into the JSO
 needs (a subset message skips the rest by length). Opt-in per informer:
 `Informer(ProtobufSource(client, decode=...), PODS)`.
 
-JSON stays the fallback, item by item the reader sees JSON-shaped dicts either way: through a proxy (the
-threaded client speaks JSON only) and from a server that answers JSON (kinds it cannot encode as protobuf:
-CRDs), objects arrive whole. What it must not do: interpret objects (the decoder is the caller's) or
-events (the informer maps ERROR and reads BOOKMARKs, as for JSON).
+JSON stays the fallback, and the reader sees JSON-shaped dicts either way: through a proxy (the threaded
+client speaks JSON only) and from a server that answers JSON (kinds it cannot encode as protobuf: CRDs),
+objects arrive whole, not reduced by `decode`.
+
+What it must not do: interpret objects (the decoder is the caller's) or events (the informer maps ERROR
+and reads BOOKMARKs, as for JSON).
 """
 
 from __future__ import annotations
