@@ -49,8 +49,9 @@ node-runtime: ## install containerd, runc, CNI plugins, gcc (Debian packages) fo
 	fi
 	@containerd --version; runc --version | head -1; ls /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/loopback >/dev/null
 
-protos: deps ## regenerate the kubelet gRPC stubs (nodeagent/kubeletapi) from the k8s.io/kubelet module
+protos: deps ## regenerate the kubelet gRPC stubs (nodeagent/kubeletapi) and our Kubernetes wire-type subsets (k8spb, podpb)
 	bash tests/testbed/kubelet-protos.sh
+	bash tests/testbed/k8s-protos.sh
 
 keda-protos: deps ## regenerate KEDA's external-scaler gRPC stubs (adapter/kedaapi) from the KEDA module tests/keda pins
 	bash tests/keda/protos.sh

@@ -10,7 +10,10 @@ not doing so). Correctable-error trends come from Prometheus on a timer; a faile
 for a while and then forgets them (unknown = no penalty, never a guess).
 
 In the controller the node and live-pod informers are the process's shared ones (`nodes=`, `pods=`: one
-list+watch stream per kind for every capability); standalone, the feed runs its own.
+list+watch stream per kind for every capability); standalone, the feed runs its own, and with `protobuf`
+its pods are listed and watched as protobuf (`gpuwarden.kube.protosource`; kube-scheduler watches them so
+too, so the API server encodes each pod event once) and decoded to the fields the model reads
+(`podproto.py`).
 
 It must not decide anything and never writes to the API.
 """
@@ -36,10 +39,12 @@ from gpuwarden.kube import (
     SYNCED,
     Informer,
     KubeClient,
+    ProtobufSource,
     Resource,
     WatchEvent,
     object_key,
 )
+from gpuwarden.kube.watch import WatchSource
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Vector
 
@@ -68,8 +73,11 @@ class ModelFeed:
         on_pod: Callable[[str], None] = lambda key: None,
         nodes: Informer | None = None,
         pods: Informer | None = None,
+        protobuf: bool = False,
     ) -> None:
         self._client = client
+        self._protobuf = protobuf
+        """Our own pod informer lists and watches as protobuf (a shared `pods` informer is its owner's)."""
         self.model = model
         self._page_size = page_size
         self._watch_timeout = watch_timeout
@@ -111,8 +119,15 @@ class ModelFeed:
             await asyncio.Event().wait()
 
     def _informer(self, resource: Resource, field_selector: str | None = None) -> Informer:
+        source: WatchSource = self._client
+        if resource is PODS and self._protobuf:
+            # Imported here: a controller whose pods come from the shared (JSON) informer never loads the
+            # protobuf runtime.
+            from controller.gpus.podproto import pod_object
+
+            source = ProtobufSource(self._client, decode=pod_object)
         return Informer(
-            self._client,
+            source,
             resource,
             field_selector=field_selector,
             page_size=self._page_size,
@@ -301,6 +316,7 @@ def build_gpu_model(
         watch_timeout=int(config.kubernetes.watch_timeout_seconds),
         nodes=nodes,
         pods=pods,
+        protobuf=config.kubernetes.protobuf,
     )
     trends = None
     if prometheus is not None:

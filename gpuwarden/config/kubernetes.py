@@ -109,6 +109,14 @@ class KubernetesConfig(Section):
         description="`limit` for paged LISTs (items per page). 500 is kubectl's and client-go's default; it "
         "keeps each response small enough for the API server's memory at 10,000 pods.",
     )
+    protobuf: bool = Field(
+        default=True,
+        description="List and watch as protobuf (`application/vnd.kubernetes.protobuf`, as client-go does) "
+        "where gpuwarden reads a few fields of many objects: the extender's own pod feed. kube-scheduler "
+        "watches pods as protobuf, so the API server encodes each pod event once instead of once more as "
+        "JSON. false: JSON everywhere. Through a proxy, and for kinds a server only serves as JSON, JSON "
+        "is used anyway.",
+    )
     qps: float = Field(
         default=50.0,
         gt=0,

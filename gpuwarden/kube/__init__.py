@@ -30,6 +30,7 @@ from gpuwarden.kube.patch import (
     update_with_retry,
     with_precondition,
 )
+from gpuwarden.kube.protosource import ProtobufSource
 from gpuwarden.kube.resources import (
     CONFIG_MAPS,
     CORE_EVENTS,
@@ -102,6 +103,7 @@ __all__ = [
     "ObjectList",
     "ObjectRef",
     "PatchType",
+    "ProtobufSource",
     "Resource",
     "WatchEvent",
     "WatchStream",

@@ -33,6 +33,8 @@ from gpuwarden.errors import ConfigError, KubeError
 from gpuwarden.kube.connection import Connection, from_kubeconfig
 from gpuwarden.kube.connection import in_cluster as in_cluster_connection
 from gpuwarden.kube.metrics import kube_metrics
+from gpuwarden.kube.protobuf import ACCEPT as PROTOBUF_ACCEPT
+from gpuwarden.kube.protobuf import ObjectDecoder, decode_list, is_protobuf
 from gpuwarden.kube.resources import JsonObject, ObjectList, PatchType, Resource
 from gpuwarden.kube.status import (
     error_from_api_exception,
@@ -300,6 +302,30 @@ class KubeClient:
         call = functools.partial(self._request_json, method, path, query, body, content_type, accept)
         return await self._in_pool(verb, resource, call, self._pool)
 
+    @property
+    def speaks_protobuf(self) -> bool:
+        """Whether lists and watches can be asked for as protobuf (`protobuf=` of `list_page`, `watch`): on
+        the native-async transports; the threaded path (a proxy) stays JSON."""
+        return self._transport is not None
+
+    async def _list_protobuf(
+        self, resource: Resource, path: str, query: Query, decode: ObjectDecoder
+    ) -> JsonObject:
+        """A list asked for as protobuf (JSON accepted too): the list object as the JSON path gives it, each
+        protobuf item through `decode`."""
+        assert self._transport is not None
+        try:
+            answer = await self._transport.send("GET", path, query, None, None, PROTOBUF_ACCEPT)
+            if is_protobuf(answer.body):
+                parsed = decode_list(answer.body, decode, resource.api_version, resource.kind)
+            else:  # the server answered JSON (it cannot encode this kind as protobuf)
+                parsed = await self._transport.decode(answer)
+        except KubeError as exc:
+            self.metrics.requests.labels("list", resource.plural, outcome_of(exc)).inc()
+            raise
+        self.metrics.requests.labels("list", resource.plural, "success").inc()
+        return parsed
+
     def _write_query(self, dry_run: bool) -> Query:
         query: Query = [("fieldManager", self.field_manager)]
         if dry_run:
@@ -324,9 +350,12 @@ class KubeClient:
         continue_token: str | None = None,
         resource_version: str | None = None,
         metadata_only: bool = False,
+        protobuf: ObjectDecoder | None = None,
     ) -> JsonObject:
         """One page of a list (the raw `...List` object with `metadata.continue` when more pages follow);
-        `metadata_only` asks for a `PartialObjectMetadataList` (items without spec and status)."""
+        `metadata_only` asks for a `PartialObjectMetadataList` (items without spec and status); `protobuf`
+        asks for protobuf (when `speaks_protobuf`) and decodes each protobuf item with it (JSON answers
+        keep their items as they are)."""
         query: Query = []
         for key, value in (
             ("labelSelector", label_selector),
@@ -337,6 +366,8 @@ class KubeClient:
         ):
             if value:
                 query.append((key, value))
+        if protobuf is not None and not metadata_only and self.speaks_protobuf:
+            return await self._list_protobuf(resource, resource.path(namespace), query, protobuf)
         return await self.request(
             "GET", resource.path(namespace), verb="list", resource=resource.plural, query=query,
             accept=METADATA_LIST if metadata_only else JSON,
@@ -352,6 +383,7 @@ class KubeClient:
         limit: int | None = 500,
         metadata_only: bool = False,
         transform: Transform | None = None,
+        protobuf: ObjectDecoder | None = None,
     ) -> ObjectList:
         """A consistent list over all pages (items get `apiVersion`/`kind`); an expired continue token
         surfaces as `KubeGone`.
@@ -359,6 +391,7 @@ class KubeClient:
         `metadata_only` lists `PartialObjectMetadata` (see `list_page`); `transform` is applied to each item
         as soon as its page is decoded, and the page is dropped before the next is fetched, so what a caller
         does not keep is never held for the whole list (50,000 full pods are hundreds of MiB of dicts).
+        `protobuf`: see `list_page`.
         """
         items: list[JsonObject] = []
         token: str | None = None
@@ -371,6 +404,7 @@ class KubeClient:
                 limit=limit,
                 continue_token=token,
                 metadata_only=metadata_only,
+                protobuf=protobuf,
             )
             for item in page.get("items") or []:
                 # List items come without apiVersion/kind; watch events and GETs carry them. Make them alike.
@@ -446,10 +480,13 @@ class KubeClient:
         timeout_seconds: int = 300,
         allow_bookmarks: bool = True,
         metadata_only: bool = False,
+        protobuf: ObjectDecoder | None = None,
     ) -> AnyWatchStream:
         """A raw watch from `resource_version`: iterate `{"type", "object"}` dicts; close with `aclose()`.
 
-        `metadata_only` asks for `PartialObjectMetadata` objects (no spec, no status) in the events."""
+        `metadata_only` asks for `PartialObjectMetadata` objects (no spec, no status) in the events;
+        `protobuf` asks for protobuf frames (when `speaks_protobuf`) and decodes each event's object with
+        it (ERROR events carry their `Status` as JSON does; a JSON answer is read as JSON)."""
         query: Query = [("watch", "true"), ("resourceVersion", resource_version)]
         query.append(("timeoutSeconds", str(timeout_seconds)))
         if allow_bookmarks:
@@ -460,7 +497,8 @@ class KubeClient:
             query.append(("fieldSelector", field_selector))
         # The server ends a watch after timeoutSeconds; a read stalled well beyond that is a dead connection.
         timeout = (self.request_timeout, float(timeout_seconds) + 30.0)
-        accept = METADATA_WATCH if metadata_only else JSON
+        use_protobuf = protobuf is not None and not metadata_only and self.speaks_protobuf
+        accept = METADATA_WATCH if metadata_only else PROTOBUF_ACCEPT if use_protobuf else JSON
         counter = self.metrics.requests
 
         def count(outcome: str) -> None:
@@ -469,7 +507,9 @@ class KubeClient:
         if self._transport is not None:
             transport = self._transport
             return AsyncWatchStream(
-                lambda: transport.open_stream(resource.path(namespace), query, accept, timeout[1]), count
+                lambda: transport.open_stream(resource.path(namespace), query, accept, timeout[1]),
+                count,
+                decode=protobuf if use_protobuf else None,
             )
         opener = functools.partial(
             self._send, "GET", resource.path(namespace), query, None, None, timeout, accept

@@ -26,6 +26,7 @@ from gpuwarden.errors import (
     KubeNotFound,
     KubeUnreachable,
 )
+from gpuwarden.kube.protobuf import is_protobuf, status_body
 
 _BY_STATUS: dict[int, type[KubeError]] = {
     401: KubeForbidden,
@@ -68,9 +69,12 @@ def _retry_after(headers: Mapping[str, str] | None, status_obj: Mapping[str, Any
 
 
 def parse_status(body: bytes | str | None) -> dict[str, Any]:
-    """The `Status` object in an error body, or {} when the body is empty or not a Status."""
+    """The `Status` object in an error body (JSON, or protobuf when protobuf was asked for), or {} when the
+    body is empty or not a Status."""
     if not body:
         return {}
+    if isinstance(body, bytes) and is_protobuf(body):
+        return status_body(body)
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -1,4 +1,5 @@
-"""One raw watch connection as an async iterator of `{"type", "object"}` dicts.
+"""One raw watch connection as an async iterator of `{"type", "object"}` dicts (JSON lines, or protobuf
+frames decoded by `protobuf.py` when protobuf was asked for and answered).
 
 Why it exists: the `kubernetes` client's `Watch` is a blocking generator that deserializes into models.
 `AsyncWatchStream` (the default) reads the chunked response on the event loop through the native-async
@@ -23,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from gpuwarden.errors import KubeError
+from gpuwarden.kube.protobuf import Frames, ObjectDecoder, watch_event
 from gpuwarden.kube.resources import JsonObject
 from gpuwarden.kube.status import error_from_transport, outcome_of
 
@@ -153,11 +155,26 @@ class StreamingBody(Protocol):
 
 
 class AsyncWatchStream:
-    """A single watch request read on the event loop; iterate it, then `aclose()` it (or `async with`)."""
+    """A single watch request read on the event loop; iterate it, then `aclose()` it (or `async with`).
 
-    def __init__(self, opener: Callable[[], Awaitable[StreamingBody]], count: Callable[[str], None]) -> None:
+    With `decode` (protobuf was asked for), a response that does not start with `{` is read as protobuf
+    frames (`protobuf.py`): a JSON watch event always starts with `{`, a frame with its 4-byte length,
+    whose first byte is 0 for any frame under 16 MiB; the event's object goes through `decode`."""
+
+    def __init__(
+        self,
+        opener: Callable[[], Awaitable[StreamingBody]],
+        count: Callable[[str], None],
+        *,
+        decode: ObjectDecoder | None = None,
+    ) -> None:
         self._opener = opener
         self._count = count
+        self._decode = decode
+        self._sniffing = decode is not None
+        """Protobuf was asked for and the answer's first bytes (which say which format it is) are due."""
+        self._frames: Frames | None = None
+        """Set once the response turned out to be protobuf frames."""
         self._response: StreamingBody | None = None
         self._ready: list[bytes] = []
         """Complete lines not yet returned, newest first."""
@@ -183,7 +200,7 @@ class AsyncWatchStream:
         return response
 
     async def _line(self) -> bytes | None:
-        """The next non-empty line, None at the end of the stream."""
+        """The next non-empty line (or protobuf frame), None at the end of the stream."""
         while not self._ready:
             if self._eof:
                 return None
@@ -194,6 +211,18 @@ class AsyncWatchStream:
                 if self._closed:
                     return None
                 raise await self._fail(exc) from None
+            if self._sniffing and chunk:
+                self._sniffing = False
+                if chunk[:1] != b"{":
+                    self._frames = Frames()
+            if self._frames is not None:
+                if not chunk:
+                    self._eof = True
+                    if self._frames.pending:
+                        raise await self._fail(KubeError("watch stream ended inside a protobuf frame"))
+                    continue
+                self._ready.extend(reversed(self._frames.feed(chunk)))  # popped from the end
+                continue
             if not chunk:
                 self._eof = True
                 tail = b"".join(self._partial)
@@ -225,6 +254,8 @@ class AsyncWatchStream:
             await self.aclose()
             raise StopAsyncIteration
         try:
+            if self._frames is not None and self._decode is not None:
+                return watch_event(line, self._decode)
             return _parse(line)
         except KubeError as exc:
             raise await self._fail(exc) from None

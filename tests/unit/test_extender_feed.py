@@ -10,9 +10,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import build_extender
-from controller.gpus.feed import NRT, ErrorTrends, ModelFeed, trend_query, trends_from_vector
+from controller.gpus.feed import NRT, ErrorTrends, ModelFeed, build_gpu_model, trend_query, trends_from_vector
 from controller.gpus.fit import Policy, settings_from_config
 from controller.gpus.model import ClusterModel
+from controller.gpus.podproto import pod_object
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound, PrometheusServerError
 from gpuwarden.kube import KubeClient, ObjectList, Resource
@@ -49,11 +50,14 @@ class FakeSource:
         self.lists, self.watches = lists, watches
         self.crd_missing: set[str] = set()
         self.selectors: dict[str, str | None] = {}
+        self.decoders: dict[tuple[str, str], Any] = {}
+        """(verb, plural) -> the `protobuf=` decoder it was asked with."""
 
     async def list_objects(self, resource: Resource, **kw: Any) -> ObjectList:
         if resource.plural in self.crd_missing:
             raise KubeNotFound("the server could not find the requested resource", status=404)
         self.selectors[resource.plural] = kw.get("field_selector")
+        self.decoders["list", resource.plural] = kw.get("protobuf")
         return ObjectList(items=list(self.lists.get(resource.plural, [])), resource_version="10")
 
     async def list_page(self, resource: Resource, **kw: Any) -> dict[str, Any]:
@@ -62,6 +66,7 @@ class FakeSource:
         return {"items": []}
 
     def watch(self, resource: Resource, **kw: Any) -> Stream:
+        self.decoders["watch", resource.plural] = kw.get("protobuf")
         return Stream(self.watches.pop(resource.plural, []))
 
 
@@ -93,6 +98,21 @@ async def test_feed_syncs_model_and_applies_watch_events() -> None:
     assert view is not None and view.used == frozenset({"5"})
     assert source.selectors["pods"] == "status.phase!=Succeeded,status.phase!=Failed"
     assert feed.nrt_installed
+
+
+@pytest.mark.parametrize("protobuf", [True, False], ids=["protobuf", "json"])
+async def test_feed_lists_and_watches_its_pods_as_protobuf_unless_switched_off(protobuf: bool) -> None:
+    source = FakeSource(
+        lists={"nodes": [node("n1")], "pods": [pod("a", 2, node="n1", ids="0,1")]}, watches={}
+    )
+    config = Config.model_validate({"kubernetes": {"protobuf": protobuf}})
+    gpus = build_gpu_model(config, cast(KubeClient, source))
+    assert gpus.feed is not None
+    await run_for(gpus.feed.run(), lambda: gpus.model.synced and gpus.model.pod("ml/a") is not None)
+    expected = pod_object if protobuf else None
+    assert source.decoders["list", "pods"] is source.decoders["watch", "pods"] is expected
+    others = {key: decoder for key, decoder in source.decoders.items() if key[1] != "pods"}
+    assert ("watch", "nodes") in others and set(others.values()) == {None}  # every other kind: JSON
 
 
 async def test_feed_without_nrt_crd_rechecks_later() -> None:
