@@ -38,7 +38,6 @@ from adapter.resources import GroupResource
 from adapter.selfmetrics import new_metrics, register_keda_snapshots, register_snapshots
 from adapter.server import AdapterState, Security, build_app
 from gpuwarden import memtrim
-from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     import grpc
 
     from adapter import kedaserver
+    from gpuwarden.config.root import Config
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from cryptography import x509
@@ -30,9 +30,11 @@ from cryptography.x509.oid import NameOID
 
 from adapter.routing import CustomRoute, ExternalRoute, ResourceRoute, Route
 from adapter.tls import load_certificates
-from gpuwarden.config.adapter import Authentication
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import CONFIG_MAPS, KubeClient
+
+if TYPE_CHECKING:
+    from gpuwarden.config.adapter import Authentication
 
 log = logging.getLogger(__name__)
 

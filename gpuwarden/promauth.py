@@ -16,10 +16,13 @@ import os
 import ssl
 from collections.abc import Generator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuwarden.config.prometheus import TLS, PrometheusConfig
 from gpuwarden.errors import PrometheusError
 from gpuwarden.httpxlib import httpx
+
+if TYPE_CHECKING:
+    from gpuwarden.config.prometheus import TLS, PrometheusConfig
 
 
 class SecretFile:

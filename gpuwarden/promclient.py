@@ -26,13 +26,12 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Final, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwarden import __version__
-from gpuwarden.config.prometheus import PrometheusConfig
 from gpuwarden.errors import (
     PrometheusBadQuery,
     PrometheusError,
@@ -54,6 +53,9 @@ from gpuwarden.promtypes import (
     parse_string_list,
     sample_hook,
 )
+
+if TYPE_CHECKING:
+    from gpuwarden.config.prometheus import PrometheusConfig
 
 log = logging.getLogger(__name__)
 
