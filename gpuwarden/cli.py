@@ -144,6 +144,9 @@ def _cmd_adapter(args: argparse.Namespace) -> int:
     config = _load_in_child(args, overrides, ADAPTER_SECTIONS)
     if config is None:
         return EXIT_FAILED
+    from gpuwarden import aiohttplib
+
+    aiohttplib.import_without_ca_bundle()  # before anything imports aiohttp (~1.9 MiB: aiohttplib.py)
     from adapter.app import run_adapter
 
     return _run_until_signal(lambda: run_adapter(config))

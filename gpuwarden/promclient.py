@@ -40,7 +40,7 @@ from gpuwarden.errors import (
     PrometheusUnreachable,
 )
 from gpuwarden.httpxlib import httpx
-from gpuwarden.promauth import build_auth, build_ssl_context
+from gpuwarden.promauth import build_auth, build_ssl_context, plain_http_verify
 from gpuwarden.promtypes import (
     DurationLike,
     InstantResult,
@@ -205,7 +205,7 @@ class PrometheusClient:
         needs_tls = base.scheme == "https" or tls.ca_file or tls.cert_file or tls.insecure_skip_verify
         self._http = httpx.AsyncClient(
             transport=transport,
-            verify=build_ssl_context(tls) if needs_tls else True,
+            verify=build_ssl_context(tls) if needs_tls else plain_http_verify(),
             auth=build_auth(config),
             headers={"User-Agent": f"gpuwarden/{__version__}", "Accept": "application/json"} | config.headers,
             timeout=config.timeout_seconds + HTTPX_GRACE_SECONDS,
