@@ -168,9 +168,12 @@ def test_preset_records_equal_what_the_model_makes_of_them(cfg: dict[str, Any]) 
         same(model, presets.rule_record(document))
 
 
-def test_adapter_entry_point_and_assembly_import_no_pydantic(config_file: Path, tmp_path: Path) -> None:
-    """Issue 29 (adapter RSS): pydantic and the config models cost ~13 MiB. Import what `gpuwarden
-    adapter` imports, load the config as it does, build the adapter (without Kubernetes)."""
+def test_adapter_entry_point_and_assembly_import_no_pydantic_or_cryptography(
+    config_file: Path, tmp_path: Path
+) -> None:
+    """Issue 29 (adapter RSS): pydantic and the config models cost ~13 MiB, cryptography ~7.5. Import what
+    `gpuwarden adapter` imports, load the config as it does, build the adapter (without Kubernetes) and
+    its serving TLS context (a self-signed pair: made in a child process)."""
     cfg = {
         "prometheus": {"url": "http://127.0.0.1:9090"},
         "adapter": {k: v for k, v in CONFIG["adapter"].items() if k != "tls"},
@@ -182,8 +185,9 @@ def test_adapter_entry_point_and_assembly_import_no_pydantic(config_file: Path, 
         "from pathlib import Path\n"
         "from gpuwarden.config.view import load_in_child\n"
         f"config = load_in_child(Path({str(config_file)!r}), {{}}, {SECTIONS!r})\n"
-        "adapter.app.Adapter(config)\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core'))\n"
+        "adapter.app.Adapter(config).serving_context()\n"
+        "heavy = ('pydantic', 'pydantic_core', 'cryptography')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "bad += sorted(m for m in sys.modules if m.startswith('gpuwarden.config.') and m not in "
         "('gpuwarden.config.view', 'gpuwarden.config.templatefields'))\n"
         "print(','.join(bad))\n"
