@@ -195,3 +195,17 @@ def test_adapter_entry_point_and_assembly_import_no_pydantic_or_cryptography(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_gpuwarden_adapter_prints_the_childs_problems_and_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("adapter:\n  secure_port: 99999\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "adapter", f"--config={path}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert str(path) in done.stderr and "adapter.secure_port" in done.stderr
