@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from adapter import auth, kedascaler, naming, presets, tls
@@ -37,8 +36,8 @@ from adapter.resource_rules import compile_resource_rules, resource_rule_problem
 from adapter.resources import GroupResource
 from adapter.selfmetrics import new_metrics, register_keda_snapshots, register_snapshots
 from adapter.server import AdapterState, Security, build_app
+from adapter.x509lite import Certificate
 from gpuwarden import memtrim
-from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     import grpc
 
     from adapter import kedaserver
+    from gpuwarden.config.root import Config
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class Adapter:
 
     def _ca_sources(
         self,
-    ) -> tuple[dict[str, tuple[x509.Certificate, ...]], dict[str, Path], tuple[str, ...]]:
+    ) -> tuple[dict[str, tuple[Certificate, ...]], dict[str, Path], tuple[str, ...]]:
         """(trusted client CAs by kind, the kinds read from a file, the kinds read from the authentication
         ConfigMap) - both watched for changes."""
         if self.security is None:
@@ -320,7 +320,7 @@ class Adapter:
         from_configmap = tuple(kind for kind, path in files.items() if path is None) if self.kube else ()
         return cas, {kind: path for kind, path in files.items() if path is not None}, from_configmap
 
-    def _trust_cas(self, cas: Mapping[str, Sequence[x509.Certificate]]) -> None:
+    def _trust_cas(self, cas: Mapping[str, Sequence[Certificate]]) -> None:
         """Hand reloaded CA sets to the authenticator (called by the reloader with the new context)."""
         assert self.security is not None
         authenticator = self.security.authenticator
@@ -339,7 +339,7 @@ class Adapter:
         pair = (
             (tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes())
             if tcfg.cert_file is not None and tcfg.key_file is not None
-            else tls.self_signed(["localhost", socket.gethostname()])
+            else tls.self_signed_in_child(["localhost", socket.gethostname()])
         )
         ctx, cert_pem = tls.server_context(
             None, None, min_version=tcfg.min_version, client_cas=trusted, pair=pair
@@ -401,7 +401,7 @@ class Adapter:
         tcfg = self.config.adapter.tls
         if tcfg.cert_file is not None and tcfg.key_file is not None:
             return tcfg.cert_file.read_bytes(), tcfg.key_file.read_bytes()
-        return tls.self_signed(["localhost", socket.gethostname()])
+        return tls.self_signed_in_child(["localhost", socket.gethostname()])
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"adapter {name}"))

@@ -10,29 +10,34 @@ written for prometheus-adapter keep working. `system:masters` and the aggregator
 (`system:kube-aggregator`) are allowed without a review; answers are cached for `cache_ttl` seconds.
 
 The pure parts (`requestheader_user`, `cert_user`, `review_attributes`, `allowed_without_review`) are
-table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.kube`.
+table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.kube`. Which CA signed a
+client certificate is checked in a child process (`adapter.certjudge`, once per certificate and trust): this
+process reads certificates with `adapter.x509lite` and does not import `cryptography`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.x509.oid import NameOID
-
+from adapter import x509lite
 from adapter.routing import CustomRoute, ExternalRoute, ResourceRoute, Route
 from adapter.tls import load_certificates
-from gpuwarden.config.adapter import Authentication
+from adapter.x509lite import Certificate
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import CONFIG_MAPS, KubeClient
+
+if TYPE_CHECKING:
+    from gpuwarden.config.adapter import Authentication
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +61,7 @@ class UserInfo:
 class RequestHeaderConfig:
     """The front-proxy trust settings (from files or the extension-apiserver-authentication ConfigMap)."""
 
-    ca: tuple[x509.Certificate, ...]
+    ca: tuple[Certificate, ...]
     allowed_names: tuple[str, ...] = ()
     username_headers: tuple[str, ...] = ("X-Remote-User",)
     group_headers: tuple[str, ...] = ("X-Remote-Group",)
@@ -64,30 +69,17 @@ class RequestHeaderConfig:
     uid_headers: tuple[str, ...] = ()
 
 
-def issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
-    """Whether one of `cas` directly signed `cert` (the TLS layer already checked validity)."""
-    for ca in cas:
-        try:
-            cert.verify_directly_issued_by(ca)
-            return True
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-    return False
+def requestheader_user(
+    cfg: RequestHeaderConfig, cert: Certificate, issued: bool, headers: Headers
+) -> UserInfo | None:
+    """The user asserted in headers by a trusted front proxy, or None if `cert` is not one / no user.
+    `issued`: whether a requestheader CA signed `cert` (`judge_in_child`)."""
+    return headers_user(cfg, headers) if front_proxy(cfg, cert, issued) else None
 
 
-def _common_name(cert: x509.Certificate) -> str:
-    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return str(attrs[0].value) if attrs else ""
-
-
-def requestheader_user(cfg: RequestHeaderConfig, cert: x509.Certificate, headers: Headers) -> UserInfo | None:
-    """The user asserted in headers by a trusted front proxy, or None if `cert` is not one / no user."""
-    return headers_user(cfg, headers) if front_proxy(cfg, cert) else None
-
-
-def front_proxy(cfg: RequestHeaderConfig, cert: x509.Certificate) -> bool:
+def front_proxy(cfg: RequestHeaderConfig, cert: Certificate, issued: bool) -> bool:
     """Whether `cert` is a front proxy's: issued by the requestheader CA, CN among the allowed names."""
-    return issued_by(cert, cfg.ca) and (not cfg.allowed_names or _common_name(cert) in cfg.allowed_names)
+    return issued and (not cfg.allowed_names or cert.common_name in cfg.allowed_names)
 
 
 def headers_user(cfg: RequestHeaderConfig, headers: Headers) -> UserInfo | None:
@@ -106,11 +98,9 @@ def headers_user(cfg: RequestHeaderConfig, headers: Headers) -> UserInfo | None:
     return UserInfo(name, groups, uid, extra)
 
 
-def cert_user(cert: x509.Certificate) -> UserInfo | None:
+def cert_user(cert: Certificate) -> UserInfo | None:
     """An ordinary client certificate: CN is the user, O entries are the groups."""
-    name = _common_name(cert)
-    groups = tuple(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
-    return UserInfo(name, groups) if name else None
+    return UserInfo(cert.common_name, cert.organizations) if cert.common_name else None
 
 
 def review_attributes(method: str, path: str, route: Route | None) -> dict[str, Any]:
@@ -303,17 +293,17 @@ class Trust:
     """Which CAs the authenticator trusts: replaced whole when a CA file changes (`adapter.certreload`)."""
 
     requestheader: RequestHeaderConfig | None
-    client_cas: tuple[x509.Certificate, ...]
+    client_cas: tuple[Certificate, ...]
 
-    def cas(self) -> list[x509.Certificate]:
+    def cas(self) -> list[Certificate]:
         """Every trusted CA, for the TLS layer's client-certificate verification."""
         return [*(self.requestheader.ca if self.requestheader else ()), *self.client_cas]
 
 
 def retrust(
     trust: Trust,
-    requestheader_ca: Sequence[x509.Certificate],
-    client_cas: Sequence[x509.Certificate],
+    requestheader_ca: Sequence[Certificate],
+    client_cas: Sequence[Certificate],
     allowed_names: Sequence[str] = (),
 ) -> Trust:
     """Pure: `trust` with these CA sets, keeping the front-proxy header settings.
@@ -344,25 +334,58 @@ class CertFacts:
     client_user: UserInfo | None
 
 
+Judge = Callable[[bytes, Sequence[Certificate], Sequence[Certificate]], Awaitable[tuple[bool, bool]]]
+"""(client certificate DER, front-proxy CAs, client CAs) -> (a front-proxy CA signed it, a client CA did)."""
+
+
+async def judge_in_child(
+    cert_der: bytes, requestheader: Sequence[Certificate], client: Sequence[Certificate]
+) -> tuple[bool, bool]:
+    """The signature checks of `adapter.certjudge`, in a short child process (this one does not import
+    `cryptography`). Raises `OSError` if the child fails."""
+    request = {
+        "cert": base64.b64encode(cert_der).decode(),
+        "requestheader": [base64.b64encode(c.der).decode() for c in requestheader],
+        "client": [base64.b64encode(c.der).decode() for c in client],
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "adapter.certjudge",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    out, err = await proc.communicate(json.dumps(request).encode())
+    if proc.returncode != 0:
+        raise OSError(f"client certificate check failed: {err.decode(errors='replace').strip()[-500:]}")
+    answer = json.loads(out)
+    return bool(answer["requestheader"]), bool(answer["client"])
+
+
 class Authenticator:
     """Everything needed to authenticate a request; the trusted CAs may be replaced while serving."""
 
     def __init__(
         self,
         requestheader: RequestHeaderConfig | None,
-        client_cas: tuple[x509.Certificate, ...],
+        client_cas: tuple[Certificate, ...],
         token_review: Callable[[str], Awaitable[UserInfo | None]] | None,
+        judge: Judge = judge_in_child,
     ) -> None:
         self.trust = Trust(requestheader, client_cas)  # read once per request, replaced whole
         self.token_review = token_review
+        self._judge = judge
         self._seen: dict[bytes, CertFacts] = {}
+        self._judging: dict[bytes, asyncio.Future[CertFacts]] = {}
 
     @property
     def requestheader(self) -> RequestHeaderConfig | None:
         return self.trust.requestheader
 
     @property
-    def client_cas(self) -> tuple[x509.Certificate, ...]:
+    def client_cas(self) -> tuple[Certificate, ...]:
         return self.trust.client_cas
 
     def replace_trust(self, trust: Trust) -> None:
@@ -372,7 +395,7 @@ class Authenticator:
     async def authenticate(self, cert_der: bytes | None, headers: Headers) -> UserInfo | None:
         if cert_der:
             trust = self.trust
-            facts = self._facts(trust, cert_der)
+            facts = await self._facts(trust, cert_der)
             if facts.front_proxy and trust.requestheader is not None:
                 user = headers_user(trust.requestheader, headers)
                 if user is not None:
@@ -387,25 +410,60 @@ class Authenticator:
                 log.warning("token review failed", extra={"error": str(exc)})
         return None
 
-    def _facts(self, trust: Trust, cert_der: bytes) -> CertFacts:
+    async def _facts(self, trust: Trust, cert_der: bytes) -> CertFacts:
         """What `trust` makes of this client certificate, remembered per certificate and trust.
 
         The aggregator presents the same front-proxy certificate on every connection: parsing it and
-        checking its signature on every request was a fifth of a request's CPU. The TLS handshake still
-        verifies each connection's certificate (validity included); a new `Trust` forgets every answer.
+        checking its signature on every request was a fifth of a request's CPU, and the check now runs in a
+        child process (`judge_in_child`). The TLS handshake still verifies each connection's certificate
+        (validity included); a new `Trust` forgets every answer. Requests arriving while a certificate is
+        being judged wait for that one verdict. A failed check is not remembered and counts as no CA's.
         """
         hit = self._seen.get(cert_der)
         if hit is not None and hit.trust is trust:
             return hit
-        cert = x509.load_der_x509_certificate(cert_der)
-        proxy = trust.requestheader is not None and front_proxy(trust.requestheader, cert)
-        facts = CertFacts(trust, proxy, cert_user(cert) if issued_by(cert, trust.client_cas) else None)
+        pending = self._judging.get(cert_der)
+        if pending is not None:
+            try:
+                facts = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.cancelled():
+                    raise  # this request was cancelled
+            else:
+                if facts.trust is trust:
+                    return facts
+        future: asyncio.Future[CertFacts] = asyncio.get_running_loop().create_future()
+        self._judging[cert_der] = future
+        try:
+            facts = await self._judged(trust, cert_der)
+            future.set_result(facts)
+        finally:
+            if not future.done():
+                future.cancel()  # the judging request failed or was cancelled: a waiter judges again
+            if self._judging.get(cert_der) is future:
+                del self._judging[cert_der]
+        return facts
+
+    async def _judged(self, trust: Trust, cert_der: bytes) -> CertFacts:
+        try:
+            cert = x509lite.parse(cert_der)
+        except ValueError as exc:
+            log.warning("unreadable client certificate", extra={"error": str(exc)})
+            return CertFacts(trust, False, None)
+        rh_cas = trust.requestheader.ca if trust.requestheader is not None else ()
+        try:
+            by_front_proxy_ca, by_client_ca = await self._judge(cert_der, rh_cas, trust.client_cas)
+        except OSError as exc:
+            log.error("client certificate not judged: treated as no trusted CA's", extra={"error": str(exc)})
+            return CertFacts(trust, False, None)
+        proxy = trust.requestheader is not None and front_proxy(trust.requestheader, cert, by_front_proxy_ca)
+        facts = CertFacts(trust, proxy, cert_user(cert) if by_client_ca else None)
         if len(self._seen) >= SEEN_CERTIFICATES:
             self._seen.clear()
         self._seen[cert_der] = facts
         return facts
 
-    def trusted_cas(self) -> list[x509.Certificate]:
+    def trusted_cas(self) -> list[Certificate]:
         return self.trust.cas()
 
 
@@ -431,7 +489,7 @@ async def fetch_configmap_cas(kube: KubeClient, kinds: Sequence[str]) -> dict[st
 
 async def load_trust(
     cfg: Authentication, kube: KubeClient | None
-) -> tuple[RequestHeaderConfig | None, tuple[x509.Certificate, ...]]:
+) -> tuple[RequestHeaderConfig | None, tuple[Certificate, ...]]:
     """Front-proxy settings and client CAs: from files, else from the authentication ConfigMap."""
     data: Mapping[str, str] = {}
     if kube is not None and (cfg.requestheader_client_ca_file is None or cfg.client_ca_file is None):

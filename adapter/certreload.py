@@ -45,11 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes, PublicKeyTypes
-
+from adapter import tls, x509lite
 from adapter.selfmetrics import AdapterMetrics
+from adapter.x509lite import Certificate
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +58,11 @@ class ContextFactory(Protocol):
     """(certificate PEM, key PEM, trusted client CAs) -> a new server context, or `ssl.SSLError`/`OSError`."""
 
     def __call__(
-        self, cert_pem: bytes, key_pem: bytes, /, *, client_cas: Sequence[x509.Certificate]
+        self, cert_pem: bytes, key_pem: bytes, /, *, client_cas: Sequence[Certificate]
     ) -> ssl.SSLContext: ...
 
 
-CaSets = Mapping[str, tuple[x509.Certificate, ...]]
+CaSets = Mapping[str, tuple[Certificate, ...]]
 """Trusted client CAs by kind ("requestheader", "client"), in the order the TLS layer is given them."""
 
 
@@ -94,34 +92,49 @@ def digest_of(cert_pem: bytes, key_pem: bytes) -> str:
     return hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()
 
 
-def _spki(public: CertificatePublicKeyTypes | PublicKeyTypes) -> bytes:
-    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+def _no_password() -> bytes:
+    raise ValueError("the key is encrypted")  # never OpenSSL's prompt on a terminal
+
+
+def key_problem(leaf_pem: str, key_pem: bytes) -> tuple[Outcome, str] | None:
+    """None if `key_pem` is an unencrypted PEM private key belonging to the certificate `leaf_pem`, else
+    (INVALID or MISMATCHED, why) — judged by OpenSSL loading the pair into a throw-away context.
+
+    At security level 0: this judges the pair, not its strength (the serving context refuses what it must
+    when the pair is loaded into it, and that is reported as a rejection of its own)."""
+    if b"ENCRYPTED" in key_pem or b"PRIVATE KEY-----" not in key_pem:
+        return Outcome.INVALID, "key file is not an unencrypted PEM private key"
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    try:
+        tls.load_pair(ctx, leaf_pem.encode(), key_pem, password=_no_password)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return Outcome.MISMATCHED, "the private key does not belong to the certificate"
+        return Outcome.INVALID, f"key file is not an unencrypted PEM private key: {exc}"
+    except (OSError, ValueError) as exc:
+        return Outcome.INVALID, f"key file is not an unencrypted PEM private key: {exc}"
+    return None
 
 
 def decide(loaded_digest: str | None, cert_pem: bytes, key_pem: bytes) -> Decision:
-    """Pure: whether the pair on disk should replace the pair loaded (`loaded_digest`; None: nothing yet)."""
+    """Whether the pair on disk should replace the pair loaded (`loaded_digest`; None: nothing yet).
+
+    Pure but for OpenSSL's check of the key (`key_problem`, through a private temporary copy)."""
     digest = digest_of(cert_pem, key_pem)
     if digest == loaded_digest:
         return Decision(Outcome.UNCHANGED, digest)
     try:
-        chain = x509.load_pem_x509_certificates(cert_pem) if cert_pem.strip() else []
+        chain = x509lite.load_pem(cert_pem)
     except ValueError as exc:
         return Decision(Outcome.INVALID, digest, f"certificate file is not PEM certificates: {exc}")
     if not chain:
         return Decision(Outcome.INVALID, digest, "certificate file holds no certificate")
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError) as exc:
-        return Decision(Outcome.INVALID, digest, f"key file is not an unencrypted PEM private key: {exc}")
     leaf = chain[0]
-    if _spki(leaf.public_key()) != _spki(key.public_key()):
-        return Decision(Outcome.MISMATCHED, digest, "the private key does not belong to the certificate")
-    return Decision(
-        Outcome.SUCCESS,
-        digest,
-        not_after=leaf.not_valid_after_utc,
-        fingerprint=leaf.fingerprint(hashes.SHA256()).hex(),
-    )
+    problem = key_problem(leaf.pem(), key_pem)
+    if problem is not None:
+        return Decision(problem[0], digest, problem[1])
+    return Decision(Outcome.SUCCESS, digest, not_after=leaf.not_after, fingerprint=leaf.fingerprint())
 
 
 @dataclass(frozen=True)
@@ -131,14 +144,14 @@ class CaDecision:
     outcome: Outcome
     digest: str
     reason: str = ""
-    cas: tuple[x509.Certificate, ...] = ()
+    cas: tuple[Certificate, ...] = ()
 
 
-def _ders(cas: Sequence[x509.Certificate]) -> tuple[bytes, ...]:
-    return tuple(c.public_bytes(serialization.Encoding.DER) for c in cas)
+def _ders(cas: Sequence[Certificate]) -> tuple[bytes, ...]:
+    return tuple(c.der for c in cas)
 
 
-def decide_cas(judged_digest: str | None, loaded: Sequence[x509.Certificate], pem: bytes) -> CaDecision:
+def decide_cas(judged_digest: str | None, loaded: Sequence[Certificate], pem: bytes) -> CaDecision:
     """Pure: whether the CA bundle `pem` should replace the CAs trusted now (`loaded`).
 
     `judged_digest`: the sha256 of the file content last looked at (None: none yet). Content holding the
@@ -148,7 +161,7 @@ def decide_cas(judged_digest: str | None, loaded: Sequence[x509.Certificate], pe
     if digest == judged_digest:
         return CaDecision(Outcome.UNCHANGED, digest)
     try:
-        cas = tuple(x509.load_pem_x509_certificates(pem)) if pem.strip() else ()
+        cas = tuple(x509lite.load_pem(pem))
     except ValueError as exc:
         return CaDecision(Outcome.INVALID, digest, f"CA file is not PEM certificates: {exc}")
     if not cas:
@@ -161,10 +174,10 @@ def decide_cas(judged_digest: str | None, loaded: Sequence[x509.Certificate], pe
 def expiry_of(cert_pem: bytes) -> float | None:
     """Unix time the first certificate of a PEM bundle expires, or None if there is none."""
     try:
-        chain = x509.load_pem_x509_certificates(cert_pem)
+        chain = x509lite.load_pem(cert_pem)
     except ValueError:
         return None
-    return chain[0].not_valid_after_utc.timestamp() if chain else None
+    return chain[0].not_after.timestamp() if chain else None
 
 
 CaFetch = Callable[[], Awaitable[Mapping[str, bytes]]]
@@ -331,7 +344,7 @@ class CertificateReloader:
                     extra={
                         "kind": kind,
                         **self._where(kind),
-                        "sha256": [c.fingerprint(hashes.SHA256()).hex() for c in d.cas],
+                        "sha256": [c.fingerprint() for c in d.cas],
                     },
                 )
         if pair_decision is not None:

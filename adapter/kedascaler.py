@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 from urllib.parse import quote
 
 from adapter import resources, routing
@@ -36,7 +36,9 @@ from adapter.errors import BadRequest, NotFound
 from adapter.resources import NAMESPACES, ROOT_SCOPED
 from adapter.routing import CustomRoute, ExternalRoute
 from adapter.wire import CUSTOM_GROUP, EXTERNAL_GROUP
-from gpuwarden.config.adapter import Presets
+
+if TYPE_CHECKING:
+    from gpuwarden.config.adapter import Presets
 
 Aggregation = Literal["sum", "avg", "max", "min"]
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
@@ -40,8 +40,10 @@ from adapter.registry import CustomMetric, ExternalMetric
 from adapter.routing import CustomRoute, ExternalRoute
 from adapter.selfmetrics import AdapterMetrics
 from adapter.wire import ObjectReference
-from gpuwarden.config.adapter import KedaScaler
 from gpuwarden.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpuwarden.config.adapter import KedaScaler
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,16 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from adapter import tls
 from adapter.selfmetrics import AdapterMetrics
-from gpuwarden.config.adapter import KedaScaler
 from gpuwarden.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpuwarden.config.adapter import KedaScaler
 
 log = logging.getLogger(__name__)
 

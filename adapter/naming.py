@@ -14,16 +14,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapter import resources
 from adapter.gotemplate import Template, TemplateError, compile_template
 from adapter.resources import GroupResource
-from gpuwarden.config.metric_rules import (
-    QUERY_TEMPLATE_FIELDS,
-    RESOURCE_TEMPLATE_FIELDS,
-    DiscoveryRule,
-)
+from gpuwarden.config.templatefields import QUERY_TEMPLATE_FIELDS, RESOURCE_TEMPLATE_FIELDS
+
+if TYPE_CHECKING:
+    from gpuwarden.config.metric_rules import DiscoveryRule
 
 _EXPAND = re.compile(r"\$(?:\{(\w+)\}|(\w+)|(\$))")
 _RATE_RANGE = re.compile(r"\b(?:rate|irate|increase|delta|idelta|deriv)\s*\([^()]*?\[([0-9smhdwy]+)\]")

@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from adapter import compact, promql, resources
 from adapter.gotemplate import Template, TemplateError, Value
@@ -38,7 +38,9 @@ from adapter.naming import (
     rate_window_seconds,
 )
 from adapter.resources import NAMESPACES, NODES, PODS
-from gpuwarden.config.metric_rules import ResourceRule, ResourceRules
+
+if TYPE_CHECKING:
+    from gpuwarden.config.metric_rules import ResourceRule, ResourceRules
 
 Kind = Literal["pods", "nodes"]
 ObjectKey = tuple[str, str]
@@ -204,6 +206,8 @@ def resource_rule_problems(section: Mapping[str, object]) -> list[tuple[tuple[st
             except TemplateError as exc:
                 problems.append(((key, "resources", "template"), exc.reason))
                 continue
+        from gpuwarden.config.metric_rules import ResourceRule  # check-config only: pydantic
+
         try:
             parsed = ResourceRule.model_validate(rule)
         except ValueError:

@@ -6,72 +6,72 @@ missing certificate is generated in memory (ECDSA P-256, valid for localhost, 12
 so an APIService with `insecureSkipTLSVerify` works out of the box. Client certificates are optional at the
 TLS layer (probes and token callers have none); which CA signed one is checked in `adapter.auth`.
 Every serving context — the first and each one a certificate rotation builds (`adapter.certreload`) — comes
-from `context_for`, so they agree on protocol versions and client-certificate verification.
+from `context_for`, so they agree on protocol versions and client-certificate verification. Certificates are
+read with `adapter.x509lite` and generated in a child process (`adapter.selfsigned`): the serving process
+does not import `cryptography`.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import json
+import os
 import ssl
+import subprocess
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from adapter import x509lite
+from adapter.x509lite import Certificate
 
 
 def self_signed(
     names: Sequence[str] = ("localhost",), days: int = 365, *, algorithm: Literal["ecdsa", "rsa"] = "ecdsa"
 ) -> tuple[bytes, bytes]:
-    """(certificate PEM, private key PEM) for `names` plus 127.0.0.1 and ::1; ECDSA P-256 or RSA 2048."""
-    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        if algorithm == "rsa"
-        else ec.generate_private_key(ec.SECP256R1())
-    )
-    now = datetime.datetime.now(datetime.UTC)
-    subject = x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, f"gpuwarden-adapter@{int(now.timestamp())}")]
-    )
-    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(names)]
-    alt += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+    """(certificate PEM, private key PEM) for `names` plus 127.0.0.1 and ::1; ECDSA P-256 or RSA 2048.
+
+    In this process (imports `cryptography`): for tests and tools; the serving adapter uses
+    `self_signed_in_child`."""
+    from adapter import selfsigned
+
+    return selfsigned.self_signed(names, days, algorithm=algorithm)
 
 
-def load_certificates(pem: bytes) -> list[x509.Certificate]:
-    """Every certificate in a PEM bundle."""
-    return x509.load_pem_x509_certificates(pem) if pem.strip() else []
+def self_signed_in_child(names: Sequence[str] = ("localhost",), days: int = 365) -> tuple[bytes, bytes]:
+    """`self_signed`, made in a short child process so this one never imports `cryptography`
+    (adapter/selfsigned.py). Raises `OSError` if the child fails."""
+    request = json.dumps({"names": list(names), "days": days, "algorithm": "ecdsa"})
+    done = subprocess.run(
+        [sys.executable, "-m", "adapter.selfsigned"],
+        input=request,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        check=False,
+    )
+    if done.returncode != 0:
+        raise OSError(f"generating the self-signed certificate failed: {done.stderr.strip()[-500:]}")
+    pair = json.loads(done.stdout)
+    return pair["cert"].encode(), pair["key"].encode()
 
 
-def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+def load_certificates(pem: bytes) -> list[Certificate]:
+    """Every certificate in a PEM bundle (`ValueError` if one is malformed or there is none)."""
+    return x509lite.load_pem(pem)
+
+
+def load_pair(
+    ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes, password: Callable[[], bytes] | None = None
+) -> None:
     """`ctx.load_cert_chain` from bytes, via a private temporary directory (OpenSSL wants files)."""
     with tempfile.TemporaryDirectory(prefix="gpuwarden-tls-") as tmp:
         cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
         cert_path.write_bytes(cert_pem)
         key_path.touch(mode=0o600)
         key_path.write_bytes(key_pem)
-        ctx.load_cert_chain(cert_path, key_path)
+        ctx.load_cert_chain(cert_path, key_path, password=password)
 
 
 def context_for(
@@ -79,7 +79,7 @@ def context_for(
     key_pem: bytes,
     *,
     min_version: str = "TLSv1.2",
-    client_cas: Sequence[x509.Certificate] = (),
+    client_cas: Sequence[Certificate] = (),
 ) -> ssl.SSLContext:
     """A new server SSLContext serving exactly this pair.
 
@@ -90,7 +90,7 @@ def context_for(
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
     load_pair(ctx, cert_pem, key_pem)
     if client_cas:
-        bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in client_cas)
+        bundle = "".join(c.pem() for c in client_cas)
         ctx.load_verify_locations(cadata=bundle)
         ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
@@ -101,7 +101,7 @@ def server_context(
     key_file: Path | None,
     *,
     min_version: str = "TLSv1.2",
-    client_cas: Sequence[x509.Certificate] = (),
+    client_cas: Sequence[Certificate] = (),
     names: Sequence[str] = ("localhost",),
     pair: tuple[bytes, bytes] | None = None,
 ) -> tuple[ssl.SSLContext, bytes]:

@@ -98,6 +98,26 @@ def _load(args: argparse.Namespace, overrides: dict[str, object]) -> Any:
     return config
 
 
+ADAPTER_SECTIONS = ("prometheus", "kubernetes", "adapter", "logging")
+"""The sections the adapter reads (the whole file is still validated)."""
+
+
+def _load_in_child(args: argparse.Namespace, overrides: dict[str, object], sections: Sequence[str]) -> Any:
+    """`_load`, with the validation in a child process: this process never imports pydantic and the
+    config models (~11 MiB of RSS for a server that reads its config once). The sections come back as
+    plain records with the models' field names (gpuwarden/config/view.py); problems are printed the same."""
+    from gpuwarden import logs
+    from gpuwarden.config.view import ExportFailed, load_in_child
+
+    try:
+        config = load_in_child(args.config, _with_common(args, overrides), sections)
+    except ExportFailed as exc:
+        print(exc.text, file=sys.stderr, end="")
+        return None
+    logs.setup(config.logging.level, config.logging.format)
+    return config
+
+
 def _run_until_signal(coro_factory: Callable[[], Any]) -> int:
     """Run a server coroutine until SIGINT/SIGTERM, then cancel it so it cleans up."""
     import signal
@@ -121,9 +141,12 @@ def _cmd_adapter(args: argparse.Namespace) -> int:
         "adapter.keda.enabled": True if args.keda else None,
         "adapter.keda.port": args.keda_port,
     }
-    config = _load(args, overrides)
+    config = _load_in_child(args, overrides, ADAPTER_SECTIONS)
     if config is None:
         return EXIT_FAILED
+    from gpuwarden import aiohttplib
+
+    aiohttplib.import_without_ca_bundle()  # before anything imports aiohttp (~1.9 MiB: aiohttplib.py)
     from adapter.app import run_adapter
 
     return _run_until_signal(lambda: run_adapter(config))

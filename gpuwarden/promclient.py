@@ -26,13 +26,12 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Final, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias, TypeVar
 from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwarden import __version__
-from gpuwarden.config.prometheus import PrometheusConfig
 from gpuwarden.errors import (
     PrometheusBadQuery,
     PrometheusError,
@@ -41,7 +40,7 @@ from gpuwarden.errors import (
     PrometheusUnreachable,
 )
 from gpuwarden.httpxlib import httpx
-from gpuwarden.promauth import build_auth, build_ssl_context
+from gpuwarden.promauth import build_auth, build_ssl_context, plain_http_verify
 from gpuwarden.promtypes import (
     DurationLike,
     InstantResult,
@@ -54,6 +53,9 @@ from gpuwarden.promtypes import (
     parse_string_list,
     sample_hook,
 )
+
+if TYPE_CHECKING:
+    from gpuwarden.config.prometheus import PrometheusConfig
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +205,7 @@ class PrometheusClient:
         needs_tls = base.scheme == "https" or tls.ca_file or tls.cert_file or tls.insecure_skip_verify
         self._http = httpx.AsyncClient(
             transport=transport,
-            verify=build_ssl_context(tls) if needs_tls else True,
+            verify=build_ssl_context(tls) if needs_tls else plain_http_verify(),
             auth=build_auth(config),
             headers={"User-Agent": f"gpuwarden/{__version__}", "Accept": "application/json"} | config.headers,
             timeout=config.timeout_seconds + HTTPX_GRACE_SECONDS,

@@ -15,9 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpuwarden.config.base import Section
 from gpuwarden.config.fieldtypes import FieldError, LabelName, Regex
-
-QUERY_TEMPLATE_FIELDS = ("Series", "LabelMatchers", "LabelValuesByName", "GroupBy", "GroupBySlice")
-RESOURCE_TEMPLATE_FIELDS = ("Group", "Resource")
+from gpuwarden.config.templatefields import QUERY_TEMPLATE_FIELDS, RESOURCE_TEMPLATE_FIELDS
 
 _ACTION = re.compile(r"<<(.*?)>>", re.DOTALL)
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`')

@@ -8,8 +8,9 @@ SubjectAccessReview are fakes that record what they were asked.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,12 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from cryptography import x509
 
-from adapter import auth, tls
+from adapter import auth, certjudge, tls
 from adapter.app import Adapter
 from adapter.routing import route
 from adapter.server import AdapterState, Security, build_app
+from adapter.x509lite import Certificate
 from gpuwarden.config.root import Config
 from harness.localprom import find_free_port
 from harness.testbed.pki import KeyPair, issue, make_ca
@@ -38,8 +39,8 @@ HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
 PODS_PATH = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/ml/pods/%2A/gpu_utilization"
 
 
-def cert(pair: KeyPair) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(pair.cert_pem)
+def cert(pair: KeyPair) -> Certificate:
+    return tls.load_certificates(pair.cert_pem)[0]
 
 
 RH = auth.RequestHeaderConfig(ca=(cert(FRONT_CA),), allowed_names=("front-proxy-client",))
@@ -83,7 +84,8 @@ def test_requestheader_user(
     headers: Mapping[str, list[str]],
     user: auth.UserInfo | None,
 ) -> None:
-    assert auth.requestheader_user(config, cert(pair), headers) == user
+    issued, _ = certjudge.verdict(cert(pair).der, [c.der for c in config.ca], [])
+    assert auth.requestheader_user(config, cert(pair), issued, headers) == user
 
 
 def test_client_certificate_user() -> None:
@@ -110,6 +112,60 @@ async def test_certificate_verdicts_are_remembered_per_trust() -> None:
     assert await authenticator.authenticate(der(FRONT), HEADERS) is None
     assert await authenticator.authenticate(der(ALICE), HEADERS) is None
     assert await authenticator.authenticate(der(UNTRUSTED_FRONT), HEADERS) is not None
+
+
+class CountingJudge:
+    """`certjudge`'s verdicts in this process, counted; `gate` holds every check until set."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+        self.gate = asyncio.Event()
+
+    async def __call__(
+        self, cert_der: bytes, rh: Sequence[Certificate], client: Sequence[Certificate]
+    ) -> tuple[bool, bool]:
+        self.calls += 1
+        await self.gate.wait()
+        if self.fail:
+            raise OSError("the child died")
+        return certjudge.verdict(cert_der, [c.der for c in rh], [c.der for c in client])
+
+
+async def test_concurrent_requests_with_one_certificate_wait_for_one_check() -> None:
+    judge = CountingJudge()
+    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None, judge)
+    waiting = [asyncio.ensure_future(authenticator.authenticate(der(FRONT), HEADERS)) for _ in range(5)]
+    await asyncio.sleep(0)
+    judge.gate.set()
+    users = await asyncio.gather(*waiting)
+    assert judge.calls == 1
+    assert all(u is not None and u.name == HPA for u in users)
+
+
+async def test_a_failed_check_counts_as_no_trusted_ca_and_is_not_remembered() -> None:
+    judge = CountingJudge(fail=True)
+    judge.gate.set()
+    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None, judge)
+    assert await authenticator.authenticate(der(FRONT), HEADERS) is None
+    judge.fail = False
+    assert await authenticator.authenticate(der(FRONT), HEADERS) is not None
+    assert judge.calls == 2
+
+
+async def test_a_cancelled_check_leaves_the_waiters_to_judge_again() -> None:
+    judge = CountingJudge()
+    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None, judge)
+    first = asyncio.ensure_future(authenticator.authenticate(der(FRONT), HEADERS))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(authenticator.authenticate(der(FRONT), HEADERS))
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    judge.gate.set()
+    user = await second
+    assert user is not None and user.name == HPA
+    assert first.cancelled() and judge.calls == 2
 
 
 @pytest.mark.parametrize(

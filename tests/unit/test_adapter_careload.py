@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from adapter import auth, tls
@@ -22,6 +21,7 @@ from adapter.app import Adapter
 from adapter.certreload import CaSets, CertificateReloader, Outcome, decide_cas
 from adapter.selfmetrics import new_metrics
 from adapter.server import Security
+from adapter.x509lite import Certificate
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import KubeClient
@@ -35,7 +35,7 @@ NEW_FRONT = pki.issue(NEW_CA, "front-proxy-client", client=True)
 HEADERS = {"x-remote-user": ["system:serviceaccount:kube-system:hpa"], "x-remote-group": ["g"]}
 
 
-def certs(*pairs: pki.KeyPair) -> tuple[x509.Certificate, ...]:
+def certs(*pairs: pki.KeyPair) -> tuple[Certificate, ...]:
     return tuple(c for p in pairs for c in tls.load_certificates(p.cert_pem))
 
 
@@ -99,8 +99,8 @@ RH = auth.RequestHeaderConfig(
 )
 def test_retrust(
     trust: auth.Trust,
-    rh_ca: tuple[x509.Certificate, ...],
-    client: tuple[x509.Certificate, ...],
+    rh_ca: tuple[Certificate, ...],
+    client: tuple[Certificate, ...],
     expected: auth.Trust,
 ) -> None:
     assert auth.retrust(trust, rh_ca, client, ("fp",)) == expected

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from adapter import tls
 from adapter.certreload import CertificateReloader, Outcome, decide, digest_of
 from adapter.selfmetrics import new_metrics
+from adapter.x509lite import Certificate
 from harness.testbed import pki
 
 A = tls.self_signed(["a.test"])
@@ -126,7 +127,7 @@ class Files:
 
 
 def reloader_for(
-    tmp: Path, first: tuple[bytes, bytes] = A, client_cas: tuple[x509.Certificate, ...] = ()
+    tmp: Path, first: tuple[bytes, bytes] = A, client_cas: tuple[Certificate, ...] = ()
 ) -> tuple[CertificateReloader, Files, CollectorRegistry]:
     files = Files(tmp, first)
     registry = CollectorRegistry()

@@ -11,7 +11,8 @@ from adapter import naming, presets
 from adapter.gotemplate import TemplateError, compile_template
 from adapter.resources import GroupResource
 from gpuwarden.config.adapter import Presets
-from gpuwarden.config.metric_rules import QUERY_TEMPLATE_FIELDS, DiscoveryRule
+from gpuwarden.config.metric_rules import DiscoveryRule
+from gpuwarden.config.templatefields import QUERY_TEMPLATE_FIELDS
 
 FIELDS = frozenset(QUERY_TEMPLATE_FIELDS)
 ARGS: dict[str, Any] = {

@@ -1,0 +1,56 @@
+"""Which trusted CA signed a client certificate, checked with `cryptography`: the child process of
+`adapter.auth.judge_in_child`.
+
+Why a child: the serving adapter does not import `cryptography` (~7.5 MiB of RSS for the life of the
+process; adapter/x509lite.py). The TLS handshake has already verified a client certificate against every
+trusted CA; authentication must know *which* set signed it (the front-proxy CAs, whose certificates may
+assert users in headers, or the client CAs, whose certificates are users), which takes a signature check.
+The verdict is remembered per certificate and trust (`auth.Authenticator`), so this runs once per client
+certificate the adapter sees, not per request.
+
+Child protocol: a JSON request on stdin `{"cert": DER base64, "requestheader": [DER base64], "client":
+[DER base64]}`, the verdict on stdout as `{"requestheader": bool, "client": bool}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Sequence
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+
+def issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
+    """Whether one of `cas` directly signed `cert` (the TLS layer already checked validity)."""
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            return True
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    return False
+
+
+def verdict(cert_der: bytes, requestheader: Sequence[bytes], client: Sequence[bytes]) -> tuple[bool, bool]:
+    """(signed by a front-proxy CA, signed by a client CA)."""
+    cert = x509.load_der_x509_certificate(cert_der)
+    load = x509.load_der_x509_certificate
+    return issued_by(cert, [load(d) for d in requestheader]), issued_by(cert, [load(d) for d in client])
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+
+    def ders(key: str) -> list[bytes]:
+        return [base64.b64decode(d) for d in request[key]]
+
+    front, client = verdict(base64.b64decode(request["cert"]), ders("requestheader"), ders("client"))
+    json.dump({"requestheader": front, "client": client}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
