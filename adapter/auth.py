@@ -334,13 +334,24 @@ class CertFacts:
     client_user: UserInfo | None
 
 
-Judge = Callable[[bytes, Sequence[Certificate], Sequence[Certificate]], Awaitable[tuple[bool, bool]]]
-"""(client certificate DER, front-proxy CAs, client CAs) -> (a front-proxy CA signed it, a client CA did)."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What `adapter.certjudge` (with `cryptography`) found: which CA set signed a client certificate, and
+    the certificate's subject as it reads it."""
+
+    by_front_proxy_ca: bool
+    by_client_ca: bool
+    common_name: str
+    organizations: tuple[str, ...]
+
+
+Judge = Callable[[bytes, Sequence[Certificate], Sequence[Certificate]], Awaitable[Verdict]]
+"""(client certificate DER, front-proxy CAs, client CAs) -> `Verdict`."""
 
 
 async def judge_in_child(
     cert_der: bytes, requestheader: Sequence[Certificate], client: Sequence[Certificate]
-) -> tuple[bool, bool]:
+) -> Verdict:
     """The signature checks of `adapter.certjudge`, in a short child process (this one does not import
     `cryptography`). Raises `OSError` if the child fails."""
     request = {
@@ -360,8 +371,16 @@ async def judge_in_child(
     out, err = await proc.communicate(json.dumps(request).encode())
     if proc.returncode != 0:
         raise OSError(f"client certificate check failed: {err.decode(errors='replace').strip()[-500:]}")
-    answer = json.loads(out)
-    return bool(answer["requestheader"]), bool(answer["client"])
+    try:
+        answer = json.loads(out)
+        return Verdict(
+            bool(answer["requestheader"]),
+            bool(answer["client"]),
+            str(answer["common_name"]),
+            tuple(str(o) for o in answer["organizations"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise OSError(f"client certificate check answered {out[:200]!r}: {exc}") from None
 
 
 class Authenticator:
@@ -452,12 +471,21 @@ class Authenticator:
             return CertFacts(trust, False, None)
         rh_cas = trust.requestheader.ca if trust.requestheader is not None else ()
         try:
-            by_front_proxy_ca, by_client_ca = await self._judge(cert_der, rh_cas, trust.client_cas)
+            verdict = await self._judge(cert_der, rh_cas, trust.client_cas)
         except OSError as exc:
             log.error("client certificate not judged: treated as no trusted CA's", extra={"error": str(exc)})
             return CertFacts(trust, False, None)
-        proxy = trust.requestheader is not None and front_proxy(trust.requestheader, cert, by_front_proxy_ca)
-        facts = CertFacts(trust, proxy, cert_user(cert) if by_client_ca else None)
+        if (verdict.common_name, verdict.organizations) != (cert.common_name, cert.organizations):
+            # two readers disagree on who this is: no identity from it (remembered: the bytes will not change)
+            log.error(
+                "client certificate subject read differently by x509lite and cryptography: not trusted",
+                extra={"x509lite": [cert.common_name, *cert.organizations],
+                       "cryptography": [verdict.common_name, *verdict.organizations]},
+            )  # fmt: skip
+            verdict = Verdict(False, False, "", ())
+        rh = trust.requestheader
+        proxy = rh is not None and front_proxy(rh, cert, verdict.by_front_proxy_ca)
+        facts = CertFacts(trust, proxy, cert_user(cert) if verdict.by_client_ca else None)
         if len(self._seen) >= SEEN_CERTIFICATES:
             self._seen.clear()
         self._seen[cert_der] = facts

@@ -8,8 +8,12 @@ assert users in headers, or the client CAs, whose certificates are users), which
 The verdict is remembered per certificate and trust (`auth.Authenticator`), so this runs once per client
 certificate the adapter sees, not per request.
 
+It also reads the certificate's subject (first CN, every O) with `cryptography`, so the serving process
+takes an identity from a certificate only when its own reader (`x509lite`) reads the same.
+
 Child protocol: a JSON request on stdin `{"cert": DER base64, "requestheader": [DER base64], "client":
-[DER base64]}`, the verdict on stdout as `{"requestheader": bool, "client": bool}`.
+[DER base64]}`, the verdict on stdout as `{"requestheader": bool, "client": bool, "common_name": str,
+"organizations": [str]}`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import NameOID
 
 
 def issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
@@ -41,14 +46,31 @@ def verdict(cert_der: bytes, requestheader: Sequence[bytes], client: Sequence[by
     return issued_by(cert, [load(d) for d in requestheader]), issued_by(cert, [load(d) for d in client])
 
 
+def subject(cert_der: bytes) -> tuple[str, list[str]]:
+    """(the subject's first CN or "", every O in order), as `cryptography` reads them."""
+    name = x509.load_der_x509_certificate(cert_der).subject
+    common = [str(a.value) for a in name.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return (common[0] if common else ""), [
+        str(a.value) for a in name.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    ]
+
+
 def main() -> int:
     request = json.load(sys.stdin)
 
     def ders(key: str) -> list[bytes]:
         return [base64.b64decode(d) for d in request[key]]
 
-    front, client = verdict(base64.b64decode(request["cert"]), ders("requestheader"), ders("client"))
-    json.dump({"requestheader": front, "client": client}, sys.stdout)
+    cert = base64.b64decode(request["cert"])
+    front, client = verdict(cert, ders("requestheader"), ders("client"))
+    common_name, organizations = subject(cert)
+    answer = {
+        "requestheader": front,
+        "client": client,
+        "common_name": common_name,
+        "organizations": organizations,
+    }
+    json.dump(answer, sys.stdout)
     return 0
 
 

@@ -124,12 +124,14 @@ class CountingJudge:
 
     async def __call__(
         self, cert_der: bytes, rh: Sequence[Certificate], client: Sequence[Certificate]
-    ) -> tuple[bool, bool]:
+    ) -> auth.Verdict:
         self.calls += 1
         await self.gate.wait()
         if self.fail:
             raise OSError("the child died")
-        return certjudge.verdict(cert_der, [c.der for c in rh], [c.der for c in client])
+        front, by_client = certjudge.verdict(cert_der, [c.der for c in rh], [c.der for c in client])
+        common_name, organizations = certjudge.subject(cert_der)
+        return auth.Verdict(front, by_client, common_name, tuple(organizations))
 
 
 async def test_concurrent_requests_with_one_certificate_wait_for_one_check() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
 from adapter import auth, certjudge, tls, x509lite
+from adapter.x509lite import Certificate
 from harness.testbed import pki
 
 CA = pki.make_ca("front-proxy-ca")
@@ -109,7 +111,40 @@ def test_judge_in_child_checks_signatures_like_cryptography(
     rh, client = x509lite.load_pem(CA.cert_pem), x509lite.load_pem(OTHER_CA.cert_pem)
     der = der_of(cert.cert_pem)
     assert certjudge.verdict(der, [c.der for c in rh], [c.der for c in client]) == expected
-    assert asyncio.run(auth.judge_in_child(der, rh, client)) == expected
+    lite = x509lite.parse(der)
+    assert asyncio.run(auth.judge_in_child(der, rh, client)) == auth.Verdict(
+        *expected, lite.common_name, lite.organizations
+    )
+
+
+class Judged:
+    """A judge whose subject reading is given: stands in for the child to test the cross-check."""
+
+    def __init__(self, verdict: auth.Verdict) -> None:
+        self.verdict, self.calls = verdict, 0
+
+    async def __call__(
+        self, der: bytes, rh: Sequence[Certificate], client: Sequence[Certificate]
+    ) -> auth.Verdict:
+        self.calls += 1
+        return self.verdict
+
+
+@pytest.mark.parametrize(
+    ("common_name", "organizations", "user"),
+    [
+        pytest.param("bob", (), auth.UserInfo("bob", ()), id="readers-agree"),
+        pytest.param("mallory", (), None, id="common-name-differs"),
+        pytest.param("bob", ("system:masters",), None, id="organizations-differ"),
+    ],
+)
+def test_an_identity_is_taken_only_when_both_readers_agree(
+    common_name: str, organizations: tuple[str, ...], user: auth.UserInfo | None
+) -> None:
+    bob = der_of(pki.issue(OTHER_CA, "bob", client=True).cert_pem)
+    judge = Judged(auth.Verdict(False, True, common_name, organizations))
+    authn = auth.Authenticator(None, tuple(x509lite.load_pem(OTHER_CA.cert_pem)), None, judge=judge)
+    assert asyncio.run(authn.authenticate(bob, {})) == user
 
 
 def test_self_signed_in_child_is_a_serving_pair() -> None:
