@@ -248,6 +248,7 @@ class Adapter:
         authenticator = auth.Authenticator(
             requestheader, client_cas, reviews.user_for_token if acfg.token_review else None
         )
+        self._spawn(reviews.run_rechecks(), "review re-check")
         return Security(authenticator, reviews.allowed, frozenset(acfg.always_allow_paths))
 
     async def start(self) -> web.Application:

@@ -194,6 +194,26 @@ def review_due(age: float | None, value: Any, ttl: float, stale_allowed: float) 
     return "ask"
 
 
+USED_LIMIT = 4096
+"""Keys the re-checker remembers at most (as many as `TtlCache` keeps answers)."""
+RECHECK_LEAD = 2.0
+"""Seconds before its TTL ends that an allow in use is re-asked in the background (`recheck_due`)."""
+
+
+def recheck_due(age: float | None, value: Any, idle: float, ttl: float, stale_allowed: float) -> bool:
+    """Whether the background re-checker re-asks an answer `age` seconds old, last asked for `idle` seconds
+    ago, now - before any request finds it expired.
+
+    Only with refresh-ahead on, only an allow, only one in use (asked for within `ttl + stale_allowed`),
+    and only in the last `RECHECK_LEAD` seconds of its TTL (or after). Why: the HPA controller's syncs come
+    in bursts; without it the first request of each key in a burst starts that key's re-check, so one
+    review per key lands inside every burst (200 at 1,000 HPAs), competing with the requests for the CPU.
+    """
+    if age is None or value is not True or stale_allowed <= 0 or idle > ttl + stale_allowed:
+        return False
+    return age >= ttl - min(RECHECK_LEAD, ttl / 2)
+
+
 class KubeReviews:
     """TokenReview and SubjectAccessReview through the API server, cached.
 
@@ -215,6 +235,9 @@ class KubeReviews:
         self._tokens = TtlCache(ttl, clock)
         self._access = TtlCache(ttl, clock)
         self._asking: dict[str, asyncio.Future[bool]] = {}
+        self._used: dict[str, tuple[float, dict[str, Any]]] = {}
+        """Review key -> (when last asked for, its spec), for the background re-checker."""
+        self._clock = clock
 
     async def user_for_token(self, token: str) -> UserInfo | None:
         cached = self._tokens.get(token)
@@ -247,6 +270,10 @@ class KubeReviews:
         if user.extra:
             spec["extra"] = {k: list(v) for k, v in user.extra.items()}
         key = json.dumps(spec, sort_keys=True)
+        if self._stale_allowed > 0:
+            if len(self._used) >= USED_LIMIT and key not in self._used:
+                self._used.clear()  # bounded like the answers (TtlCache); re-filled by the next requests
+            self._used[key] = (self._clock(), spec)
         age, value = self._access.age(key) or (None, None)
         due = review_due(age, value, self._ttl, self._stale_allowed)
         if due == "use":
@@ -258,6 +285,29 @@ class KubeReviews:
         # metric at once when its answer has expired (every sync, as the cache lives 10 s and a sync comes
         # every 15 s); the others wait for that answer instead of each posting its own.
         return await asyncio.shield(self._ask(key, spec))
+
+    def recheck(self) -> int:
+        """Start a background review of every answer `recheck_due`; forget keys no longer asked for.
+        Returns how many reviews it started."""
+        now, started = self._clock(), 0
+        for key, (used, spec) in list(self._used.items()):
+            idle = now - used
+            if idle > self._ttl + self._stale_allowed:
+                del self._used[key]
+                continue
+            age, value = self._access.age(key) or (None, None)
+            if key not in self._asking and recheck_due(age, value, idle, self._ttl, self._stale_allowed):
+                self._ask(key, spec).add_done_callback(_consume)
+                started += 1
+        return started
+
+    async def run_rechecks(self, tick: float = 1.0) -> None:
+        """`recheck` every `tick` seconds, forever (a no-op with refresh-ahead off)."""
+        if self._stale_allowed <= 0:
+            return
+        while True:
+            await asyncio.sleep(tick)
+            self.recheck()
 
     def _ask(self, key: str, spec: dict[str, Any]) -> asyncio.Future[bool]:
         """The review of `key` in flight, started if there is none."""

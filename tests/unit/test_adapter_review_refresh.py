@@ -102,3 +102,60 @@ async def test_a_failed_recheck_is_not_raised_and_the_next_caller_past_the_windo
     now[0] = 25.0  # past TTL + refresh-ahead: the failure reaches the caller as before
     with pytest.raises(RuntimeError):
         await r.allowed(USER, ASK)
+
+
+@pytest.mark.parametrize(
+    ("age", "value", "idle", "stale", "expected"),
+    [
+        (None, None, 0.0, STALE, False),  # nothing cached: the request asks
+        (7.9, True, 0.0, STALE, False),  # not yet in the last RECHECK_LEAD seconds of the TTL
+        (8.0, True, 0.0, STALE, True),
+        (12.0, True, 5.0, STALE, True),  # past the TTL and still in use
+        (8.0, False, 0.0, STALE, False),  # a deny is asked in the request, never ahead
+        (8.0, True, 20.0, STALE, True),  # asked for within TTL + refresh-ahead
+        (8.0, True, 20.1, STALE, False),  # no longer asked for: left to expire
+        (8.0, True, 0.0, 0.0, False),  # refresh-ahead off
+    ],
+)
+def test_recheck_due(age: float | None, value: Any, idle: float, stale: float, expected: bool) -> None:
+    assert auth.recheck_due(age, value, idle, TTL, stale) is expected
+
+
+def test_recheck_lead_is_at_most_half_a_short_ttl() -> None:
+    assert auth.recheck_due(0.9, True, 0.0, 2.0, STALE) is False
+    assert auth.recheck_due(1.0, True, 0.0, 2.0, STALE) is True
+
+
+async def test_an_allow_in_use_is_rechecked_before_it_expires_and_an_unused_one_is_forgotten() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is True and kube.posts == 1
+    now[0] = 7.0
+    assert r.recheck() == 0  # fresh enough
+    now[0] = 8.5
+    kube.allow = False  # revoked: the re-check finds out before any request needs the answer
+    assert r.recheck() == 1
+    assert r.recheck() == 0  # one re-check in flight per key
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert kube.posts == 2
+    assert await r.allowed(USER, ASK) is False and kube.posts == 2  # the re-check's answer, no new review
+
+
+async def test_an_allow_nobody_asks_for_any_more_is_not_rechecked() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is True
+    now[0] = 20.1  # last asked for at 0: past TTL + refresh-ahead
+    assert r.recheck() == 0 and kube.posts == 1
+    now[0] = 20.0
+    assert r.recheck() == 0  # forgotten for good, even were the clock to say otherwise
+
+
+async def test_without_refresh_ahead_nothing_is_rechecked() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now, stale=0.0)
+    assert await r.allowed(USER, ASK) is True
+    now[0] = 9.0
+    assert r.recheck() == 0 and kube.posts == 1
+    await asyncio.wait_for(r.run_rechecks(), 5)  # returns at once
