@@ -18,7 +18,6 @@ What it must not do: cache, interpret metrics, or know about GPUs — that is th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -31,7 +30,7 @@ from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpuwarden import __version__
+from gpuwarden import __version__, promjson
 from gpuwarden.errors import (
     PrometheusBadQuery,
     PrometheusError,
@@ -51,7 +50,6 @@ from gpuwarden.promtypes import (
     parse_query_data,
     parse_series_data,
     parse_string_list,
-    sample_hook,
 )
 
 if TYPE_CHECKING:
@@ -145,14 +143,19 @@ def _api_error(status: int, body: dict[str, object], retry_after: float | None) 
     return _server_error(message, status, retry_after)
 
 
-def _decode(response: httpx.Response) -> tuple[object, list[str]]:
-    """The `data` and `warnings` of a successful answer; otherwise the mapped error."""
+async def _load(response: httpx.Response) -> object:
+    """The decoded JSON body (a large vector a slice at a time: gpuwarden/promjson.py); None if it is not
+    JSON."""
+    try:
+        return await promjson.loads(response.content)
+    except ValueError:
+        return None
+
+
+def _decode(response: httpx.Response, body: object) -> tuple[object, list[str]]:
+    """The `data` and `warnings` of a successful answer (`body`, decoded); otherwise the mapped error."""
     status = response.status_code
     retry_after = _retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
-    try:
-        body = json.loads(response.content, object_hook=sample_hook)
-    except ValueError:
-        body = None
     if isinstance(body, dict) and body.get("status") == "error":
         raise _api_error(status, body, retry_after)
     if not 200 <= status < 300:
@@ -383,7 +386,7 @@ class PrometheusClient:
         try:
             async with asyncio.timeout(remaining):
                 response = await self._http.send(request)
-            result = _decode(response)
+            result = _decode(response, await _load(response))
         except PrometheusError as exc:
             err = exc
         except TimeoutError:
