@@ -126,20 +126,49 @@ def test_recheck_lead_is_at_most_half_a_short_ttl() -> None:
     assert auth.recheck_due(1.0, True, 0.0, 2.0, STALE) is True
 
 
-async def test_an_allow_in_use_is_rechecked_before_it_expires_and_an_unused_one_is_forgotten() -> None:
+async def test_an_allow_in_use_is_rechecked_before_it_expires_and_replaced_by_the_answer() -> None:
     kube, now = Kube(), [0.0]
     r = reviews(kube, now)
     assert await r.allowed(USER, ASK) is True and kube.posts == 1
     now[0] = 7.0
-    assert r.recheck() == 0  # fresh enough
+    assert await r.recheck() == 0  # fresh enough
     now[0] = 8.5
     kube.allow = False  # revoked: the re-check finds out before any request needs the answer
-    assert r.recheck() == 1
-    assert r.recheck() == 0  # one re-check in flight per key
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert kube.posts == 2
+    assert await r.recheck() == 1 and kube.posts == 2
+    assert await r.recheck() == 0  # a deny is not re-checked ahead
     assert await r.allowed(USER, ASK) is False and kube.posts == 2  # the re-check's answer, no new review
+
+
+async def test_a_failed_recheck_is_not_raised() -> None:
+    kube, now = Kube(), [0.0]
+    r = reviews(kube, now)
+    assert await r.allowed(USER, ASK) is True
+    now[0], kube.fail = 8.5, True
+    assert await r.recheck() == 1 and kube.posts == 2
+    assert await r.allowed(USER, ASK) is True  # the answer it had, within its TTL
+
+
+async def test_rechecks_are_paced() -> None:
+    class Counting(Kube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inflight = self.most = 0
+
+        async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+            self.inflight += 1
+            self.most = max(self.most, self.inflight)
+            await asyncio.sleep(0)
+            self.inflight -= 1
+            return await super().request(method, path, **kwargs)
+
+    kube, now = Counting(), [0.0]
+    r = reviews(kube, now)
+    for ns in range(20):
+        assert await r.allowed(USER, {"resourceAttributes": {"verb": "get", "namespace": f"ns-{ns}"}})
+    kube.most = 0
+    now[0] = 9.0
+    assert await r.recheck() == 20 and kube.posts == 40
+    assert kube.most == auth.RECHECK_CONCURRENCY
 
 
 async def test_an_allow_nobody_asks_for_any_more_is_not_rechecked() -> None:
@@ -147,9 +176,9 @@ async def test_an_allow_nobody_asks_for_any_more_is_not_rechecked() -> None:
     r = reviews(kube, now)
     assert await r.allowed(USER, ASK) is True
     now[0] = 20.1  # last asked for at 0: past TTL + refresh-ahead
-    assert r.recheck() == 0 and kube.posts == 1
+    assert await r.recheck() == 0 and kube.posts == 1
     now[0] = 20.0
-    assert r.recheck() == 0  # forgotten for good, even were the clock to say otherwise
+    assert await r.recheck() == 0  # forgotten for good, even were the clock to say otherwise
 
 
 async def test_without_refresh_ahead_nothing_is_rechecked() -> None:
@@ -157,5 +186,5 @@ async def test_without_refresh_ahead_nothing_is_rechecked() -> None:
     r = reviews(kube, now, stale=0.0)
     assert await r.allowed(USER, ASK) is True
     now[0] = 9.0
-    assert r.recheck() == 0 and kube.posts == 1
+    assert await r.recheck() == 0 and kube.posts == 1
     await asyncio.wait_for(r.run_rechecks(), 5)  # returns at once
