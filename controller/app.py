@@ -33,7 +33,6 @@ from controller.drain.loop import DrainLoop
 from controller.extender.runtime import Extender, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.gpus.feed import GpuModel, build_gpu_model
-from controller.gpus.podproto import pod_object
 from controller.health.loop import HealthLoop, controller_namespace
 from controller.idle.decide import table_lines
 from controller.idle.loop import IdleLoop
@@ -316,7 +315,12 @@ def build_capabilities(
     k = config.kubernetes
     page, timeout = k.list_page_size, int(k.watch_timeout_seconds)
     nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
-    pod_source: WatchSource = ProtobufSource(kube, decode=pod_object) if k.protobuf else kube
+    pod_source: WatchSource = kube
+    if k.protobuf:
+        # Imported here: a controller configured for JSON never loads the protobuf runtime.
+        from controller.gpus.podproto import pod_object
+
+        pod_source = ProtobufSource(kube, decode=pod_object)
     pods = Informer(pod_source, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
     gpus = build_gpu_model(config, kube, prometheus=prom, nodes=nodes, pods=pods)
     throttle = PreemptionThrottle(
