@@ -40,7 +40,18 @@ from controller.makeroom.loop import RoomLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
-from gpuwarden.kube import LIVE_PODS, NODES, PDBS, PODS, Informer, KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.kube import (
+    LIVE_PODS,
+    NODES,
+    PDBS,
+    PODS,
+    Informer,
+    KubeClient,
+    LeaderElector,
+    LeaseDurations,
+    ProtobufSource,
+)
+from gpuwarden.kube.watch import WatchSource
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import metrics_handler, new_registry
 from gpuwarden.transient import Episodes, transient_counter
@@ -298,11 +309,19 @@ def build_capabilities(
 ) -> Capabilities:
     """One node informer and one live-pod informer (one list+watch stream each) serve every capability: the
     GPU model (built once, whether or not the extender is on), quarantine, drain, nominations, make-room, the
-    idle loop and the preemption observer."""
+    idle loop and the preemption observer. With `kubernetes.protobuf` the pods are listed and watched as
+    protobuf, as kube-scheduler does, and decoded to the fields those readers read (`podproto.py`); through
+    a proxy, or from a server that answers JSON, they arrive as whole JSON objects."""
     k = config.kubernetes
     page, timeout = k.list_page_size, int(k.watch_timeout_seconds)
     nodes = Informer(kube, NODES, page_size=page, watch_timeout=timeout)
-    pods = Informer(kube, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
+    pod_source: WatchSource = kube
+    if k.protobuf:
+        # Imported here: a controller configured for JSON never loads the protobuf runtime.
+        from controller.gpus.podproto import pod_object
+
+        pod_source = ProtobufSource(kube, decode=pod_object)
+    pods = Informer(pod_source, PODS, field_selector=LIVE_PODS, page_size=page, watch_timeout=timeout)
     gpus = build_gpu_model(config, kube, prometheus=prom, nodes=nodes, pods=pods)
     throttle = PreemptionThrottle(
         config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods

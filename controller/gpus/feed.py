@@ -10,10 +10,10 @@ not doing so). Correctable-error trends come from Prometheus on a timer; a faile
 for a while and then forgets them (unknown = no penalty, never a guess).
 
 In the controller the node and live-pod informers are the process's shared ones (`nodes=`, `pods=`: one
-list+watch stream per kind for every capability); standalone, the feed runs its own, and with `protobuf`
-its pods are listed and watched as protobuf (`gpuwarden.kube.protosource`; kube-scheduler watches them so
-too, so the API server encodes each pod event once) and decoded to the fields the model reads
-(`podproto.py`).
+list+watch stream per kind for every capability; with `kubernetes.protobuf` the controller's pod informer is
+protobuf too); standalone, the feed runs its own, and with `protobuf` its pods are listed and watched as
+protobuf (`gpuwarden.kube.protosource`; kube-scheduler watches them so too, so the API server encodes each
+pod event once) and decoded to the fields the pod readers read (`podproto.py`).
 
 It must not decide anything and never writes to the API.
 """

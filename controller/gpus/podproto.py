@@ -1,33 +1,51 @@
-"""A v1.Pod's protobuf bytes → the JSON-shaped dict of the fields `objects.pod_info` reads, and nothing else.
+"""A v1.Pod's protobuf bytes → the JSON-shaped dict of the fields the controller's pod readers read, and
+nothing else.
 
-Why it exists: the GPU model's pod feed lists and watches pods as protobuf (`gpuwarden.kube.protosource`:
-the API server already encodes every pod event as protobuf for kube-scheduler, and a subset message skips
-managedFields, volumes, env and container statuses by length). `pod_info` stays the one reader of a pod:
-this module only rebuilds the part of the pod's JSON it reads, with JSON's values (a Quantity as its
-string, a Time as RFC 3339) and JSON's omissions: the API server's protobuf writes every string field of a
-struct, empty ones too, where its JSON omits them (`omitempty`), so an empty string here is left out as
-there. The same pod gives the same `PodInfo` on both paths (tests/unit/test_podproto.py). A field
-`pod_info` starts to read must be added here and in podpb/pod.proto.
+Why it exists: the controller's shared live-pod informer (and the GPU model's own, standalone) lists and
+watches pods as protobuf (`gpuwarden.kube.protosource`: the API server already encodes every pod event as
+protobuf for kube-scheduler, and a subset message skips managedFields, volumes, env and container statuses
+by length). Its readers — `objects.pod_info`, drain's observe, idle's snapshot, nominations' snapshot,
+make-room's plan, the preemption signals, `devices.claim_names` — stay the readers of a pod: this module only
+rebuilds the part of the pod's JSON they read, with JSON's values (a Quantity as its string, a Time as
+RFC 3339 to the second, as metav1.Time marshals it, a zero Time as null) and JSON's omissions: the API
+server's protobuf writes every string field of a struct, empty ones too, where its JSON omits them
+(`omitempty`), so an empty string here is left out as there, and a field JSON always writes (an owner
+reference's kind, a claim's name) is written here too. The same pod gives the same dict on both paths for
+every decoded field (tests/unit/test_podproto.py, and the e2e comparison against a real API server). A
+field a reader starts to read must be added here and in podpb/pod.proto: tests/unit/test_podproto.py
+records the paths each reader reads and fails on one this module does not decode.
 
-It must not interpret anything (that is `pod_info`'s job). Pure: no I/O.
+It must not interpret anything (that is the readers' job). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import datetime
+import time
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from controller.gpus.podpb.pod_pb2 import Container, Pod, ResourceRequirements, Time
+from controller.gpus.podpb.pod_pb2 import (
+    Container,
+    ObjectMeta,
+    Pod,
+    PodSpec,
+    PodStatus,
+    ResourceRequirements,
+    Time,
+)
 
 
 class PodDecodeError(ValueError):
     """The bytes are not a v1.Pod message."""
 
 
-def _time(value: Time) -> str:
-    return datetime.datetime.fromtimestamp(value.seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _time(value: Time) -> str | None:
+    """As metav1.Time marshals to JSON: RFC 3339 in UTC to the second; the zero Time (an empty message on
+    the wire) as null."""
+    if not value.seconds:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value.seconds))
 
 
 def _resources(value: ResourceRequirements) -> dict[str, Any]:
@@ -48,44 +66,122 @@ def _container(value: Container) -> dict[str, Any]:
     return out
 
 
+def _metadata(m: ObjectMeta) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        name: value for name in ("name", "namespace", "uid", "resourceVersion") if (value := getattr(m, name))
+    }
+    if m.HasField("creationTimestamp") and m.creationTimestamp.seconds:  # `omitzero` in JSON
+        meta["creationTimestamp"] = _time(m.creationTimestamp)
+    if m.HasField("deletionTimestamp"):
+        meta["deletionTimestamp"] = _time(m.deletionTimestamp)
+    if m.labels:
+        meta["labels"] = dict(m.labels)
+    if m.annotations:
+        meta["annotations"] = dict(m.annotations)
+    if m.ownerReferences:
+        owners = []
+        for ref in m.ownerReferences:
+            owner: dict[str, Any] = {
+                "apiVersion": ref.apiVersion,
+                "kind": ref.kind,
+                "name": ref.name,
+                "uid": ref.uid,
+            }
+            if ref.HasField("controller"):
+                owner["controller"] = ref.controller
+            if ref.HasField("blockOwnerDeletion"):
+                owner["blockOwnerDeletion"] = ref.blockOwnerDeletion
+            owners.append(owner)
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def _spec(s: PodSpec) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [_container(c) for c in s.containers]}
+    if s.initContainers:
+        spec["initContainers"] = [_container(c) for c in s.initContainers]
+    if s.nodeName:
+        spec["nodeName"] = s.nodeName
+    if s.HasField("priority"):
+        spec["priority"] = s.priority
+    if s.nodeSelector:
+        spec["nodeSelector"] = dict(s.nodeSelector)
+    if s.tolerations:
+        tolerations = []
+        for t in s.tolerations:
+            toleration: dict[str, Any] = {
+                name: value for name in ("key", "operator", "value", "effect") if (value := getattr(t, name))
+            }
+            if t.HasField("tolerationSeconds"):
+                toleration["tolerationSeconds"] = t.tolerationSeconds
+            tolerations.append(toleration)
+        spec["tolerations"] = tolerations
+    if s.resourceClaims:
+        claims = []
+        for c in s.resourceClaims:
+            claim: dict[str, Any] = {"name": c.name}
+            if c.HasField("resourceClaimName"):
+                claim["resourceClaimName"] = c.resourceClaimName
+            if c.HasField("resourceClaimTemplateName"):
+                claim["resourceClaimTemplateName"] = c.resourceClaimTemplateName
+            claims.append(claim)
+        spec["resourceClaims"] = claims
+    return spec
+
+
+def _status(st: PodStatus) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if st.phase:
+        status["phase"] = st.phase
+    if st.conditions:
+        conditions = []
+        for c in st.conditions:
+            # type and status are always in JSON, lastTransitionTime too (a zero Time as null)
+            condition: dict[str, Any] = {
+                "type": c.type,
+                "status": c.status,
+                "lastTransitionTime": _time(c.lastTransitionTime),
+            }
+            if c.reason:
+                condition["reason"] = c.reason
+            if c.message:
+                condition["message"] = c.message
+            conditions.append(condition)
+        status["conditions"] = conditions
+    if st.HasField("startTime"):
+        status["startTime"] = _time(st.startTime)
+    if st.nominatedNodeName:
+        status["nominatedNodeName"] = st.nominatedNodeName
+    if st.resourceClaimStatuses:
+        statuses = []
+        for c in st.resourceClaimStatuses:
+            claim: dict[str, Any] = {"name": c.name}
+            if c.HasField("resourceClaimName"):
+                claim["resourceClaimName"] = c.resourceClaimName
+            statuses.append(claim)
+        status["resourceClaimStatuses"] = statuses
+    if st.HasField("extendedResourceClaimStatus"):
+        status["extendedResourceClaimStatus"] = {
+            "resourceClaimName": st.extendedResourceClaimStatus.resourceClaimName
+        }
+    return status
+
+
 def pod_object(raw: bytes) -> dict[str, Any]:
-    """The pod (its message, without the envelope) as the JSON subset `pod_info` reads: metadata (name,
-    namespace, uid, resourceVersion, deletionTimestamp, annotations), spec (containers' and init
-    containers' resources and restartPolicy, nodeName, priority), status (phase, conditions' type, status
-    and reason, nominatedNodeName)."""
+    """The pod (its message, without the envelope) as the JSON subset its readers read: metadata (name,
+    namespace, uid, resourceVersion, creationTimestamp, deletionTimestamp, labels, annotations,
+    ownerReferences), spec (containers' and init containers' name, resources and restartPolicy, nodeName,
+    nodeSelector, priority, tolerations, resourceClaims), status (phase, conditions' type, status, reason,
+    message and lastTransitionTime, startTime, nominatedNodeName, resourceClaimStatuses,
+    extendedResourceClaimStatus's resourceClaimName)."""
     pod = Pod()
     try:
         pod.ParseFromString(raw)
     except DecodeError as exc:
         raise PodDecodeError(f"not a v1.Pod message: {exc}") from None
-    m, s, st = pod.metadata, pod.spec, pod.status
-    meta: dict[str, Any] = {
-        name: value for name in ("name", "namespace", "uid", "resourceVersion") if (value := getattr(m, name))
-    }
-    if m.HasField("deletionTimestamp"):
-        meta["deletionTimestamp"] = _time(m.deletionTimestamp)
-    if m.annotations:
-        meta["annotations"] = dict(m.annotations)
-    obj: dict[str, Any] = {"metadata": meta}
+    obj: dict[str, Any] = {"metadata": _metadata(pod.metadata)}
     if pod.HasField("spec"):
-        spec: dict[str, Any] = {"containers": [_container(c) for c in s.containers]}
-        if s.initContainers:
-            spec["initContainers"] = [_container(c) for c in s.initContainers]
-        if s.nodeName:
-            spec["nodeName"] = s.nodeName
-        if s.HasField("priority"):
-            spec["priority"] = s.priority
-        obj["spec"] = spec
+        obj["spec"] = _spec(pod.spec)
     if pod.HasField("status"):
-        status: dict[str, Any] = {}
-        if st.phase:
-            status["phase"] = st.phase
-        if st.conditions:
-            status["conditions"] = [
-                {"type": c.type, "status": c.status, **({"reason": c.reason} if c.reason else {})}
-                for c in st.conditions
-            ]
-        if st.nominatedNodeName:
-            status["nominatedNodeName"] = st.nominatedNodeName
-        obj["status"] = status
+        obj["status"] = _status(pod.status)
     return obj

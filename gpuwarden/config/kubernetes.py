@@ -112,10 +112,10 @@ class KubernetesConfig(Section):
     protobuf: bool = Field(
         default=True,
         description="List and watch as protobuf (`application/vnd.kubernetes.protobuf`, as client-go does) "
-        "where gpuwarden reads a few fields of many objects: the extender's own pod feed. kube-scheduler "
-        "watches pods as protobuf, so the API server encodes each pod event once instead of once more as "
-        "JSON. false: JSON everywhere. Through a proxy, and for kinds a server only serves as JSON, JSON "
-        "is used anyway.",
+        "where gpuwarden reads a few fields of many objects: the controller's shared pod informer and the "
+        "extender's own pod feed. kube-scheduler watches pods as protobuf, so the API server encodes each "
+        "pod event once instead of once more as JSON. false: JSON everywhere. Through a proxy, and for "
+        "kinds a server only serves as JSON, JSON is used anyway.",
     )
     qps: float = Field(
         default=50.0,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.gpus.devices import claim_names
 from controller.gpus.objects import pod_info
 from controller.gpus.podproto import pod_object
 from gpuwarden.errors import KubeConflict, KubeGone, KubeNotFound
@@ -53,6 +54,7 @@ from gpuwarden.kube.stream import WatchStream
 from gpuwarden.wellknown import GPU_CLAIMED_AT, GPU_IDS, GPU_NODE
 from harness.testbed import Cluster
 from tests.e2e.conftest import GPU_NODES
+from tests.unit.podproto_support import decoded_part
 
 pytestmark = pytest.mark.e2e
 
@@ -286,30 +288,94 @@ def gpu_pod(name: str, namespace: str, **meta: Any) -> JsonObject:
     }
 
 
+def rich_pod(name: str, namespace: str, owner: JsonObject, other: JsonObject) -> JsonObject:
+    """`gpu_pod` with every other field the controller's pod readers read: a controller owner reference and
+    one more (to live objects, so the garbage collector leaves the pod alone), labels with a
+    pod-template-hash, tolerations (the API server adds its default ones with tolerationSeconds), a
+    nodeSelector and DRA claims (a claim by name and one from a template)."""
+    obj = gpu_pod(name, namespace)
+    obj["metadata"]["labels"] |= {"pod-template-hash": "7d9c5b8f4", "gpuwarden.io/idle-exclude": "true"}
+    refs = [
+        {"apiVersion": "v1", "kind": o["kind"], **{k: o["metadata"][k] for k in ("name", "uid")}}
+        for o in (owner, other)
+    ]
+    obj["metadata"]["ownerReferences"] = [
+        refs[0] | {"controller": True, "blockOwnerDeletion": False},
+        refs[1],
+    ]
+    obj["spec"] |= {
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+            {"key": "gpuwarden.io/gpu-unhealthy", "operator": "Exists", "effect": "NoExecute"}
+            | {"tolerationSeconds": 60},
+            {"operator": "Exists", "effect": "NoSchedule"},
+        ],
+        "nodeSelector": {"gpu": "h100", "kubernetes.io/arch": "amd64"},
+        "resourceClaims": [
+            {"name": "gpus", "resourceClaimName": f"{name}-gpus"},
+            {"name": "scratch", "resourceClaimTemplateName": "scratch-template"},
+        ],
+    }
+    return obj
+
+
 async def test_protobuf_pod_informer_reads_every_pod_as_json_does(kube: KubeClient, namespace: str) -> None:
-    """The GPU model's pod feed (protobuf, decoded to the fields `pod_info` reads) against the real API
-    server's encoding: every pod, listed or watched, gives the `PodInfo` its JSON gives."""
+    """The controller's shared pod informer (protobuf, decoded to the fields its readers read) against the
+    real API server's encoding: every pod, listed or watched, equals its JSON on every path podproto
+    decodes (owner references, labels, tolerations, nodeSelector, DRA claims, condition messages and
+    times, start time ...), and gives the `PodInfo` its JSON gives."""
+    owners = [
+        await kube.create(
+            CONFIG_MAPS,
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n}},
+            namespace=namespace,
+        )
+        for n in ("owner", "other")
+    ]
     await kube.create(PODS, gpu_pod("listed", namespace), namespace=namespace)
+    await kube.create(PODS, rich_pod("listed-rich", namespace, *owners), namespace=namespace)
     await kube.create(PODS, gpu_pod("going", namespace, finalizers=["gpuwarden.io/e2e"]), namespace=namespace)
     await kube.delete(PODS, "going", namespace=namespace)  # held by the finalizer: a deletionTimestamp
     informer = Informer(ProtobufSource(kube, decode=pod_object), PODS, namespace=namespace)
     task = asyncio.create_task(informer.run())
+    server: dict[str, JsonObject] = {}
+
+    async def differences() -> dict[str, Any]:
+        """Per pod, (its JSON's decoded part, the informer's) where they or their `PodInfo`s differ."""
+        listed = (await kube.list_objects(PODS, namespace=namespace)).items
+        server.clear()
+        server.update({f"{namespace}/{p['metadata']['name']}": p for p in listed})
+        # the envelope's apiVersion and kind aside (the informer has them from either encoding)
+        stored = {
+            k: {f: v for f, v in o.items() if f not in ("apiVersion", "kind")}
+            for k, o in informer.store.items()
+        }
+        out: dict[str, Any] = {
+            key: (decoded_part(p), stored.get(key))
+            for key, p in server.items()
+            if key not in stored
+            or stored[key] != decoded_part(p)
+            or pod_info(stored[key], GPU_RESOURCE) != pod_info(p, GPU_RESOURCE)
+        }
+        out |= {key: (None, obj) for key, obj in informer.store.items() if key not in server}
+        return out if len(server) == 6 else {"pods": len(server), **out}
 
     async def alike() -> bool:
-        listed = (await kube.list_objects(PODS, namespace=namespace)).items
-        infos = {f"{namespace}/{p['metadata']['name']}": pod_info(p, GPU_RESOURCE) for p in listed}
-        watched = {key: pod_info(obj, GPU_RESOURCE) for key, obj in informer.store.items()}
-        return len(infos) == 4 and watched == infos
+        return not await differences()
+
+    def core(conditions: list[JsonObject]) -> list[JsonObject]:
+        return [{k: c[k] for k in ("type", "status", "reason") if k in c} for c in conditions]
 
     async def conditions_alike(name: str) -> bool:
         status = (await kube.get(PODS, name, namespace=namespace))["status"]
-        server = [{k: c[k] for k in ("type", "status", "reason") if k in c} for c in status["conditions"]]
-        return bool(server) and informer.store[f"{namespace}/{name}"]["status"].get("conditions") == server
+        stored = informer.store[f"{namespace}/{name}"]["status"].get("conditions") or []
+        return bool(status["conditions"]) and core(stored) == core(status["conditions"])
 
     try:
         await asyncio.wait_for(informer.synced.wait(), 20)
         await kube.create(PODS, gpu_pod("watched", namespace), namespace=namespace)
         await kube.create(PODS, gpu_pod("plain", namespace, annotations={}), namespace=namespace)
+        await kube.create(PODS, rich_pod("watched-rich", namespace, *owners), namespace=namespace)
         conditions = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
         await patch_status(
             kube,
@@ -318,14 +384,49 @@ async def test_protobuf_pod_informer_reads_every_pod_as_json_does(kube: KubeClie
             {"nominatedNodeName": "gpu-1", "conditions": conditions},
             namespace=namespace,
         )
-        await eventually(alike)
+        unschedulable = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": f"0/3 nodes are available: 3 fragmented: no NUMA node with 4 free GPUs, "
+            f"Insufficient {GPU_RESOURCE}.",
+            "lastTransitionTime": "2026-12-01T10:05:07Z",
+        }
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:06:00Z"}
+        generated = "watched-rich-scratch-q2"
+        await patch_status(
+            kube,
+            PODS,
+            "watched-rich",
+            {
+                "conditions": [unschedulable, ready],
+                "startTime": "2026-12-01T10:00:00Z",
+                "resourceClaimStatuses": [{"name": "scratch", "resourceClaimName": generated}],
+            },
+            namespace=namespace,
+        )
+        with contextlib.suppress(AssertionError):
+            await eventually(alike)
+        found = await differences()
+        for key, (want, got) in found.items() if "pods" not in found else ():
+            print("DIFF", key, json.dumps(want, sort_keys=True), json.dumps(got, sort_keys=True), sep="\n")
+        assert found == {}
         info = pod_info(informer.store[f"{namespace}/watched"], GPU_RESOURCE)
         assert (info.gpus, info.nominated, info.gpu_ids) == (5, "gpu-1", ("0", "1"))
         # The disruption controller may reset our condition to False meanwhile; either way the protobuf
         # path carries the server's conditions.
         await eventually(lambda: conditions_alike("watched"))
         assert pod_info(informer.store[f"{namespace}/going"], GPU_RESOURCE).terminating
-        assert "labels" not in informer.store[f"{namespace}/listed"]["metadata"]  # only what pod_info reads
+        rich = informer.store[f"{namespace}/watched-rich"]
+        assert rich["metadata"]["ownerReferences"][0]["controller"] is True
+        assert rich["metadata"]["labels"]["pod-template-hash"] == "7d9c5b8f4"
+        assert {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                "tolerationSeconds": 300} in rich["spec"]["tolerations"]  # fmt: skip
+        assert rich["status"]["startTime"] == "2026-12-01T10:00:00Z"
+        assert rich["status"]["conditions"][0]["message"] == unschedulable["message"]
+        assert claim_names(rich) == claim_names(server[f"{namespace}/watched-rich"])
+        assert claim_names(rich) == ("watched-rich-gpus", generated)
+        assert "managedFields" not in informer.store[f"{namespace}/listed"]["metadata"]  # only what is read
         assert informer.lists == 1
     finally:
         task.cancel()

@@ -19,13 +19,16 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from controller.app import build_capabilities
 from controller.gpus.podpb.pod_pb2 import Pod
 from controller.gpus.podproto import pod_object
+from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeGone, KubeUnreachable
 from gpuwarden.kube import PODS, Informer, KubeClient, ProtobufSource
 from gpuwarden.kube.k8spb.runtime_pb2 import RawList, Status, Unknown, WatchEvent
 from gpuwarden.kube.protobuf import MAGIC, PROTOBUF, Frames, decode_list, status_body, watch_event
 from gpuwarden.kube.status import error_from_status
+from gpuwarden.promclient import PrometheusClient
 from tests.unit.test_kube_client import kubeconfig, serving
 
 
@@ -337,3 +340,36 @@ def test_the_protobuf_runtime_is_loaded_only_when_protobuf_is_read() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize(
+    ("protobuf", "json_server", "accept"),
+    [
+        pytest.param(True, False, PROTOBUF, id="protobuf"),
+        pytest.param(False, True, "application/json", id="configured-json"),
+        pytest.param(True, True, PROTOBUF, id="server-answers-json"),
+    ],
+)
+async def test_the_controllers_shared_pod_informer_reads_as_configured(
+    client_for: Callable[[str], KubeClient], protobuf: bool, json_server: bool, accept: str
+) -> None:
+    """`gpuwarden controller`'s one live-pod informer (every capability's pods) lists and watches as
+    protobuf with `kubernetes.protobuf`, and still reads a server that answers JSON."""
+    config = Config.model_validate({"kubernetes": {"protobuf": protobuf}})
+    api = ProtobufApi([], json=json_server)
+    async with serving(api.handle) as url:
+        client = client_for(url)
+        try:
+            caps = build_capabilities(
+                config,
+                client,
+                PrometheusClient(config.prometheus),
+                registry=CollectorRegistry(),
+                dry_run=True,
+                identity="test",
+            )
+            await run_until(caps.pods, lambda: caps.pods.synced.is_set())
+        finally:
+            await client.aclose()
+    assert api.accepts[0].split(",")[0].split(";")[0] == accept
+    assert sorted(caps.pods.store) == (["ml/j"] if json_server else ["ml/a", "ml/b"])

@@ -5,93 +5,17 @@ in tests/e2e/test_kube_access.py compares both paths on pods a real API server e
 
 from __future__ import annotations
 
-import calendar
 import copy
-import time
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 
 from controller.gpus.objects import pod_info
 from controller.gpus.podpb.pod_pb2 import Pod
 from controller.gpus.podproto import PodDecodeError, pod_object
 from gpuwarden.wellknown import GPU_IDS, GPU_RESERVED_UNTIL, IDLE_ACK_UNTIL, IDLE_RECLAIMABLE
 from tests.unit.extender_support import RESOURCE, pod
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes) -> bytes:
-    """One length-delimited field (wire type 2) as protobuf encodes it."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def varint_field(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-# Fields of upstream's messages that podpb/pod.proto leaves out (k8s.io/api core/v1 and apimachinery meta/v1
-# generated.proto numbers); appended to a message's bytes they merge into it, as the API server's would be.
-UNREAD_META = (
-    field(11, field(1, b"app") + field(2, b"trainer"))  # labels
-    + field(8, varint_field(1, 1_700_000_000))  # creationTimestamp
-    + field(17, field(1, b"kube-controller-manager") + field(7, b'{"f:metadata":{}}' * 40))  # managedFields
-    + field(13, field(1, b"batch/v1") + field(2, b"Job"))  # ownerReferences
-)
-UNREAD_CONTAINER = field(2, b"trainer:v1") + field(7, field(1, b"HOME") + field(2, b"/root"))  # image, env
-UNREAD_SPEC = field(1, field(1, b"data")) + field(19, b"default-scheduler")  # volumes, schedulerName
-UNREAD_STATUS = field(8, field(1, b"main") + varint_field(3, 1)) + field(5, b"10.0.0.1")  # statuses, hostIP
-
-
-def _as_message_json(obj: dict[str, Any]) -> dict[str, Any]:
-    """A JSON pod in the shape `json_format` reads for the subset message: a Quantity as `{"string"}`, a
-    Time as `{"seconds"}`; fields the message lacks are dropped by `ignore_unknown_fields`."""
-    out = copy.deepcopy(obj)
-    meta = out.get("metadata") or {}
-    if "deletionTimestamp" in meta:
-        stamp = time.strptime(meta["deletionTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
-        meta["deletionTimestamp"] = {"seconds": calendar.timegm(stamp)}
-    spec = out.get("spec") or {}
-    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        for kind, amounts in (container.get("resources") or {}).items():
-            container["resources"][kind] = {name: {"string": str(v)} for name, v in amounts.items()}
-    return out
-
-
-def pod_bytes(obj: dict[str, Any]) -> bytes:
-    """The pod's protobuf message (no envelope), with upstream fields the subset message does not read."""
-    message = json_format.ParseDict(_as_message_json(obj), Pod(), ignore_unknown_fields=True)
-    # The API server's protobuf writes every string of a struct, empty ones too (its JSON omits them).
-    for part, names in (
-        (message.metadata, ("namespace", "uid")),
-        (message.spec, ("nodeName",)),
-        (message.status, ("phase", "nominatedNodeName")),
-        *((c, ("reason",)) for c in message.status.conditions),
-        *((c, ("restartPolicy",)) for c in [*message.spec.containers, *message.spec.initContainers]),
-    ):
-        for name in names:
-            setattr(part, name, getattr(part, name))  # present on the wire, "" when it was absent
-    containers = [
-        field(number, c.SerializeToString() + UNREAD_CONTAINER)  # repeated: each element is whole
-        for number, repeated in ((2, message.spec.containers), (20, message.spec.initContainers))
-        for c in repeated
-    ]
-    message.spec.ClearField("containers")
-    message.spec.ClearField("initContainers")
-    return (
-        message.SerializeToString()
-        + field(1, UNREAD_META)
-        + field(2, UNREAD_SPEC + b"".join(containers))
-        + field(3, UNREAD_STATUS)
-    )
+from tests.unit.podproto_support import pod_bytes
 
 
 def with_init(obj: dict[str, Any], *containers: tuple[int, str | None]) -> dict[str, Any]:
@@ -146,6 +70,7 @@ def test_unread_fields_and_empty_strings_are_not_in_the_object() -> None:
             "uid": "uid-a",
             "resourceVersion": "100",
             "deletionTimestamp": "2023-11-14T22:13:20Z",
+            "labels": {"app": "a"},
         },
         "spec": {
             "containers": [{"name": "main", "resources": {"limits": {RESOURCE: "2"}}}],

@@ -25,41 +25,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ontroller/gpus/podpb/pod.proto\x12\x0fgpuwarden.podpb\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t\"\xfc\x01\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x30\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x15.gpuwarden.podpb.Time\x12\x41\n\x0b\x61nnotations\x18\x0c \x03(\x0b\x32,.gpuwarden.podpb.ObjectMeta.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb6\x02\n\x14ResourceRequirements\x12\x41\n\x06limits\x18\x01 \x03(\x0b\x32\x31.gpuwarden.podpb.ResourceRequirements.LimitsEntry\x12\x45\n\x08requests\x18\x02 \x03(\x0b\x32\x33.gpuwarden.podpb.ResourceRequirements.RequestsEntry\x1aH\n\x0bLimitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.gpuwarden.podpb.Quantity:\x02\x38\x01\x1aJ\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.gpuwarden.podpb.Quantity:\x02\x38\x01\"j\n\tContainer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tresources\x18\x08 \x01(\x0b\x32%.gpuwarden.podpb.ResourceRequirements\x12\x15\n\rrestartPolicy\x18\x18 \x01(\t\"\x91\x01\n\x07PodSpec\x12.\n\ncontainers\x18\x02 \x03(\x0b\x32\x1a.gpuwarden.podpb.Container\x12\x10\n\x08nodeName\x18\n \x01(\t\x12\x32\n\x0einitContainers\x18\x14 \x03(\x0b\x32\x1a.gpuwarden.podpb.Container\x12\x10\n\x08priority\x18\x19 \x01(\x05\"<\n\x0cPodCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"h\n\tPodStatus\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x31\n\nconditions\x18\x02 \x03(\x0b\x32\x1d.gpuwarden.podpb.PodCondition\x12\x19\n\x11nominatedNodeName\x18\x0b \x01(\t\"\x88\x01\n\x03Pod\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.gpuwarden.podpb.ObjectMeta\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.gpuwarden.podpb.PodSpec\x12*\n\x06status\x18\x03 \x01(\x0b\x32\x1a.gpuwarden.podpb.PodStatus')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ontroller/gpus/podpb/pod.proto\x12\x0fgpuwarden.podpb\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t\"}\n\x0eOwnerReference\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x04 \x01(\t\x12\x12\n\napiVersion\x18\x05 \x01(\t\x12\x12\n\ncontroller\x18\x06 \x01(\x08\x12\x1a\n\x12\x62lockOwnerDeletion\x18\x07 \x01(\x08\"\xd0\x03\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x30\n\x11\x63reationTimestamp\x18\x08 \x01(\x0b\x32\x15.gpuwarden.podpb.Time\x12\x30\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x15.gpuwarden.podpb.Time\x12\x37\n\x06labels\x18\x0b \x03(\x0b\x32\'.gpuwarden.podpb.ObjectMeta.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\x0c \x03(\x0b\x32,.gpuwarden.podpb.ObjectMeta.AnnotationsEntry\x12\x38\n\x0fownerReferences\x18\r \x03(\x0b\x32\x1f.gpuwarden.podpb.OwnerReference\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb6\x02\n\x14ResourceRequirements\x12\x41\n\x06limits\x18\x01 \x03(\x0b\x32\x31.gpuwarden.podpb.ResourceRequirements.LimitsEntry\x12\x45\n\x08requests\x18\x02 \x03(\x0b\x32\x33.gpuwarden.podpb.ResourceRequirements.RequestsEntry\x1aH\n\x0bLimitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.gpuwarden.podpb.Quantity:\x02\x38\x01\x1aJ\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.gpuwarden.podpb.Quantity:\x02\x38\x01\"j\n\tContainer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tresources\x18\x08 \x01(\x0b\x32%.gpuwarden.podpb.ResourceRequirements\x12\x15\n\rrestartPolicy\x18\x18 \x01(\t\"e\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\x12\x19\n\x11tolerationSeconds\x18\x05 \x01(\x03\"^\n\x10PodResourceClaim\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x03 \x01(\t\x12!\n\x19resourceClaimTemplateName\x18\x04 \x01(\t\"\xf5\x02\n\x07PodSpec\x12.\n\ncontainers\x18\x02 \x03(\x0b\x32\x1a.gpuwarden.podpb.Container\x12@\n\x0cnodeSelector\x18\x07 \x03(\x0b\x32*.gpuwarden.podpb.PodSpec.NodeSelectorEntry\x12\x10\n\x08nodeName\x18\n \x01(\t\x12\x32\n\x0einitContainers\x18\x14 \x03(\x0b\x32\x1a.gpuwarden.podpb.Container\x12\x30\n\x0btolerations\x18\x16 \x03(\x0b\x32\x1b.gpuwarden.podpb.Toleration\x12\x10\n\x08priority\x18\x19 \x01(\x05\x12\x39\n\x0eresourceClaims\x18\' \x03(\x0b\x32!.gpuwarden.podpb.PodResourceClaim\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\x0cPodCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x31\n\x12lastTransitionTime\x18\x04 \x01(\x0b\x32\x15.gpuwarden.podpb.Time\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"A\n\x16PodResourceClaimStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\";\n\x1ePodExtendedResourceClaimStatus\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\"\xb0\x02\n\tPodStatus\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x31\n\nconditions\x18\x02 \x03(\x0b\x32\x1d.gpuwarden.podpb.PodCondition\x12(\n\tstartTime\x18\x07 \x01(\x0b\x32\x15.gpuwarden.podpb.Time\x12\x19\n\x11nominatedNodeName\x18\x0b \x01(\t\x12\x46\n\x15resourceClaimStatuses\x18\x0f \x03(\x0b\x32\'.gpuwarden.podpb.PodResourceClaimStatus\x12T\n\x1b\x65xtendedResourceClaimStatus\x18\x12 \x01(\x0b\x32/.gpuwarden.podpb.PodExtendedResourceClaimStatus\"\x88\x01\n\x03Pod\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.gpuwarden.podpb.ObjectMeta\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.gpuwarden.podpb.PodSpec\x12*\n\x06status\x18\x03 \x01(\x0b\x32\x1a.gpuwarden.podpb.PodStatus')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controller.gpus.podpb.pod_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_OBJECTMETA_LABELSENTRY']._loaded_options = None
+  _globals['_OBJECTMETA_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_OBJECTMETA_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_OBJECTMETA_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._loaded_options = None
   _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._serialized_options = b'8\001'
   _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._loaded_options = None
   _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._serialized_options = b'8\001'
+  _globals['_PODSPEC_NODESELECTORENTRY']._loaded_options = None
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_options = b'8\001'
   _globals['_TIME']._serialized_start=52
   _globals['_TIME']._serialized_end=90
   _globals['_QUANTITY']._serialized_start=92
   _globals['_QUANTITY']._serialized_end=118
-  _globals['_OBJECTMETA']._serialized_start=121
-  _globals['_OBJECTMETA']._serialized_end=373
-  _globals['_OBJECTMETA_ANNOTATIONSENTRY']._serialized_start=323
-  _globals['_OBJECTMETA_ANNOTATIONSENTRY']._serialized_end=373
-  _globals['_RESOURCEREQUIREMENTS']._serialized_start=376
-  _globals['_RESOURCEREQUIREMENTS']._serialized_end=686
-  _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._serialized_start=538
-  _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._serialized_end=610
-  _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._serialized_start=612
-  _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._serialized_end=686
-  _globals['_CONTAINER']._serialized_start=688
-  _globals['_CONTAINER']._serialized_end=794
-  _globals['_PODSPEC']._serialized_start=797
-  _globals['_PODSPEC']._serialized_end=942
-  _globals['_PODCONDITION']._serialized_start=944
-  _globals['_PODCONDITION']._serialized_end=1004
-  _globals['_PODSTATUS']._serialized_start=1006
-  _globals['_PODSTATUS']._serialized_end=1110
-  _globals['_POD']._serialized_start=1113
-  _globals['_POD']._serialized_end=1249
+  _globals['_OWNERREFERENCE']._serialized_start=120
+  _globals['_OWNERREFERENCE']._serialized_end=245
+  _globals['_OBJECTMETA']._serialized_start=248
+  _globals['_OBJECTMETA']._serialized_end=712
+  _globals['_OBJECTMETA_LABELSENTRY']._serialized_start=615
+  _globals['_OBJECTMETA_LABELSENTRY']._serialized_end=660
+  _globals['_OBJECTMETA_ANNOTATIONSENTRY']._serialized_start=662
+  _globals['_OBJECTMETA_ANNOTATIONSENTRY']._serialized_end=712
+  _globals['_RESOURCEREQUIREMENTS']._serialized_start=715
+  _globals['_RESOURCEREQUIREMENTS']._serialized_end=1025
+  _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._serialized_start=877
+  _globals['_RESOURCEREQUIREMENTS_LIMITSENTRY']._serialized_end=949
+  _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._serialized_start=951
+  _globals['_RESOURCEREQUIREMENTS_REQUESTSENTRY']._serialized_end=1025
+  _globals['_CONTAINER']._serialized_start=1027
+  _globals['_CONTAINER']._serialized_end=1133
+  _globals['_TOLERATION']._serialized_start=1135
+  _globals['_TOLERATION']._serialized_end=1236
+  _globals['_PODRESOURCECLAIM']._serialized_start=1238
+  _globals['_PODRESOURCECLAIM']._serialized_end=1332
+  _globals['_PODSPEC']._serialized_start=1335
+  _globals['_PODSPEC']._serialized_end=1708
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_start=1657
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_end=1708
+  _globals['_PODCONDITION']._serialized_start=1711
+  _globals['_PODCONDITION']._serialized_end=1839
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_start=1841
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_end=1906
+  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_start=1908
+  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_end=1967
+  _globals['_PODSTATUS']._serialized_start=1970
+  _globals['_PODSTATUS']._serialized_end=2274
+  _globals['_POD']._serialized_start=2277
+  _globals['_POD']._serialized_end=2413
 # @@protoc_insertion_point(module_scope)

@@ -21,8 +21,31 @@ class Quantity(_message.Message):
     string: str
     def __init__(self, string: _Optional[str] = ...) -> None: ...
 
+class OwnerReference(_message.Message):
+    __slots__ = ("kind", "name", "uid", "apiVersion", "controller", "blockOwnerDeletion")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    APIVERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKOWNERDELETION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    uid: str
+    apiVersion: str
+    controller: bool
+    blockOwnerDeletion: bool
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., apiVersion: _Optional[str] = ..., controller: _Optional[bool] = ..., blockOwnerDeletion: _Optional[bool] = ...) -> None: ...
+
 class ObjectMeta(_message.Message):
-    __slots__ = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "annotations")
+    __slots__ = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "labels", "annotations", "ownerReferences")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,15 +57,21 @@ class ObjectMeta(_message.Message):
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATIONTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     DELETIONTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    OWNERREFERENCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     namespace: str
     uid: str
     resourceVersion: str
+    creationTimestamp: Time
     deletionTimestamp: Time
+    labels: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ..., deletionTimestamp: _Optional[_Union[Time, _Mapping]] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    ownerReferences: _containers.RepeatedCompositeFieldContainer[OwnerReference]
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ..., creationTimestamp: _Optional[_Union[Time, _Mapping]] = ..., deletionTimestamp: _Optional[_Union[Time, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., ownerReferences: _Optional[_Iterable[_Union[OwnerReference, _Mapping]]] = ...) -> None: ...
 
 class ResourceRequirements(_message.Message):
     __slots__ = ("limits", "requests")
@@ -76,37 +105,98 @@ class Container(_message.Message):
     restartPolicy: str
     def __init__(self, name: _Optional[str] = ..., resources: _Optional[_Union[ResourceRequirements, _Mapping]] = ..., restartPolicy: _Optional[str] = ...) -> None: ...
 
+class Toleration(_message.Message):
+    __slots__ = ("key", "operator", "value", "effect", "tolerationSeconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    TOLERATIONSECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operator: str
+    value: str
+    effect: str
+    tolerationSeconds: int
+    def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., value: _Optional[str] = ..., effect: _Optional[str] = ..., tolerationSeconds: _Optional[int] = ...) -> None: ...
+
+class PodResourceClaim(_message.Message):
+    __slots__ = ("name", "resourceClaimName", "resourceClaimTemplateName")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCECLAIMNAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCECLAIMTEMPLATENAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    resourceClaimName: str
+    resourceClaimTemplateName: str
+    def __init__(self, name: _Optional[str] = ..., resourceClaimName: _Optional[str] = ..., resourceClaimTemplateName: _Optional[str] = ...) -> None: ...
+
 class PodSpec(_message.Message):
-    __slots__ = ("containers", "nodeName", "initContainers", "priority")
+    __slots__ = ("containers", "nodeSelector", "nodeName", "initContainers", "tolerations", "priority", "resourceClaims")
+    class NodeSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    NODESELECTOR_FIELD_NUMBER: _ClassVar[int]
     NODENAME_FIELD_NUMBER: _ClassVar[int]
     INITCONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RESOURCECLAIMS_FIELD_NUMBER: _ClassVar[int]
     containers: _containers.RepeatedCompositeFieldContainer[Container]
+    nodeSelector: _containers.ScalarMap[str, str]
     nodeName: str
     initContainers: _containers.RepeatedCompositeFieldContainer[Container]
+    tolerations: _containers.RepeatedCompositeFieldContainer[Toleration]
     priority: int
-    def __init__(self, containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., nodeName: _Optional[str] = ..., initContainers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., priority: _Optional[int] = ...) -> None: ...
+    resourceClaims: _containers.RepeatedCompositeFieldContainer[PodResourceClaim]
+    def __init__(self, containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., nodeSelector: _Optional[_Mapping[str, str]] = ..., nodeName: _Optional[str] = ..., initContainers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., priority: _Optional[int] = ..., resourceClaims: _Optional[_Iterable[_Union[PodResourceClaim, _Mapping]]] = ...) -> None: ...
 
 class PodCondition(_message.Message):
-    __slots__ = ("type", "status", "reason")
+    __slots__ = ("type", "status", "lastTransitionTime", "reason", "message")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    LASTTRANSITIONTIME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     type: str
     status: str
+    lastTransitionTime: Time
     reason: str
-    def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    message: str
+    def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., lastTransitionTime: _Optional[_Union[Time, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PodResourceClaimStatus(_message.Message):
+    __slots__ = ("name", "resourceClaimName")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCECLAIMNAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    resourceClaimName: str
+    def __init__(self, name: _Optional[str] = ..., resourceClaimName: _Optional[str] = ...) -> None: ...
+
+class PodExtendedResourceClaimStatus(_message.Message):
+    __slots__ = ("resourceClaimName",)
+    RESOURCECLAIMNAME_FIELD_NUMBER: _ClassVar[int]
+    resourceClaimName: str
+    def __init__(self, resourceClaimName: _Optional[str] = ...) -> None: ...
 
 class PodStatus(_message.Message):
-    __slots__ = ("phase", "conditions", "nominatedNodeName")
+    __slots__ = ("phase", "conditions", "startTime", "nominatedNodeName", "resourceClaimStatuses", "extendedResourceClaimStatus")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    STARTTIME_FIELD_NUMBER: _ClassVar[int]
     NOMINATEDNODENAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCECLAIMSTATUSES_FIELD_NUMBER: _ClassVar[int]
+    EXTENDEDRESOURCECLAIMSTATUS_FIELD_NUMBER: _ClassVar[int]
     phase: str
     conditions: _containers.RepeatedCompositeFieldContainer[PodCondition]
+    startTime: Time
     nominatedNodeName: str
-    def __init__(self, phase: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[PodCondition, _Mapping]]] = ..., nominatedNodeName: _Optional[str] = ...) -> None: ...
+    resourceClaimStatuses: _containers.RepeatedCompositeFieldContainer[PodResourceClaimStatus]
+    extendedResourceClaimStatus: PodExtendedResourceClaimStatus
+    def __init__(self, phase: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[PodCondition, _Mapping]]] = ..., startTime: _Optional[_Union[Time, _Mapping]] = ..., nominatedNodeName: _Optional[str] = ..., resourceClaimStatuses: _Optional[_Iterable[_Union[PodResourceClaimStatus, _Mapping]]] = ..., extendedResourceClaimStatus: _Optional[_Union[PodExtendedResourceClaimStatus, _Mapping]] = ...) -> None: ...
 
 class Pod(_message.Message):
     __slots__ = ("metadata", "spec", "status")
