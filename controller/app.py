@@ -30,7 +30,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import CollectorRegistry
 
 from controller.drain.loop import DrainLoop
-from controller.extender.runtime import Extender, build_extender
+from controller.extender.runtime import Extender, binder_advertisement, build_extender
 from controller.extender.server import passthrough_preemption
 from controller.gpus.feed import GpuModel, build_gpu_model
 from controller.health.loop import HealthLoop, controller_namespace
@@ -306,6 +306,7 @@ def build_capabilities(
     registry: CollectorRegistry,
     dry_run: bool | None,
     identity: str,
+    elector: LeaderElector | None = None,
 ) -> Capabilities:
     """One node informer and one live-pod informer (one list+watch stream each) serve every capability: the
     GPU model (built once, whether or not the extender is on), quarantine, drain, nominations, make-room, the
@@ -340,6 +341,7 @@ def build_capabilities(
             preempt_hook=hook,
             instance=identity,
             gpus=gpus,
+            elector=elector,
         )
     loops = _build_loops(
         config, kube, prom, gpus, throttle, nodes, pods, registry=registry, dry_run=dry_run, identity=identity
@@ -407,7 +409,7 @@ def _leadership(
     """The event the mutating passes are gated on, and the elector to run for it: the Lease's `is_leader`
     when leader election is on; else an event set now (this replica always leads) and no elector."""
     le = config.kubernetes.leader_election
-    if not le.enabled:
+    if not le.enabled:  # (the extender's leader bind protocol then binds in this one replica)
         leading = asyncio.Event()
         leading.set()
         return leading, None
@@ -420,6 +422,7 @@ def _leadership(
             le.lease_duration_seconds, le.renew_deadline_seconds, le.retry_period_seconds
         ),
         registry=registry,
+        annotations=binder_advertisement(config.extender),
     )
     return elector.is_leader, elector
 
@@ -483,8 +486,10 @@ async def run_controller(
         PrometheusClient(config.prometheus, registry=registry) as prom,
         kube_client(config, kubeconfig, registry) as kube,
     ):
-        built = build_capabilities(config, kube, prom, registry=registry, dry_run=dry_run, identity=identity)
         leading, elector = _leadership(config, kube, identity, registry)
+        built = build_capabilities(
+            config, kube, prom, registry=registry, dry_run=dry_run, identity=identity, elector=elector
+        )
         election = asyncio.ensure_future(elector.run()) if elector is not None else None
         passes = PassScheduler(leading, grace=PASS_GRACE_SECONDS, registry=registry)
         for name, loop in built.loops.items():

@@ -64,6 +64,10 @@ DRAIN_EXCLUDE = "gpuwarden.io/drain-exclude"
 REMEDIATION = "gpuwarden.io/remediation"
 """Node annotation, JSON: the remediation hand-off's step and escalation."""
 
+EXTENDER_URL = "gpuwarden.io/extender-url"
+"""Lease annotation (the controller's Lease, extender bind protocol `leader`): where the holder's extender
+takes forwarded binds, e.g. `http://10.0.0.7:8888/gpuwarden`."""
+
 # --- pods: the GPU set (extender bind, node agent) ----------------------------------------------------------
 GPU_IDS = "gpuwarden.io/gpu-ids"
 """Pod annotation: the GPU set assigned at bind, `format_gpu_ids` form (e.g. `0,1,2,3`)."""

@@ -15,6 +15,13 @@ claim (only if the pod is still as we left it) so GPUs are not pinned.
 
 It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
 scheduler; `KubeError`s never escape. In dry-run it binds without writing the claim.
+
+The sole binder (`extender.bind_protocol: leader`, given a `SoleBinder`): while this replica is the fenced
+holder of the Lease, nobody else writes GPU sets, so bind chooses (model plus in-flight claims, as above)
+and writes the set on the Binding itself - one write, no claim PATCH, no verify. Until its pod watch has
+passed the write that made it leader (a predecessor's last binds may still be on their way), it chooses
+from a consistent LIST of the node's pods instead. Not the fenced holder, it refuses (the service forwards
+bind to the holder before it gets here).
 """
 
 from __future__ import annotations
@@ -24,10 +31,17 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from controller.extenderv1 import ExtenderBindingArgs
-from controller.gpus.claims import claim_patch, claim_selector, conflicts, release_patch, reusable_claim
+from controller.gpus.claims import (
+    binding_annotations,
+    claim_patch,
+    claim_selector,
+    conflicts,
+    release_patch,
+    reusable_claim,
+)
 from controller.gpus.fit import Choice, Policy, Settings, choose_gpus, policy_of
 from controller.gpus.model import Claim, ClusterModel
 from controller.gpus.objects import JsonObject, PodInfo, pod_info
@@ -39,12 +53,39 @@ log = logging.getLogger(__name__)
 
 
 class PodApi(Protocol):
-    """The four API calls bind needs; `KubePodApi` makes them, tests use an in-memory fake."""
+    """The API calls bind needs; `KubePodApi` makes them, tests use an in-memory fake. The sole binder
+    also calls `list_node_pods` and passes `annotations` to `bind_pod` (the claim protocol never does)."""
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject: ...
     async def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> JsonObject: ...
     async def list_pods(self, label_selector: str) -> list[JsonObject]: ...
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class SolePodApi(PodApi, Protocol):
+    """`PodApi` with the sole binder's two extras: a LIST by node name, and a Binding with annotations."""
+
+    async def list_node_pods(self, node: str) -> list[JsonObject]: ...
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None: ...
+
+
+class SoleBinder(Protocol):
+    """Whether this replica is the one binder now (`LeaderElector.fenced`), and which write made it so."""
+
+    def fenced(self) -> bool: ...
+    @property
+    def acquired_rv(self) -> str: ...
+
+
+class AlwaysSole:
+    """The sole binder without an election (leader election off: a single replica)."""
+
+    acquired_rv = ""
+
+    def fenced(self) -> bool:
+        return True
 
 
 class KubePodApi:
@@ -62,11 +103,19 @@ class KubePodApi:
     async def list_pods(self, label_selector: str) -> list[JsonObject]:
         return (await self._client.list_objects(PODS, label_selector=label_selector)).items
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def list_node_pods(self, node: str) -> list[JsonObject]:
+        return (await self._client.list_objects(PODS, field_selector=f"spec.nodeName={node}")).items
+
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None:
+        metadata: JsonObject = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = annotations  # copied onto the pod in the bind's write
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._client.request(
@@ -91,6 +140,11 @@ class BindOutcome:
     """Dry-run only: the error a real run would have returned (the pod was bound anyway, unclaimed)."""
     dra_class: str = ""
     """The node is DRA-backed (controller/gpus/dra.py): bound as asked, no GPU set chosen or recorded."""
+
+
+def _revision(resource_version: str) -> int:
+    """A resourceVersion as a number (etcd's revision; comparable, KEP-5504), -1 when it is not one."""
+    return int(resource_version) if resource_version.isdigit() else -1
 
 
 def _shows(seen: PodInfo, node: str, claim: Claim) -> bool:
@@ -118,8 +172,15 @@ class Binder:
         on_conflict: Callable[[str], None] = lambda kind: None,
         watch_timeout: float = 0.0,
         on_phase: Callable[[str, float], None] = lambda phase, seconds: None,
+        sole: SoleBinder | None = None,
     ) -> None:
         self._api = api
+        self._sole = sole
+        """None: the claim protocol (any number of binders). Else bind only while `sole.fenced()`."""
+        self._seen_rv = -1
+        """The newest resourceVersion the pod watch delivered (tracked for the sole binder only): until it
+        passes the Lease write that made this replica the binder (`sole.acquired_rv`), a predecessor's last
+        binds may not be in the cache yet, so bind chooses from a consistent LIST."""
         self._model = model
         self._settings = settings
         self._clock = clock
@@ -135,6 +196,11 @@ class Binder:
         self._inflight: dict[str, dict[str, Claim]] = {}
         self._known: set[str] = set()
         """Pods with an in-flight claim that the model had when the claim was noted."""
+
+    @property
+    def leader_protocol(self) -> bool:
+        """Whether this binder runs the leader protocol (binds only as the fenced Lease holder)."""
+        return self._sole is not None
 
     def has_inflight(self) -> bool:
         """Whether this replica has any in-flight claim (else `overlay` is empty for every node)."""
@@ -167,6 +233,10 @@ class Binder:
 
     def pod_seen(self, key: str) -> None:
         """The feed applied a watch event of pod `key`: wake the binds waiting to see their claim on it."""
+        if self._sole is not None:  # a watch delivers in order: every write up to this one is applied
+            seen = self._model.pod(key)
+            if seen is not None:
+                self._seen_rv = max(self._seen_rv, _revision(seen.resource_version))
         waiters = self._waiting.get(key)
         if not waiters:
             return
@@ -299,6 +369,8 @@ class Binder:
             return BindOutcome("bound", dra_class=view.dra_class)
         if cached is None and self._dry_run:
             return await self._bind_dry(pod, node)
+        if self._sole is not None:
+            return await self._bind_sole(pod, node, self._sole)
         claimed = await self._claim(pod, node)
         if not isinstance(claimed, tuple):
             return claimed
@@ -320,6 +392,89 @@ class Binder:
             return BindOutcome("bound", cause=chosen.cause, policy=self._policy(pod), would_fail=chosen.error)
         log.info("dry-run: would claim GPUs", extra={"pod": pod.key, "node": node, "choice": chosen.choice})
         return BindOutcome("bound", choice=chosen.choice, policy=self._policy(pod))
+
+    def _caught_up(self, sole: SoleBinder) -> bool:
+        """Whether the pod cache holds every write made before this replica became the binder."""
+        if not sole.acquired_rv:  # no election (a single replica): the cache is as good as a LIST
+            return True
+        barrier = _revision(sole.acquired_rv)
+        return barrier >= 0 and self._seen_rv > barrier  # not a number: never assume it, always LIST
+
+    async def _node_pods(self, node: str) -> list[PodInfo]:
+        """A consistent read of every pod that may hold GPUs on `node`: bound there, or claiming it."""
+        bound = await cast(SolePodApi, self._api).list_node_pods(node)
+        claiming = await self._api.list_pods(claim_selector(node))
+        pods = {p.key: p for p in (pod_info(o, self._model.resource) for o in [*bound, *claiming])}
+        return list(pods.values())
+
+    async def _bind_sole(self, pod: PodInfo, node: str, sole: SoleBinder) -> BindOutcome:
+        """The sole binder's bind: choose, then one write - the Binding carrying the set."""
+        if not sole.fenced():
+            self._on_conflict("not_binder")
+            return BindOutcome(
+                "error",
+                f"this replica is not the binder (bind of {pod.key} to {node}); retry",
+                cause="not_binder",
+            )
+        settings, now = self._settings(), self._clock()
+        listed = None if self._caught_up(sole) else await self._node_pods(node)
+        ids = reusable_claim(pod, node, now, settings.claim_ttl_seconds)
+        if ids is not None:  # the pod's own claim (a preemption's reservation, an earlier try): keep its set
+            choice = self._describe(node, ids)
+            holders = listed if listed is not None else self._model.pods_on(node)
+            clash = conflicts(pod.key, node, ids, holders, now, settings.claim_ttl_seconds)
+            clash += [
+                (c.pod, c.ids) for c in self.overlay(node) if c.pod != pod.key and set(c.ids) & set(ids)
+            ]
+            if clash:
+                self._on_conflict("gpu_claimed")
+                held = "; ".join(f"GPU {','.join(gpu_ids)} by {key}" for key, gpu_ids in clash)
+                return BindOutcome(
+                    "conflict",
+                    f"GPUs on {node} were claimed concurrently ({held}); retry",
+                    cause="gpu_claimed",
+                )
+            mine = Claim(pod.key, ids, now)
+            prior = self._note(node, mine)
+        else:
+            picked = self._pick(pod, node, now, listed)
+            if isinstance(picked, BindOutcome) and listed is None:
+                self._on_conflict("cache_stale")  # e.g. preemption victims deleted a moment ago
+                picked = self._pick(pod, node, self._clock(), await self._node_pods(node))
+            if isinstance(picked, BindOutcome):
+                return picked
+            choice, mine, prior = picked
+        if not sole.fenced():  # a LIST took long enough for the fence to end: write nothing
+            self._drop(node, mine, prior)
+            self._on_conflict("not_binder")
+            return BindOutcome(
+                "error",
+                f"this replica stopped being the binder while binding {pod.key}; retry",
+                cause="not_binder",
+            )
+        ns, name = pod.key.split("/", 1)
+        try:
+            started = time.perf_counter()
+            annotations = binding_annotations(node, choice, now)
+            await cast(SolePodApi, self._api).bind_pod(ns, name, pod.uid, node, annotations)
+            self._on_phase("binding", time.perf_counter() - started)
+        except KubeConflict:
+            self._drop(node, mine, prior)
+            current = pod_info(await self._api.get_pod(ns, name), self._model.resource)
+            if current.node_name == node:  # a concurrent try of the same pod won; its set is recorded
+                return BindOutcome("already_bound", choice=self._describe(node, current.gpu_ids or ()))
+            return BindOutcome(
+                "error",
+                f"pod {pod.key} could not be bound to {node}: it changed meanwhile",
+                cause="pod_changed",
+            )
+        except KubeNotFound:
+            self._drop(node, mine, prior)
+            return BindOutcome("error", f"pod {pod.key} not found", cause="pod_gone")
+        except BaseException:  # unwritten or unknown: the watch shows the pod bound if it was written
+            self._drop(node, mine, prior)
+            raise
+        return BindOutcome("bound", choice=choice, policy=self._policy(pod))
 
     def _choose(self, pod: PodInfo, node: str, listed: list[PodInfo] | None = None) -> BindOutcome:
         """The GPU set from the watch cache or, given `listed` (a consistent LIST), from fresh data.
@@ -356,12 +511,16 @@ class Binder:
         if chosen.choice is None:
             return chosen
         claim = Claim(pod.key, chosen.choice.ids, now)
+        return chosen.choice, claim, self._note(node, claim)
+
+    def _note(self, node: str, claim: Claim) -> Claim | None:
+        """Record `claim` as this replica's in-flight claim of its pod on `node`; the one it replaces."""
         claims = self._inflight.setdefault(node, {})
-        prior = claims.get(pod.key)
-        claims[pod.key] = claim
-        if self._model.pod(pod.key) is not None:
-            self._known.add(pod.key)
-        return chosen.choice, claim, prior
+        prior = claims.get(claim.pod)
+        claims[claim.pod] = claim
+        if self._model.pod(claim.pod) is not None:
+            self._known.add(claim.pod)
+        return prior
 
     def _describe(self, node: str, ids: tuple[str, ...]) -> Choice:
         """A `Choice` for a set claimed earlier (a retried bind reusing its own claim)."""

@@ -33,9 +33,13 @@ class ExtenderMetrics:
     bind_conflicts: Counter
     """`gpuwarden_extender_bind_conflicts_total{kind}`; kind: pod_changed, gpu_claimed,
     cache_stale (the watch cache found no GPU set; bind chose again from a consistent LIST), watch_lag (the
-    pod watch did not show a claim within `claim_watch_timeout_seconds`; verified with a LIST instead)."""
+    pod watch did not show a claim within `claim_watch_timeout_seconds`; verified with a LIST instead),
+    not_binder (leader protocol: asked to bind while not the fenced binder)."""
     events_dropped: Counter
     """`gpuwarden_extender_events_dropped_total`: bind Events not written because the queue was full."""
+    forwarded: Counter
+    """`gpuwarden_extender_binds_forwarded_total{outcome}`: binds a follower passed to the binder (leader
+    bind protocol); outcome ok or error (the binder's Error, or it could not be reached)."""
     bind_phases: Histogram
     """`gpuwarden_extender_bind_phase_seconds{phase}`: where a bind's time goes; phase: claim (the claim
     PATCH), verify (until the claim is known to be the only one: watch wait or LIST), binding (the Binding
@@ -86,6 +90,13 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
             "gpuwarden_extender_events_dropped_total",
             "GPUsAssigned / GPUBindFailed Events dropped because too many were waiting to be written "
             "(binds never wait for Events).",
+            registry=registry,
+        ),
+        forwarded=Counter(
+            "gpuwarden_extender_binds_forwarded_total",
+            "Binds this replica passed to the binder replica (bind_protocol leader), by outcome: ok, "
+            "error (the binder's Error, or it could not be reached; the scheduler retries the pod).",
+            ["outcome"],
             registry=registry,
         ),
         bind_phases=Histogram(

@@ -2,7 +2,8 @@
 
 Why it exists: the controller's entry point should need three lines - `build_extender(...)`, `mount(app)`,
 `run()` - and every replica must be built the same way (each answers filter/prioritize/bind from its own
-watch-backed model; no leader is needed because bind's claim protocol is safe between replicas).
+watch-backed model; under the claim bind protocol no leader is needed, as claims are safe between
+replicas; under the leader protocol the controller's Lease holder binds and the others forward bind to it).
 
 It reads the `extender` (including `claim_ttl_seconds` and `events`), `kubernetes` and `health` (node
 labels of DCGM series) config sections and must not run a listener itself: the controller owns the HTTP
@@ -23,8 +24,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.extender.answers import warm
-from controller.extender.bind import Binder, KubePodApi
+from controller.extender.bind import AlwaysSole, Binder, KubePodApi, SoleBinder
 from controller.extender.events import BindEvents
+from controller.extender.forward import Forwarder, advertised_url, peer_ssl
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.server import (
     ExtenderService,
@@ -36,9 +38,10 @@ from controller.gpus.feed import ErrorTrends, GpuModel, ModelFeed, build_gpu_mod
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.root import Config
-from gpuwarden.kube import EventRecorder, KubeClient
+from gpuwarden.kube import EventRecorder, KubeClient, LeaderElector
 from gpuwarden.kube.event_queue import EventSink
 from gpuwarden.promclient import PrometheusClient
+from gpuwarden.wellknown import EXTENDER_URL
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +128,52 @@ class Extender:
                     group.create_task(self.events.run(), name="extender-events")
         except BaseExceptionGroup as failed:  # the first failure; the rest are usually its consequences
             raise failed.exceptions[0] from failed
+        finally:
+            if self.service.forwarder is not None:
+                await self.service.forwarder.close()
 
     async def close_events(self, grace: float) -> None:
         """Shutdown, after the listener stopped (no bind can queue another Event): give the Events writer up
         to `grace` seconds to write what is queued, before `run` is cancelled."""
         if self.events is not None:
             await self.events.close(grace)
+
+
+def binder_advertisement(cfg: ExtenderConfig) -> dict[str, str]:
+    """What the controller's Lease carries for the leader bind protocol: this replica's extender URL (so
+    the other replicas can forward bind to it while it leads); {} otherwise."""
+    if not cfg.enabled or cfg.bind_protocol != "leader":
+        return {}
+    url = advertised_url(cfg)
+    if not url:
+        log.warning(
+            "extender.bind_protocol is leader but this replica has no address to advertise (set "
+            "extender.advertise_url or POD_IP): the other replicas cannot forward bind to it"
+        )
+        return {}
+    return {EXTENDER_URL: url}
+
+
+def _sole_binding(
+    cfg: ExtenderConfig, elector: LeaderElector | None
+) -> tuple[SoleBinder | None, Forwarder | None]:
+    """The leader bind protocol's parts: who may bind here (the fenced Lease holder; without an election,
+    this one replica) and where a follower forwards bind to. (None, None) under the claim protocol."""
+    if cfg.bind_protocol != "leader":
+        return None, None
+    if elector is None:
+        return AlwaysSole(), None
+
+    def binder_url() -> str:
+        return elector.holder_annotations.get(EXTENDER_URL, "") if elector.leader else ""
+
+    forwarder = Forwarder(
+        binder_url,
+        own_url=advertised_url(cfg),
+        timeout=cfg.forward_timeout_seconds,
+        ssl_context=peer_ssl(cfg.tls.cert_file),
+    )
+    return elector, forwarder
 
 
 def build_extender(
@@ -145,6 +188,7 @@ def build_extender(
     instance: str = "",
     recorder: EventSink | None = None,
     gpus: GpuModel | None = None,
+    elector: LeaderElector | None = None,
 ) -> Extender:
     """Build the extender from config; `prometheus` None disables the error-trend penalty. `gpus`: the
     controller's shared GPU model (run by the controller), else the extender builds and runs its own.
@@ -175,6 +219,7 @@ def build_extender(
         events=events,
         fleet=gpus.settings,
     )
+    sole, forwarder = _sole_binding(cfg, elector)
     service.binder = Binder(
         KubePodApi(kube),
         model,
@@ -184,7 +229,10 @@ def build_extender(
         on_conflict=lambda kind: metrics.bind_conflicts.labels(kind).inc(),
         watch_timeout=cfg.claim_watch_timeout_seconds,
         on_phase=lambda phase, seconds: metrics.bind_phases.labels(phase).observe(seconds),
+        sole=sole,
     )
+    if sole is not None and forwarder is not None:
+        service.forwarder, service.is_binder = forwarder, sole.fenced
     service.max_body_bytes = cfg.max_request_bytes
     if gpus.feed is None:
         raise ValueError("the extender needs a GPU model kept current by a feed")

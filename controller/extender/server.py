@@ -36,6 +36,7 @@ from controller.extender.answers import (
 )
 from controller.extender.bind import Binder, BindOutcome
 from controller.extender.events import BindEvents, bind_event
+from controller.extender.forward import FORWARDED_SUFFIX, Forwarder
 from controller.extender.metrics import ExtenderMetrics
 from controller.extenderv1 import (
     ExtenderArgs,
@@ -114,6 +115,10 @@ class ExtenderService:
         self.preempt_hook = preempt_hook
         self.clock = clock
         self.max_body_bytes = MAX_BODY_BYTES
+        self.forwarder: Forwarder | None = None
+        """With the leader bind protocol: where bind goes while this replica is not the fenced binder."""
+        self.is_binder: Callable[[], bool] = lambda: True
+        """Whether this replica binds itself now (always, under the claim protocol)."""
         self._overlays: dict[str, tuple[NodeView, tuple[Claim, ...], NodeView]] = {}
         """Per node: (model view, this replica's in-flight claims there, the view with them). Kept while
         both are unchanged, so decide.py's answers cached on it serve the next requests too (filter then
@@ -282,6 +287,14 @@ class ExtenderService:
         return await self.preempt_hook(args)
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        if self.forwarder is not None and not self.is_binder():
+            result = await self.forwarder.bind(args)
+            self.metrics.forwarded.labels("error" if result.error else "ok").inc()
+            return result
+        return await self.bind_here(args)
+
+    async def bind_here(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """Bind in this replica (a forwarded bind comes here directly: it is never passed on again)."""
         if self.binder is None:
             return ExtenderBindingResult(error="gpuwarden extender: bind is not enabled on this replica")
         if not self.model.synced:
@@ -392,7 +405,7 @@ def _answerer(
 
 def answerers(service: ExtenderService) -> dict[str, Callable[[bytes], Awaitable[Answer]]]:
     """Per verb, the request-bytes-to-answer function its route serves (the benchmarks call them too)."""
-    return {
+    verbs = {
         "filter": _answerer(
             "filter", ExtenderArgs, service.filter, lambda: ExtenderFilterResult(error=INTERNAL)
         ),
@@ -402,6 +415,11 @@ def answerers(service: ExtenderService) -> dict[str, Callable[[bytes], Awaitable
             "bind", ExtenderBindingArgs, service.bind, lambda: ExtenderBindingResult(error=INTERNAL)
         ),
     }
+    if service.binder is not None and service.binder.leader_protocol:  # where followers forward bind to
+        verbs[FORWARDED_SUFFIX.strip("/")] = _answerer(
+            "bind", ExtenderBindingArgs, service.bind_here, lambda: ExtenderBindingResult(error=INTERNAL)
+        )
+    return verbs
 
 
 def _handler(
@@ -434,8 +452,8 @@ def extender_routes(service: ExtenderService, prefix: str = DEFAULT_PREFIX) -> w
     """The four routes under `prefix` (e.g. "/gpu-extender" -> POST /gpu-extender/filter ...)."""
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
     routes = web.RouteTableDef()
-    for verb, answer in answerers(service).items():
-        routes.post(f"{base}/{verb}")(_handler(verb, answer, service))
+    for verb, answer in answerers(service).items():  # "bind/forwarded" counts as bind_forwarded
+        routes.post(f"{base}/{verb}")(_handler(verb.replace("/", "_"), answer, service))
     return routes
 
 

@@ -145,6 +145,38 @@ class ExtenderConfig(Section):
         "topology policy) and GPUBindFailed (why). Written in the background; never delays a bind.",
     )
 
+    bind_protocol: Literal["claim", "leader"] = Field(
+        default="claim",
+        description="How replicas keep from handing a GPU out twice. `claim`: every replica binds; each "
+        "bind writes a claim on the pod, verifies it against the other replicas' claims, then creates the "
+        "Binding (three steps, two writes per pod). `leader`: only the fenced holder of the controller's "
+        "Lease (`kubernetes.leader_election`) binds, writing the GPU set on the Binding itself (one write "
+        "per pod); the other replicas still answer filter and prioritize and forward bind to it at "
+        "`advertise_url`. While no replica holds the Lease (up to its 15 s after a leader dies), bind "
+        "fails and the scheduler retries. Every replica must use the same protocol.",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="With bind_protocol leader: where the other replicas reach this one's extender, "
+        "written into the Lease while it leads, e.g. http://10.0.0.7:8888/gpuwarden. null: "
+        "http(s)://$POD_IP:<port><path_prefix> from the POD_IP environment variable (the downward API in "
+        "deploy/); with neither, a follower cannot forward and fails bind with that reason.",
+    )
+    forward_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=30,
+        description="With bind_protocol leader: how long a follower waits for the binder's answer to a "
+        "forwarded bind. 5: a bind takes milliseconds; the scheduler's own bind timeout is longer.",
+    )
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _url_shape(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r}: an http:// or https:// URL with the path prefix, or null")
+        return value.rstrip("/") if value is not None else None
+
     @field_validator("warm_gpu_counts")
     @classmethod
     def _warm_counts(cls, value: list[int]) -> list[int]:

@@ -22,8 +22,8 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -69,6 +69,8 @@ class LeaseSnapshot:
     renew_time: str | None
     resource_version: str
     observed_at: float
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """The Lease's metadata annotations (what the holder advertises there, e.g. its extender URL)."""
 
 
 class LeaseAction(StrEnum):
@@ -81,6 +83,7 @@ class LeaseAction(StrEnum):
 def snapshot_of(lease: JsonObject, previous: LeaseSnapshot | None, now: float) -> LeaseSnapshot:
     """Read a Lease; `observed_at` moves to `now` only when the record changed since `previous`."""
     spec = lease.get("spec") or {}
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
     snap = LeaseSnapshot(
         holder=str(spec.get("holderIdentity") or ""),
         lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
@@ -89,6 +92,7 @@ def snapshot_of(lease: JsonObject, previous: LeaseSnapshot | None, now: float) -
         renew_time=spec.get("renewTime"),
         resource_version=resource_version(lease),
         observed_at=now,
+        annotations={str(k): str(v) for k, v in annotations.items()},
     )
     if previous is not None and _record(previous) == _record(snap):
         return replace(snap, observed_at=previous.observed_at)
@@ -195,8 +199,11 @@ class LeaderElector:
         registry: CollectorRegistry | Registry | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         self._client = client
+        self._annotations = dict(annotations or {})
+        """Written into the Lease's metadata with every write of ours (what the holder advertises)."""
         self.name, self.namespace, self.identity = name, namespace, identity
         self.durations = durations or LeaseDurations()
         self._on_started, self._on_stopped = on_started_leading, on_stopped_leading
@@ -210,12 +217,38 @@ class LeaderElector:
         self.is_leader = asyncio.Event()
         self.observed: LeaseSnapshot | None = None
         self._last_renewed = 0.0
+        self.acquired_rv = ""
+        """The resourceVersion of the write that made us leader this time (every write a predecessor made
+        while leading came before it)."""
+        self._fence = 0.0
+        """Monotonic time until which our last successful write keeps us safely the only leader."""
         self._stopping = asyncio.Event()
 
     @property
     def leader(self) -> str:
         """The holder identity last observed ("" when free or unknown)."""
         return self.observed.holder if self.observed is not None else ""
+
+    def fenced(self) -> bool:
+        """Whether we lead *and* no other candidate can have taken the Lease yet, on our own clock.
+
+        Stricter than `is_leader` (cleared only at the next step): our write committed after the step
+        began, a standby takes over no sooner than `lease_duration` after it saw that write, so until
+        `renew_deadline` after the step began nobody else leads - with `lease_duration - renew_deadline`
+        (5 s by default) to spare for a request we started just before."""
+        return self.is_leader.is_set() and self._monotonic() < self._fence
+
+    @property
+    def holder_annotations(self) -> Mapping[str, str]:
+        """The annotations of the Lease as last read (the holder's advertisement), {} when unknown."""
+        return self.observed.annotations if self.observed is not None else {}
+
+    def _metadata(self, lease: JsonObject | None) -> JsonObject:
+        """The metadata to write: the Lease's as read, with our annotations over its own."""
+        metadata: JsonObject = dict((lease or {}).get("metadata") or {"name": self.name})
+        if self._annotations:
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self._annotations}
+        return metadata
 
     async def try_acquire_or_renew(self) -> bool:
         """One election step: read the Lease, decide, write conditionally. True when we hold it now."""
@@ -231,18 +264,20 @@ class LeaderElector:
         spec = lease_spec(action, self.observed, self.identity, self._wall(), self.durations)
         try:
             if lease is None:
-                body = {"apiVersion": LEASES.api_version, "kind": "Lease", "metadata": {"name": self.name}}
+                body = {"apiVersion": LEASES.api_version, "kind": "Lease", "metadata": self._metadata(None)}
                 written = await self._client.create(LEASES, body | {"spec": spec}, namespace=self.namespace)
             else:
-                written = await self._client.replace(
-                    LEASES, self.name, lease | {"spec": spec}, namespace=self.namespace
-                )
+                body = lease | {"metadata": self._metadata(lease), "spec": spec}
+                written = await self._client.replace(LEASES, self.name, body, namespace=self.namespace)
         except KubeConflict:  # another candidate wrote first; re-read on the next step
             return False
         self.observed = snapshot_of(written, None, self._monotonic())
+        self._fence = now + self.durations.renew_deadline
         return True
 
     async def _set_leader(self, leading: bool) -> None:
+        if not leading:
+            self._fence = 0.0
         if leading == self.is_leader.is_set():
             return
         self._transitions.inc()
@@ -272,6 +307,8 @@ class LeaderElector:
         now = self._monotonic()
         if held:
             self._last_renewed = now
+            if not self.is_leader.is_set() and self.observed is not None:
+                self.acquired_rv = self.observed.resource_version
             await self._set_leader(True)
         elif self.is_leader.is_set():
             taken = bool(self.leader) and self.leader != self.identity

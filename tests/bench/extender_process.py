@@ -4,8 +4,10 @@ Built exactly as the controller builds it (`build_extender` + watches through `K
 127.0.0.1:PORT with the extender's Prometheus series at ``/metrics``, so the bench can read its
 server-side latency and its peak RSS apart from the bench process. Prints ``ready`` once the model has
 synced; stops on SIGTERM or when stdin closes. ``GPUWARDEN_BENCH_EXTENDER_CONFIG`` (JSON) is merged into the
-``extender`` config section, e.g. ``{"events": false}``. ``GPUWARDEN_BENCH_EXTENDER_PROFILE=<path>``
-writes a cProfile of the serving period (after ``ready``) there on exit, for `python -m pstats`.
+``extender`` config section, e.g. ``{"events": false}``; with ``{"bind_protocol": "leader"}`` it binds
+while holding a Lease of its own in namespace default, as the controller's leader does.
+``GPUWARDEN_BENCH_EXTENDER_PROFILE=<path>`` writes a cProfile of the serving period (after ``ready``)
+there on exit, for `python -m pstats`.
 
 Run: ``python -m tests.bench.extender_process KUBECONFIG PORT PREFIX``.
 """
@@ -25,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.extender.runtime import build_extender
 from gpuwarden.config.root import Config
-from gpuwarden.kube import KubeClient
+from gpuwarden.kube import KubeClient, LeaderElector
 
 
 async def serve(kubeconfig: str, port: int, prefix: str) -> None:
@@ -33,7 +35,15 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
     config = Config.model_validate({"kubernetes": {"kubeconfig": kubeconfig}, "extender": section})
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
     registry = CollectorRegistry()
-    extender = build_extender(config, kube, registry=registry)
+    elector = None
+    if config.extender.bind_protocol == "leader":  # as in the controller: bind while holding a Lease
+        elector = LeaderElector(
+            kube,
+            name=f"gw-bench-extender-{os.getpid()}",
+            namespace="default",
+            identity=f"bench-{os.getpid()}",
+        )
+    extender = build_extender(config, kube, registry=registry, elector=elector)
     app = web.Application()
     extender.mount(app)
 
@@ -45,7 +55,8 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     feed = asyncio.ensure_future(extender.run())
-    while not extender.ready():
+    election = asyncio.ensure_future(elector.run()) if elector is not None else None
+    while not extender.ready() or (elector is not None and not elector.fenced()):
         if feed.done():
             feed.result()
         await asyncio.sleep(0.2)
@@ -65,6 +76,9 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
         profiler.dump_stats(profile_path)
     feed.cancel()
     await asyncio.gather(feed, return_exceptions=True)
+    if elector is not None and election is not None:
+        elector.stop()
+        await asyncio.gather(election, return_exceptions=True)
     await runner.cleanup()
     await kube.aclose()
 

@@ -274,9 +274,18 @@ class FakePodApi:
             if (p["metadata"].get("labels") or {}).get(key) == value
         ]
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def list_node_pods(self, node: str) -> list[dict[str, Any]]:
         await self._yield()
-        self.calls.append(f"bind {namespace}/{name} {node}")
+        self.calls.append(f"list spec.nodeName={node}")
+        return [copy.deepcopy(p) for p in self.pods.values() if p["spec"].get("nodeName") == node]
+
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None:
+        """pods/binding: refuses a pod already bound (409); copies `annotations` onto the pod in the same
+        write, as kube-apiserver's BindingREST does."""
+        await self._yield()
+        self.calls.append(f"bind {namespace}/{name} {node}" + (" +annotations" if annotations else ""))
         if self.fail_binding is not None:
             raise self.fail_binding
         obj = self._get(namespace, name)
@@ -287,6 +296,8 @@ class FakePodApi:
                 f"pod {name} is already assigned to node {obj['spec']['nodeName']}", status=409
             )
         obj["spec"]["nodeName"] = node
+        if annotations:
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
         obj["status"].pop("nominatedNodeName", None)
         self.revision += 1
         obj["metadata"]["resourceVersion"] = str(self.revision)

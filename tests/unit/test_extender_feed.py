@@ -235,3 +235,13 @@ async def test_build_extender_mounts_routes_under_the_configured_prefix() -> Non
     assert paths == ["/gw/bind", "/gw/filter", "/gw/preempt", "/gw/prioritize"]
     assert not ext.ready() and ext.trends is None and ext.model.topology_source == "annotation"
     assert registry.get_sample_value("gpuwarden_extender_model_synced") == 0
+
+
+async def test_the_leader_bind_protocol_adds_the_route_followers_forward_bind_to() -> None:
+    cfg = Config.model_validate({"extender": {"path_prefix": "/gw", "bind_protocol": "leader"}})
+    ext = build_extender(cfg, cast(KubeClient, object()))
+    app = web.Application()
+    ext.mount(app)
+    paths = sorted(r.resource.canonical for r in app.router.routes() if r.resource is not None)
+    assert paths == ["/gw/bind", "/gw/bind/forwarded", "/gw/filter", "/gw/preempt", "/gw/prioritize"]
+    assert ext.service.forwarder is None  # no election here (a single replica): it binds itself

@@ -316,3 +316,62 @@ async def test_release_when_not_holder_writes_nothing() -> None:
     rv = store.rv
     assert await b.release() is False
     assert store.rv == rv
+
+
+async def test_fence_ends_a_renew_deadline_after_the_step_that_wrote_and_before_anyone_can_take_over() -> (
+    None
+):
+    store, clock = LeaseStore(), Clock()
+    a, b = elector(store, clock, "a"), elector(store, clock, "b")
+    assert not a.fenced()
+    await a.step()
+    await b.step()
+    assert a.fenced()
+    store.down = True  # a can no longer renew; is_leader stays set until its next step notices
+    clock.t += 9.9
+    assert a.fenced() and a.is_leader.is_set()
+    clock.t += 0.1
+    assert not a.fenced() and a.is_leader.is_set()  # the fence ends first, without waiting for a step
+    store.down = False
+    clock.t += 5.0  # 15 s after b saw a's last write: only now may b take over
+    await b.step()
+    assert b.is_leader.is_set() and b.fenced()
+    await a.step()
+    assert not a.fenced() and not a.is_leader.is_set()
+
+
+async def test_the_holder_advertises_its_annotations_and_followers_read_them() -> None:
+    store, clock = LeaseStore(), Clock()
+    a = LeaderElector(
+        store, name="l", namespace="n", identity="a", monotonic=clock.mono, wall=clock.wall,
+        annotations={"example.com/url": "http://10.0.0.1:8888/x"},
+    )  # fmt: skip
+    b = LeaderElector(
+        store, name="l", namespace="n", identity="b", monotonic=clock.mono, wall=clock.wall,
+        annotations={"example.com/url": "http://10.0.0.2:8888/x"},
+    )  # fmt: skip
+    await a.step()
+    store.obj["metadata"].setdefault("annotations", {})["other"] = "kept"  # type: ignore[index]
+    await b.step()
+    assert b.holder_annotations["example.com/url"] == "http://10.0.0.1:8888/x"
+    clock.t += 2
+    await a.step()  # a renewal keeps what others wrote beside ours
+    assert store.obj is not None and store.obj["metadata"]["annotations"]["other"] == "kept"
+    assert await a.release()
+    await b.step()
+    assert b.is_leader.is_set()
+    assert store.obj["metadata"]["annotations"]["example.com/url"] == "http://10.0.0.2:8888/x"
+
+
+async def test_acquired_rv_is_the_write_that_made_us_leader_not_a_renewal() -> None:
+    store, clock = LeaseStore(), Clock()
+    a = elector(store, clock, "a")
+    await a.step()
+    first = a.acquired_rv
+    assert first == store.obj["metadata"]["resourceVersion"]  # type: ignore[index]
+    clock.t += 2
+    await a.step()
+    assert a.acquired_rv == first and store.obj["metadata"]["resourceVersion"] != first  # type: ignore[index]
+    assert await a.release()
+    await a.step()  # leads again: a new epoch
+    assert a.acquired_rv == store.obj["metadata"]["resourceVersion"] != first  # type: ignore[index]
