@@ -163,11 +163,12 @@ class ExtenderConfig(Section):
         "deploy/); with neither, a follower cannot forward and fails bind with that reason.",
     )
     forward_timeout_seconds: float = Field(
-        default=5.0,
+        default=3.0,
         gt=0,
         le=30,
         description="With bind_protocol leader: how long a follower waits for the binder's answer to a "
-        "forwarded bind. 5: a bind takes milliseconds; the scheduler's own bind timeout is longer.",
+        "forwarded bind. 3: a bind takes milliseconds, and the answer must come before the scheduler's "
+        "own extender timeout (httpTimeout, 5 s in docs/extender.md) so it gets an Error to retry on.",
     )
 
     @field_validator("advertise_url")

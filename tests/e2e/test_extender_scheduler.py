@@ -23,10 +23,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import Extender, build_extender
 from gpuwarden.config.root import Config
-from gpuwarden.kube import KubeClient
+from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.wellknown import EXTENDER_URL
 from harness.testbed import (
     Cluster,
     GpuNodeSpec,
@@ -62,32 +64,54 @@ TOPOLOGY = {name: topology(2, 4) for name in [*GOOD, QUARANTINED]} | {SMALL: top
 
 
 class RunningExtender:
-    """`build_extender` served on 127.0.0.1:`port` from a thread with its own loop (stop = a crash)."""
+    """`build_extender` served on 127.0.0.1:`port` from a thread with its own loop (stop = a crash).
 
-    def __init__(self, cluster: Cluster, port: int) -> None:
-        self.cluster, self.port = cluster, port
+    With `lease`, it runs the leader bind protocol as a controller replica does: it competes for that Lease
+    (short timings, so a test waits seconds, not 15 s), advertises its URL in it while leading, and forwards
+    bind to the holder otherwise; stopping it then leaves the Lease held, as a killed pod would."""
+
+    def __init__(self, cluster: Cluster, port: int, lease: str | None = None) -> None:
+        self.cluster, self.port, self.lease = cluster, port, lease
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="extender", daemon=True)
         self.extender: Extender | None = None
+        self.elector: LeaderElector | None = None
+        self.registry = CollectorRegistry()
 
     async def _start(self) -> None:
+        url = f"http://127.0.0.1:{self.port}{PREFIX}"
+        section: dict[str, Any] = {"path_prefix": PREFIX}
+        if self.lease is not None:
+            section |= {"bind_protocol": "leader", "advertise_url": url}
         config = Config.model_validate(
-            {"kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)}, "extender": {"path_prefix": PREFIX}}
+            {"kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)}, "extender": section}
         )
         self.kube = KubeClient.from_config(kubeconfig=self.cluster.kubeconfig)
-        self.extender = build_extender(config, self.kube)
+        if self.lease is not None:
+            self.elector = LeaderElector(
+                self.kube, name=self.lease, namespace="default", identity=f"replica-{self.port}",
+                durations=LeaseDurations(4.0, 3.0, 0.5), annotations={EXTENDER_URL: url},
+            )  # fmt: skip
+        self.extender = build_extender(config, self.kube, registry=self.registry, elector=self.elector)
         app = web.Application()
         self.extender.mount(app)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
         self.feed = asyncio.ensure_future(self.extender.run())
+        self.election = asyncio.ensure_future(self.elector.run()) if self.elector is not None else None
 
     async def _stop(self) -> None:
         self.feed.cancel()
         await asyncio.gather(self.feed, return_exceptions=True)
         await self.runner.cleanup()
-        await self.kube.aclose()
+        await self.kube.aclose()  # first: a crashed leader releases nothing (the release fails)
+        if self.election is not None:
+            self.election.cancel()
+            await asyncio.gather(self.election, return_exceptions=True)
+
+    def counter(self, name: str, labels: dict[str, str]) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def start(self) -> RunningExtender:
         self.thread.start()
@@ -247,6 +271,47 @@ def test_stream_is_numa_aligned_without_double_assignment_across_a_restart(
         assert_assignment_events(cluster, namespace, [*first, *second])  # the first batch's are kept
     finally:
         running.stop()
+
+
+def test_two_replicas_under_the_leader_protocol_bind_once_each_across_a_killed_leader(
+    cluster: Cluster, namespace: str, extender_at: int
+) -> None:
+    """The scheduler calls replica B; A holds the Lease, so B forwards every bind to A, which writes each
+    GPU set on the Binding itself (no claim label). A is killed holding the Lease; B takes it over, chooses
+    from a consistent read until its watch passes the takeover, and binds the rest itself: no GPU twice."""
+    lease = f"ext-binder-{SUFFIX}"
+    first = {"l-8gpu": 8, "l-4gpu": 4, "l-2gpu": 2, "l-1gpu": 1}
+    second = {"m-4gpu": 4, "m-2gpu": 2, "m-1gpu": 1}
+    a = RunningExtender(cluster, free_port(), lease).start()
+    try:
+        poll(lambda: a.elector is not None and a.elector.fenced(), timeout=30, what="replica A leading")
+        b = RunningExtender(cluster, extender_at, lease).start()
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        try:
+            cluster.apply(*(gpu_pod(namespace, n, k) for n, k in first.items()))
+            wait_all_bound(cluster, namespace, len(first), timeout=60)
+            forwarded = b.counter("gpuwarden_extender_binds_forwarded_total", {"outcome": "ok"})
+            assert forwarded == len(first), forwarded
+            bound_by_a = a.counter(
+                "gpuwarden_extender_requests_total", {"verb": "bind_forwarded", "outcome": "ok"}
+            )
+            assert bound_by_a == len(first), bound_by_a
+        finally:
+            a.stop()  # killed while holding the Lease
+        cluster.apply(*(gpu_pod(namespace, n, k) for n, k in second.items()))
+        wait_all_bound(cluster, namespace, len(first) + len(second), timeout=90)
+        assert b.elector is not None and b.elector.fenced(), "B did not take the Lease over"
+        assert_placements(cluster, namespace, first | second)
+        for obj in pods(cluster, namespace):  # every set rode on its Binding: no claim PATCH, no label
+            assert "gpuwarden.io/gpu-node" not in (obj["metadata"].get("labels") or {}), obj["metadata"]
+            assert obj["metadata"]["annotations"]["gpuwarden.io/gpu-node"] == obj["spec"]["nodeName"]
+        assert_assignment_events(cluster, namespace, [*second])
+    finally:
+        b.stop()
+        cluster.kubectl("delete", "lease", lease, "-n", "default", "--ignore-not-found", check=False)
 
 
 def unschedulable_message(cluster: Cluster, namespace: str, name: str) -> str | None:

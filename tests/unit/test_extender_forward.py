@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from controller.extender.bind import Binder
 from controller.extender.forward import Forwarder, advertised_url
 from controller.extender.metrics import extender_metrics
+from controller.extender.runtime import binder_advertisement
 from controller.extender.server import ExtenderService, add_extender_routes
 from controller.extenderv1 import ExtenderBindingArgs, ExtenderBindingResult
 from controller.gpus.fit import Settings
@@ -189,3 +190,21 @@ def test_advertised_url(section: dict[str, Any], environ: dict[str, str], url: s
 def test_advertise_url_must_be_an_http_url() -> None:
     with pytest.raises(ValueError, match="http:// or https://"):
         ExtenderConfig.model_validate({"advertise_url": "10.0.0.7:8888"})
+
+
+@pytest.mark.parametrize(
+    ("section", "pod_ip", "advertised"),
+    [
+        ({"bind_protocol": "claim"}, "10.0.0.7", {}),
+        ({"bind_protocol": "leader"}, "10.0.0.7", {"gpuwarden.io/extender-url": "http://10.0.0.7:8888/gw"}),
+        ({"bind_protocol": "leader"}, "", {}),
+        ({"bind_protocol": "leader", "enabled": False}, "10.0.0.7", {}),
+    ],
+    ids=["claim", "leader", "leader-without-address", "extender-off"],
+)
+def test_what_the_controllers_lease_advertises(
+    monkeypatch: pytest.MonkeyPatch, section: dict[str, Any], pod_ip: str, advertised: dict[str, str]
+) -> None:
+    monkeypatch.setenv("POD_IP", pod_ip)
+    cfg = ExtenderConfig.model_validate({"path_prefix": "/gw", **section})
+    assert binder_advertisement(cfg) == advertised
