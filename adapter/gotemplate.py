@@ -137,6 +137,10 @@ class Template:
                 out.append(_go_format(_call(node, values)))
         return "".join(out)
 
+    def calls(self) -> bool:
+        """Whether the template calls a function (`index`, `len`) anywhere."""
+        return any(isinstance(node, _Call) for node in self.nodes)
+
     def mentions(self, field: str) -> bool:
         """Whether the template reads `field` anywhere (used to check `resources.template`)."""
         for node in self.nodes:

@@ -9,7 +9,9 @@ and `build_metric_values` (pure) turns them into items. Its rules:
   Prometheus rejects is a rule bug → `Internal` (500, detail logged only).
 In cache mode a metric is queried for all objects of a namespace (the HPA's selector is applied here, from
 the label index), and refreshes batch the namespaces of one metric into one query when the rule's template
-groups by `<<.GroupBy>>`.
+groups by `<<.GroupBy>>`. An external metric is cached per (metric, namespace) for every `labelSelector`
+when its template allows (`adapter.sharing`: one query, each selector answered in memory), else per
+selector.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from adapter import compact, queries, resources, selectors, wire
+from adapter import compact, queries, resources, selectors, sharing, wire
 from adapter.cache import FetchMany, ValueCache
 from adapter.errors import BadRequest, Internal, NotFound, Unavailable
 from adapter.objects import LabelIndex
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 Point = tuple[float, float]
 """(value, timestamp): all that is kept per object, so a cached answer for 50,000 pods stays small."""
 ObjectValues = dict[str, Point]
-Cached = ObjectValues | list[Sample] | Usage
+Cached = ObjectValues | list[Sample] | sharing.SeriesSet | Usage
 
 
 def outcome_of(exc: PrometheusError) -> str:
@@ -263,7 +265,25 @@ class Provider:
             raise BadRequest(f"labelSelector: {exc}") from None
         except queries.QueryError as exc:
             raise Internal(str(exc)) from exc
-        if self._cache is not None:
+        how = sharing.plan(sharing.shape_of(entry.rule.query), route.selector)
+        if self._cache is not None and how is not None:
+            shared = queries.build_external_query(
+                entry.rule,
+                entry.series,
+                entry.namespace_label,
+                route.namespace,
+                selectors.EVERYTHING,
+                how.group_by,
+            )
+            shared_key = ("external", route.metric, route.namespace, "shared", how.group_by)
+
+            async def fetch_shared() -> Cached:
+                return sharing.SeriesSet(await self._query(shared, scalar_ok=True))
+
+            cached, _ = await self._cache.get(shared_key, fetch_shared, group="external")
+            assert isinstance(cached, sharing.SeriesSet)
+            samples = sharing.answer(cached, route.selector, how)
+        elif self._cache is not None:
             key = ("external", route.metric, route.namespace, str(route.selector))
 
             async def fetch() -> Cached:

@@ -103,8 +103,14 @@ def build_external_query(
     namespace_label: str | None,
     namespace: str,
     metric_selector: selectors.Selector,
+    group_by: Sequence[str] = (),
 ) -> str:
-    """PromQL for external metric `series`; the namespace matcher is added unless `namespaced: false`."""
+    """PromQL for external metric `series`; the namespace matcher is added unless `namespaced: false`.
+
+    `GroupBy` is empty, as prometheus-adapter renders it for external metrics, unless `group_by` names
+    labels: the query shared by several selectors (`adapter.sharing`) groups by the labels they read.
+    """
+    labels = [promql.check_label_name(label) for label in group_by]
     exprs = selectors.promql_matchers(metric_selector)
     values = selectors.values_by_label(metric_selector)
     if namespace and rule.namespaced:
@@ -115,7 +121,7 @@ def build_external_query(
             "Series": series,
             "LabelMatchers": ",".join(exprs),
             "LabelValuesByName": values,
-            "GroupBy": "",
-            "GroupBySlice": [],
+            "GroupBy": ",".join(labels),
+            "GroupBySlice": labels,
         },
     )

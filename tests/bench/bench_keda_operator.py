@@ -11,8 +11,8 @@ Deployments (one kwok pod each) get one ScaledObject each (pollingInterval 30 s,
 3. gpuwarden's `external` trigger, `preset: gpu-utilization, labelSelector: app=..., aggregation: avg` (one
    cache entry per namespace: the pods are selected from the adapter's pod index);
 4. gpuwarden's `external` trigger on an external metric, `metricName: gpu_util_by_app, labelSelector:
-   app=...` (one cache entry, and one query per refresh, per distinct selector: external metrics are not
-   grouped across selectors).
+   app=...` (the rule is `avg(...) by (app)`, so every selector of a namespace shares one cache entry and
+   one query per refresh: adapter/sharing.py).
 
 The exporter (served here) publishes a GPU-utilization series per live pod, with the pod's `app` label.
 

@@ -426,7 +426,10 @@ async def test_keda_client_external_push_activates_from_zero(stack: Stack) -> No
     stack.clock.now = switch_at - 2 * STEP
     assert stack.adapter.keda is not None
     try:
-        # a selector of its own: a cache entry the earlier tests did not fill at a later clock
+        # the selectors of an external metric share one cache entry (adapter/sharing.py), which earlier
+        # tests filled at a later clock: refresh it at this one, where pending_requests is still 0
+        assert stack.adapter.cache is not None
+        await stack.adapter.cache.refresh_due(everything=True)
         pending = {**PENDING, "labelSelector": "model=m1"}
         run = asyncio.ensure_future(kedaclient([case(stack, "push", pending, op="push", pushSeconds=8)]))
         deadline = time.monotonic() + 6
@@ -444,7 +447,9 @@ async def test_keda_client_external_push_activates_from_zero(stack: Stack) -> No
 
 
 async def test_keda_client_many_scaled_objects_share_the_cache(stack: Stack) -> None:
-    assert await get_metric(stack, QUEUE) == 12.0  # a fresh entry at this clock (earlier tests moved it)
+    assert stack.adapter.cache is not None
+    await stack.adapter.cache.refresh_due(everything=True)  # every entry fresh at this clock (tests moved it)
+    assert await get_metric(stack, QUEUE) == 12.0
     before = stack.value_queries()
     results = await kedaclient([case(stack, f"so-{i}", QUEUE, repeat=20) for i in range(50)])
     assert stack.value_queries() == before  # 50 ScaledObjects x 20 polls x 2 RPCs: no Prometheus query
