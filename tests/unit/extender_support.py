@@ -10,6 +10,7 @@ import asyncio
 import copy
 import json
 import random
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -273,6 +274,15 @@ class FakePodApi:
             for p in self.pods.values()
             if (p["metadata"].get("labels") or {}).get(key) == value
         ]
+
+    def held(self, node: str = "n") -> Counter[str]:
+        """How many pods bound to `node` hold each GPU id (by their recorded `gpuwarden.io/gpu-ids`)."""
+        counts: Counter[str] = Counter()
+        for obj in self.pods.values():
+            if obj["spec"].get("nodeName") == node:
+                ids = (obj["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids", "")
+                counts.update(i for i in ids.split(",") if i)
+        return counts
 
     async def list_node_pods(self, node: str) -> list[dict[str, Any]]:
         await self._yield()

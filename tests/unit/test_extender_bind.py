@@ -35,16 +35,6 @@ def replica(api: FakePodApi, *, watch: bool, nodes: list[dict[str, Any]] | None 
     return Binder(api, m, lambda: SETTINGS, clock=lambda: NOW, **kw)
 
 
-def held(api: FakePodApi, target: str = "n") -> Counter[str]:
-    """How many bound pods hold each GPU id on `target`."""
-    counts: Counter[str] = Counter()
-    for obj in api.pods.values():
-        if obj["spec"].get("nodeName") == target:
-            ids = (obj["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids", "")
-            counts.update(i for i in ids.split(",") if i)
-    return counts
-
-
 async def test_bind_writes_claim_before_binding() -> None:
     api = FakePodApi([pod("p", 4)])
     outcome = await replica(api, watch=True).bind(args("p"))
@@ -120,7 +110,7 @@ async def test_same_replica_concurrent_binds_use_disjoint_sets_even_before_the_w
     binder = replica(api, watch=False)
     outcomes = await asyncio.gather(binder.bind(args("a")), binder.bind(args("b")))
     assert [o.kind for o in outcomes] == ["bound", "bound"]
-    assert held(api) == Counter({str(i): 1 for i in range(8)})
+    assert api.held() == Counter({str(i): 1 for i in range(8)})
 
 
 async def test_second_replica_with_stale_cache_loses_the_race_cleanly() -> None:
@@ -138,7 +128,7 @@ async def test_second_replica_with_stale_cache_loses_the_race_cleanly() -> None:
     assert (results[0].kind, results[0].cause) == ("conflict", "gpu_claimed")
     assert "claimed concurrently (GPU 0,1,2,3 by ml/a)" in results[0].error
     assert "gpuwarden.io/gpu-ids" not in api.pods["ml/b"]["metadata"]["annotations"]  # claim withdrawn
-    assert held(api) == Counter({"0": 1, "1": 1, "2": 1, "3": 1})
+    assert api.held() == Counter({"0": 1, "1": 1, "2": 1, "3": 1})
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -149,7 +139,7 @@ async def test_two_stale_replicas_never_assign_a_gpu_twice(seed: int) -> None:
     replicas = [replica(api, watch=False), replica(api, watch=False)]
     order = random.Random(seed).sample(range(len(pods)), len(pods))
     await asyncio.gather(*(replicas[i % 2].bind(args(f"p{i}")) for i in order))
-    counts = held(api)
+    counts = api.held()
     assert all(c == 1 for c in counts.values()), counts
     assert sum(counts.values()) <= 8
 
@@ -161,7 +151,7 @@ async def test_concurrent_retries_of_the_same_pod_bind_it_once() -> None:
     outcomes = await asyncio.gather(first.bind(args("p")), second.bind(args("p")))
     assert sorted(o.kind for o in outcomes) in (["already_bound", "bound"], ["bound", "bound"])
     assert all(not o.error for o in outcomes)
-    assert api.pods["ml/p"]["spec"]["nodeName"] == "n" and sum(held(api).values()) == 2
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n" and sum(api.held().values()) == 2
 
 
 async def test_restart_rebuilds_assignments_from_the_api() -> None:
@@ -194,7 +184,7 @@ async def test_retry_after_timeout_reuses_its_own_claim() -> None:
 async def test_expired_claim_of_another_pod_does_not_block() -> None:
     api = FakePodApi([pod("old", 4, ids="0,1,2,3", claim=("n", NOW - 3600)), pod("p", 8)])
     outcome = await replica(api, watch=True).bind(args("p"))
-    assert outcome.kind == "bound" and sum(held(api).values()) == 8
+    assert outcome.kind == "bound" and sum(api.held().values()) == 8
 
 
 async def test_pod_changing_during_bind_is_retried_then_given_up() -> None:
@@ -289,7 +279,7 @@ async def test_preemptor_bind_never_takes_gpus_of_a_pod_that_is_still_there() ->
     outcome = await replica(api, watch=False).bind(args("p"))
     assert outcome.kind == "bound" and outcome.choice is not None
     assert outcome.choice.ids == ("4", "5", "6", "7")
-    assert held(api) == Counter({str(i): 1 for i in range(8)})
+    assert api.held() == Counter({str(i): 1 for i in range(8)})
 
 
 async def test_preemptor_still_blocked_in_a_fresh_list_is_rejected() -> None:

@@ -51,15 +51,6 @@ def binder(api: FakePodApi, lease: Any, *, watch: bool, **kw: Any) -> Binder:
     return b
 
 
-def held(api: FakePodApi) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for obj in api.pods.values():
-        if obj["spec"].get("nodeName") == "n":
-            ids = (obj["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids", "")
-            counts.update(i for i in ids.split(",") if i)
-    return counts
-
-
 async def test_the_binder_writes_the_set_on_the_binding_itself_one_write() -> None:
     api = FakePodApi([pod("p", 4)])
     outcome = await binder(api, AlwaysSole(), watch=True).bind(args("p"))
@@ -104,7 +95,7 @@ async def test_concurrent_binds_in_the_binder_never_overlap_before_the_watch_sho
     b = binder(api, AlwaysSole(), watch=False)
     outcomes = await asyncio.gather(*(b.bind(args(n)) for n in "abc"))
     assert [o.kind for o in outcomes] == ["bound"] * 3
-    assert held(api) == Counter({str(i): 1 for i in range(8)})
+    assert api.held() == Counter({str(i): 1 for i in range(8)})
 
 
 async def test_a_new_binder_chooses_from_a_consistent_read_until_its_watch_passes_the_takeover() -> None:
@@ -122,7 +113,7 @@ async def test_a_new_binder_chooses_from_a_consistent_read_until_its_watch_passe
         "list gpuwarden.io/gpu-node=n",
         "bind ml/b n +annotations",
     ]
-    assert held(api) == Counter({str(i): 1 for i in range(8)})
+    assert api.held() == Counter({str(i): 1 for i in range(8)})
 
 
 async def test_the_binder_stops_listing_once_its_watch_delivered_a_write_after_the_takeover() -> None:
@@ -168,7 +159,7 @@ async def test_a_concurrent_try_of_the_same_pod_binds_it_once() -> None:
     b = binder(api, AlwaysSole(), watch=False)
     outcomes = await asyncio.gather(b.bind(args("p")), b.bind(args("p")))
     assert sorted(o.kind for o in outcomes) in (["already_bound", "bound"], ["bound", "bound"])
-    assert sum(held(api).values()) == 2
+    assert sum(api.held().values()) == 2
 
 
 async def test_preemption_victims_still_in_the_cache_are_checked_with_a_consistent_read() -> None:
@@ -194,5 +185,5 @@ async def test_binds_across_a_handover_never_assign_a_gpu_twice(seed: int) -> No
     await asyncio.gather(*(first.bind(args(f"p{i}")) for i in order[:half]))
     second_lease.is_fenced, second_lease.acquired_rv = True, str(api.revision)  # first is gone, second leads
     await asyncio.gather(*(second.bind(args(f"p{i}")) for i in order[half:]))
-    counts = held(api)
+    counts = api.held()
     assert all(c == 1 for c in counts.values()), counts

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -58,15 +57,6 @@ def replica(api: FakePodApi, watch: OrderedWatch | None, **kw: Any) -> Binder:
     return binder
 
 
-def held(api: FakePodApi) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for obj in api.pods.values():
-        if obj["spec"].get("nodeName") == "n":
-            ids = (obj["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids", "")
-            counts.update(i for i in ids.split(",") if i)
-    return counts
-
-
 async def test_claim_seen_on_the_watch_needs_no_list() -> None:
     api = FakePodApi([pod("p", 4)])
     watch = OrderedWatch(api)
@@ -111,7 +101,7 @@ async def test_later_claim_sees_the_earlier_one_through_its_watch() -> None:
     # one binds; the earlier may see the later too (then neither binds: both are withdrawn and retried, as
     # with a LIST). Never both.
     assert kinds in ([("bound", ""), ("conflict", "gpu_claimed")], [("conflict", "gpu_claimed")] * 2), kinds
-    assert all(c == 1 for c in held(api).values())
+    assert all(c == 1 for c in api.held().values())
     assert not [c for c in api.calls if c.startswith("list")]
     for key in ("ml/a", "ml/b"):  # a losing claim is withdrawn
         obj = api.pods[key]
@@ -133,7 +123,7 @@ async def test_two_replicas_with_lagging_watches_never_assign_a_gpu_twice(seed: 
             *(replicas[rng.randrange(2)].bind(args(f"p{i}")) for i in rng.sample(pending, len(pending)))
         )
         await asyncio.sleep(0.01)  # let the watches catch up, as between scheduler retries
-        counts = held(api)
+        counts = api.held()
         assert all(c == 1 for c in counts.values()), counts
     for w in watches:
         w.task.cancel()
