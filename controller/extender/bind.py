@@ -471,8 +471,11 @@ class Binder:
         except KubeNotFound:
             self._drop(node, mine, prior)
             return BindOutcome("error", f"pod {pod.key} not found", cause="pod_gone")
-        except BaseException:  # unwritten or unknown: the watch shows the pod bound if it was written
-            self._drop(node, mine, prior)
+        except KubeError as exc:
+            if exc.status is not None and 400 <= exc.status < 500:  # refused: nothing was written
+                self._drop(node, mine, prior)
+            # else (unreachable, timed out, 5xx) the Binding may have been written: the in-flight claim
+            # stays until the watch shows the pod, or it is gone, or the claim TTL passes
             raise
         return BindOutcome("bound", choice=choice, policy=self._policy(pod))
 

@@ -17,6 +17,7 @@ import pytest
 from controller.extender.bind import AlwaysSole, Binder
 from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.fit import Settings
+from gpuwarden.errors import KubeError, KubeForbidden, KubeUnreachable
 from tests.unit.extender_support import FakePodApi, model, node, pod
 
 NOW = 1_700_000_000.0
@@ -187,3 +188,29 @@ async def test_binds_across_a_handover_never_assign_a_gpu_twice(seed: int) -> No
     await asyncio.gather(*(second.bind(args(f"p{i}")) for i in order[half:]))
     counts = api.held()
     assert all(c == 1 for c in counts.values()), counts
+
+
+@pytest.mark.parametrize(
+    ("error", "kept"),
+    [
+        (KubeError("admission webhook denied the request", status=400), False),
+        (KubeForbidden("forbidden", status=403), False),
+        (KubeUnreachable("connection reset"), True),
+        (KubeError("etcdserver: request timed out", status=500), True),
+    ],
+    ids=["refused-400", "refused-403", "unreachable", "server-error"],
+)
+async def test_a_binding_whose_outcome_is_unknown_keeps_its_gpus_in_flight(
+    error: Exception, kept: bool
+) -> None:
+    api = FakePodApi([pod("p", 4), pod("q", 4)])
+    b = binder(api, AlwaysSole(), watch=False)
+    api.fail_binding = error
+    outcome = await b.bind(args("p"))
+    assert outcome.kind == "error" and outcome.cause == "api_error"
+    assert [c.ids for c in b.overlay("n")] == ([("0", "1", "2", "3")] if kept else [])
+    api.fail_binding = None
+    second = await b.bind(args("q"))  # may have landed: q never gets p's GPUs while that is unknown
+    assert second.choice is not None and second.choice.ids == (
+        ("4", "5", "6", "7") if kept else ("0", "1", "2", "3")
+    )
