@@ -55,7 +55,7 @@ from tests.bench.summary import record
 
 PREFIX = "/gpuwarden"
 PROTOCOLS = tuple(os.environ.get("GPUWARDEN_BENCH_E2E_PROTOCOLS", "leader,claim").split(","))
-"""The extender's bind protocols to run, each in both kinds: `leader` (one write per pod, what deploy/ ships)
+"""The extender's bind protocols to run, each in both kinds: `leader` (one write per pod, opt-in)
 is the one the summary's goal rows judge; `claim` (claim PATCH + verify + Binding) is reported beside it."""
 BIND = os.environ.get("GPUWARDEN_BENCH_E2E_BIND", "1") != "0"
 """`GPUWARDEN_BENCH_E2E_BIND=0`: the extender filters and scores but the scheduler binds (where time goes)."""

@@ -81,9 +81,9 @@ class Installed:
 
 
 def install_values(prometheus_url: str, prometheus_port: int, chart_defaults: Obj) -> Obj:
-    """What the one `helm install` sets: the adapter and controller on the real node, resource metrics on
-    (kube-prometheus's resource rules, unchanged), and the node agent as the real node's device plugin with
-    an 8-GPU topology (this machine has no GPU)."""
+    """What the one `helm install` sets: the adapter and controller on the real node (the controller with
+    the leader bind protocol), resource metrics on (kube-prometheus's resource rules, unchanged), and the
+    node agent as the real node's device plugin with an 8-GPU topology (this machine has no GPU)."""
 
     def toleration() -> Obj:
         return {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
@@ -107,7 +107,8 @@ def install_values(prometheus_url: str, prometheus_port: int, chart_defaults: Ob
         **placement(),
         "metricsRelistInterval": "10s",
         "resourceMetrics": {"enabled": True, "kubePrometheusRules": True},
-        "controller": placement(),
+        # the leader bind protocol: a bind the Service routes to the other replica is forwarded pod to pod
+        "controller": {**placement(), "bindProtocol": "leader"},
         "nodeAgent": {
             "enabled": True,
             "devicePlugin": True,

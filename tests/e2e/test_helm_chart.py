@@ -75,6 +75,7 @@ EQUIVALENT = {
     "overlays/node-agent": ["nodeAgent.enabled=true"],
     "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
     "overlays/keda": ["keda.enabled=true"],
+    "overlays/leader-bind": ["controller.bindProtocol=leader"],
 }
 GPUWARDEN_CONFIGS = {"gpuwarden-config", "gpuwarden-node-agent"}
 # Labels only one side sets: kustomize's managed-by, Helm's release bookkeeping.

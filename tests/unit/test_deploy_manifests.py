@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gpuwarden.cli import build_parser
+from gpuwarden.config.loader import load_config
 from gpuwarden.config.root import Config
 from tests.unit.test_deploy_render import DEPLOY, OVERLAYS, ROOT, by_identity, rendered
 
@@ -217,6 +218,28 @@ def test_dry_run_overlay_only_adds_the_flag() -> None:
             assert args[-1] == "--dry-run" and build_parser().parse_args(args).dry_run
             args.pop()
         assert obj == base[key], key
+
+
+def test_leader_bind_overlay_only_switches_the_bind_protocol_and_the_pod_ip_is_there(tmp_path: Path) -> None:
+    base = by_identity(rendered("base"))
+    leader = by_identity(rendered("overlays/leader-bind"))
+    assert base.keys() == leader.keys()
+    key = next(k for k in leader if k[1:] == ("Deployment", NAMESPACE, "gpuwarden-controller"))
+    container = leader[key]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }  # what the Lease advertises
+    override = env.pop("GPUWARDEN_EXTENDER__BIND_PROTOCOL")
+    cm = one("overlays/leader-bind", "ConfigMap", "gpuwarden-config")
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    loaded = load_config(tmp_path / "config.yaml", env={override["name"]: override["value"]})
+    assert loaded.extender.bind_protocol == "leader"  # as the container's loader reads it
+    assert config_of("base").extender.bind_protocol == "claim"
+    container["env"] = list(env.values())
+    assert yaml.safe_load(yaml.safe_dump(leader[key])) == base[key]
+    for k in leader.keys() - {key}:
+        assert leader[k] == base[k], k
 
 
 # -------------------------------------------------------------------------------------------------- RBAC

@@ -29,6 +29,7 @@ OVERLAYS = (
     "overlays/node-agent",
     "overlays/resource-metrics",
     "overlays/keda",
+    "overlays/leader-bind",
 )
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
 Obj = dict[str, Any]

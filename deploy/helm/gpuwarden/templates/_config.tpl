@@ -39,7 +39,7 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
       "prometheus" (dict "url" $url)
       "kubernetes" (dict "namespace" (include "gpuwarden.namespace" .) "leader_election" (dict "lease_name" "gpuwarden-controller"))
       "adapter" $adapter
-      "extender" (dict "port" 8888 "path_prefix" "/gpuwarden" "bind_protocol" "leader")
+      "extender" (dict "port" 8888 "path_prefix" "/gpuwarden")
       "logging" (dict "format" "json" "level" $level) -}}
 {{- toYaml (mustMergeOverwrite $cfg (deepCopy ($v.config | default dict))) -}}
 {{- end -}}
