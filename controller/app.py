@@ -445,7 +445,12 @@ async def _serve(
     )
     await runner.setup()
     ext = config.extender
-    await web.TCPSite(runner, ext.bind_address, ext.port, ssl_context=_tls_context(config)).start()
+    tls = _tls_context(config)
+    if extender is not None:
+        site = extender.site(runner, ext.bind_address, ext.port, ssl_context=tls, lean=ext.lean_http)
+    else:
+        site = web.TCPSite(runner, ext.bind_address, ext.port, ssl_context=tls)
+    await site.start()
     log.info(
         "controller serving",
         extra={"address": ext.bind_address, "port": ext.port, "identity": identity, "dry_run": dry_run},

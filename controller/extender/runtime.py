@@ -16,6 +16,7 @@ import asyncio
 import gc
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from controller.extender.answers import warm
 from controller.extender.bind import AlwaysSole, Binder, KubePodApi, SoleBinder
 from controller.extender.events import BindEvents
+from controller.extender.fastpath import LeanSite
 from controller.extender.forward import Forwarder, advertised_url, peer_ssl
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.server import (
@@ -33,6 +35,7 @@ from controller.extender.server import (
     PreemptHook,
     add_extender_routes,
     passthrough_preemption,
+    verb_replies,
 )
 from controller.gpus.feed import ErrorTrends, GpuModel, ModelFeed, build_gpu_model
 from controller.gpus.model import ClusterModel
@@ -72,6 +75,28 @@ class Extender:
 
     def mount(self, app: web.Application) -> None:
         add_extender_routes(app, self.service, self.prefix)
+
+    def site(
+        self,
+        runner: web.BaseRunner,
+        host: str | None,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        lean: bool = True,
+    ) -> web.TCPSite:
+        """The listener of `runner`'s app (on which `mount` put the routes): with `lean`, the scheduler's
+        requests are answered on the lean HTTP path (`fastpath.py`), everything else by aiohttp."""
+        if not lean:
+            return web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        return LeanSite(
+            runner,
+            host,
+            port,
+            routes=verb_replies(self.service, self.prefix),
+            max_body_bytes=self.service.max_body_bytes,
+            ssl_context=ssl_context,
+        )
 
     def ready(self) -> bool:
         """For the readiness probe: answer the scheduler only once the caches are synced and the usual

@@ -422,38 +422,74 @@ def answerers(service: ExtenderService) -> dict[str, Callable[[bytes], Awaitable
     return verbs
 
 
-def _handler(
+Reply = tuple[int, bytes, str]
+"""What a route answers: status, body, and its Content-Type."""
+
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+
+def _counted(
     verb: str, answer: Callable[[bytes], Awaitable[Answer]], service: ExtenderService
+) -> Callable[[bytes], Awaitable[Reply]]:
+    """`answer` with the request counted and timed in the extender's metrics."""
+    metrics = service.metrics
+    requests, latency = metrics.requests, metrics.latency.labels(verb)
+
+    async def reply(raw: bytes) -> Reply:
+        start = time.perf_counter()
+        outcome = "error"
+        try:
+            status, body, outcome = await answer(raw)
+        finally:
+            requests.labels(verb, outcome).inc()
+            latency.observe(time.perf_counter() - start)
+        return status, body, JSON_TYPE if status == 200 else TEXT_TYPE
+
+    return reply
+
+
+def verb_replies(
+    service: ExtenderService, prefix: str = DEFAULT_PREFIX
+) -> dict[str, Callable[[bytes], Awaitable[Reply]]]:
+    """Per route path (e.g. "/gpu-extender/filter"), its request-body-to-reply function, counted in the
+    metrics: what both the aiohttp routes and the lean verb path (`fastpath.py`) serve."""
+    base = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    # "bind/forwarded" counts as bind_forwarded
+    return {
+        f"{base}/{verb}": _counted(verb.replace("/", "_"), answer, service)
+        for verb, answer in answerers(service).items()
+    }
+
+
+def _handler(
+    verb: str, reply: Callable[[bytes], Awaitable[Reply]], service: ExtenderService
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     metrics = service.metrics
     requests, latency = metrics.requests, metrics.latency.labels(verb)
 
     async def handle(request: web.Request) -> web.Response:
         start = time.perf_counter()
-        outcome = "ok"
         try:
-            try:
-                raw = await _read_body(request, service.max_body_bytes)
-            except web.HTTPException:
-                outcome = "bad_request"
-                raise
-            status, body, outcome = await answer(raw)
-            if status != 200:
-                return web.Response(status=status, body=body, content_type="text/plain", charset="utf-8")
-            return web.Response(body=body, content_type="application/json")
-        finally:
-            requests.labels(verb, outcome).inc()
+            raw = await _read_body(request, service.max_body_bytes)
+        except web.HTTPException:
+            requests.labels(verb, "bad_request").inc()
             latency.observe(time.perf_counter() - start)
+            raise
+        status, body, _ = await reply(raw)
+        if status != 200:
+            return web.Response(status=status, body=body, content_type="text/plain", charset="utf-8")
+        return web.Response(body=body, content_type="application/json")
 
     return handle
 
 
 def extender_routes(service: ExtenderService, prefix: str = DEFAULT_PREFIX) -> web.RouteTableDef:
     """The four routes under `prefix` (e.g. "/gpu-extender" -> POST /gpu-extender/filter ...)."""
-    base = "/" + prefix.strip("/") if prefix.strip("/") else ""
     routes = web.RouteTableDef()
-    for verb, answer in answerers(service).items():  # "bind/forwarded" counts as bind_forwarded
-        routes.post(f"{base}/{verb}")(_handler(verb.replace("/", "_"), answer, service))
+    for path, reply in verb_replies(service, prefix).items():
+        verb = "bind_forwarded" if path.endswith(FORWARDED_SUFFIX) else path.rsplit("/", 1)[-1]
+        routes.post(path)(_handler(verb, reply, service))
     return routes
 
 

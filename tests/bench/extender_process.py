@@ -53,7 +53,8 @@ async def serve(kubeconfig: str, port: int, prefix: str) -> None:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    # the controller's listener: the scheduler's requests on the lean path unless extender.lean_http is false
+    await extender.site(runner, "127.0.0.1", port, lean=config.extender.lean_http).start()
     feed = asyncio.ensure_future(extender.run())
     election = asyncio.ensure_future(elector.run()) if elector is not None else None
     while not extender.ready() or (elector is not None and not elector.fenced()):
