@@ -1,4 +1,5 @@
-"""Native-async HTTP for every non-streaming API request: one aiohttp `ClientSession` per event loop.
+"""Native-async HTTP to the API server: unary requests on a keep-alive pool (`keepalive.py`), watches on an
+aiohttp `ClientSession`, both per event loop.
 
 Why it exists: the `kubernetes` client is synchronous, so each request used to hold a pool thread for its
 whole round trip. Under load (the extender's bind path: a claim PATCH, a LIST and a Binding per pod, while
@@ -24,9 +25,11 @@ import asyncio
 import ssl
 from concurrent.futures import Executor
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 
+from gpuwarden.kube.keepalive import KeepAlivePool
 from gpuwarden.kube.status import error_from_status, error_from_transport
 from gpuwarden.kube.wire import (
     INLINE_DECODE_BYTES,
@@ -67,6 +70,11 @@ class AsyncTransport:
         if self._host.startswith("https"):
             self._ssl = ssl_context(configuration)
         self._server_name: str | None = getattr(configuration, "tls_server_name", None) or None
+        url = urlsplit(self._host)
+        self._url = url
+        self._prefix = url.path
+        self._pools: dict[asyncio.AbstractEventLoop, KeepAlivePool] = {}
+        """Per running loop, the keep-alive pool of the unary requests (`keepalive.py`)."""
         self._sessions: dict[tuple[asyncio.AbstractEventLoop, str], aiohttp.ClientSession] = {}
         """Per running loop, one session for requests and one for watches: long-lived watches hold their
         connections, so they get their own pool and can never starve short requests (and vice versa)."""
@@ -92,6 +100,25 @@ class AsyncTransport:
             self._sessions[(loop, kind)] = session
         return session
 
+    def _pool(self) -> KeepAlivePool:
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            for old in [key for key in self._pools if key.is_closed()]:
+                del self._pools[old]  # its loop is gone; so are its connections
+            url = self._url
+            tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else None
+            pool = KeepAlivePool(
+                url.hostname or "",
+                url.port or (443 if url.scheme == "https" else 80),
+                tls=tls,
+                server_name=self._server_name,
+                authority=url.netloc,
+                limit=self._limits["requests"],
+            )
+            self._pools[loop] = pool
+        return pool
+
     async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
         return await request_headers(self._credentials, accept, content_type)
 
@@ -104,17 +131,19 @@ class AsyncTransport:
         content_type: str | None,
         accept: str,
     ) -> Answer:
-        """One request; the raw 2xx body, else the mapped `KubeError` (see `_open`)."""
+        """One request on the keep-alive pool (`keepalive.py`); the raw 2xx body, else the mapped
+        `KubeError` (`status.py`), a transport failure or the timeout as `KubeUnreachable`."""
         content, content_type = request_body(body, content_type)
-        headers = await self._headers(accept, content_type)
-        response = await self._open("requests", method, path, query, headers, data=content)
+        headers = {"User-Agent": self._user_agent, **await self._headers(accept, content_type)}
+        target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
         try:
-            data = await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            async with asyncio.timeout(self._timeout.total):
+                reply = await self._pool().request(method, target, headers, content)
+        except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError) as exc:
             raise error_from_transport(exc) from None
-        finally:
-            response.release()
-        return Answer(response.status, data)
+        if not 200 <= reply.status <= 299:
+            raise error_from_status(reply.status, reply.body, reply.headers, http_reason=reply.reason)
+        return Answer(reply.status, reply.body)
 
     async def _open(
         self,
@@ -173,6 +202,9 @@ class AsyncTransport:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        pool = self._pools.pop(loop, None)
+        if pool is not None:
+            pool.close()
         for kind in self._limits:
             session = self._sessions.pop((loop, kind), None)
             if session is not None:
