@@ -214,6 +214,7 @@ class LeanConnection(asyncio.Protocol):
         body = bytes(self._buf[start : start + head.length])
         del self._buf[: start + head.length]
         self._busy = True
+        # held, so the task is not garbage-collected while it runs (asyncio keeps only a weak reference)
         self._task = asyncio.get_running_loop().create_task(self._serve(route, body, head.close))
 
     async def _serve(self, route: Route, body: bytes, close: bool) -> None:

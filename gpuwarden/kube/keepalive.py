@@ -27,7 +27,7 @@ import contextlib
 import ssl
 from typing import NamedTuple
 
-from gpuwarden.kube.minihttp import parse_head
+from gpuwarden.kube.minihttp import parse_head, request_head
 
 IDLE_SECONDS = 15.0
 """An idle pooled connection older than this is closed instead of reused."""
@@ -52,17 +52,6 @@ class _Stale(Exception):
 
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-def request_head(
-    method: str, target: str, authority: str, headers: dict[str, str], length: int | None
-) -> bytes:
-    """The request line and headers of a keep-alive request (`Content-Length` when there is a body)."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    if length is not None:
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 async def read_reply(reader: asyncio.StreamReader, method: str) -> tuple[Reply, bool]:
@@ -127,9 +116,8 @@ class KeepAlivePool:
     ) -> Reply:
         """Send one request and read its whole answer. Transport failures raise (`OSError`, `ValueError`,
         `EOFError`, `asyncio.LimitOverrunError`); the caller bounds the time."""
-        head = request_head(
-            method, target, self.authority, headers, None if content is None else len(content)
-        )
+        length = None if content is None else len(content)
+        head = request_head(method, target, self.authority, headers, length, close=False)
         message = head + content if content else head
         async with self._slots:
             for attempt in (1, 2):

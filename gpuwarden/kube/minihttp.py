@@ -35,9 +35,12 @@ MAX_HEAD = 64 << 10
 READ_SIZE = 64 << 10
 
 
-def request_head(method: str, target: str, host: str, headers: dict[str, str], length: int | None) -> bytes:
-    """The request line and headers (`Connection: close`, `Content-Length` when there is a body)."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+def request_head(
+    method: str, target: str, host: str, headers: dict[str, str], length: int | None, *, close: bool = True
+) -> bytes:
+    """The request line and headers (`Connection: close` unless the connection is kept, `keepalive.py`;
+    `Content-Length` when there is a body)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"] + (["Connection: close"] if close else [])
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if length is not None:
         lines.append(f"Content-Length: {length}")

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gpuwarden.kube.keepalive import KeepAlivePool, read_reply, request_head
+from gpuwarden.kube.keepalive import KeepAlivePool, read_reply
+from gpuwarden.kube.minihttp import request_head
 
 
 def pool(port: int, limit: int = 4, idle: float = 15.0) -> KeepAlivePool:
@@ -60,7 +61,7 @@ async def aiohttp_server(keepalive_timeout: float = 75.0) -> AsyncIterator[tuple
 
 
 def test_request_head_keeps_the_connection() -> None:
-    head = request_head("POST", "/api/v1/x?a=b", "k:6443", {"Accept": "application/json"}, 2)
+    head = request_head("POST", "/api/v1/x?a=b", "k:6443", {"Accept": "application/json"}, 2, close=False)
     assert (
         head == b"POST /api/v1/x?a=b HTTP/1.1\r\nHost: k:6443\r\nAccept: application/json\r\n"
         b"Content-Length: 2\r\n\r\n"
