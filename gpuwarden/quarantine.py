@@ -146,6 +146,11 @@ class QuarantineRecord:
     (PreferNoSchedule). Empty: a node-level quarantine (device plugin node, or the fallback)."""
     scope_note: str = ""
     """Why a DRA-backed node got a node-level quarantine instead (e.g. DeviceTaintRule v1 not served)."""
+    sharing: str = ""
+    """On a node that shares its GPUs (time-slicing, MPS, MIG): what each quarantined physical GPU carries,
+    e.g. `time-slicing: 8 physical GPUs, 4 replicas each (32 nvidia.com/gpu)` (gpuwarden.gpusharing). The
+    record names physical GPUs (dcgm-exporter's UUID is the parent's, also on MIG series); a fault on one
+    covers every replica and MIG instance on it. Empty on whole-GPU nodes."""
     event_pending: bool = False
     """Written with the taint (or the release) and cleared once its Event exists: a leader killed between
     the two leaves it set, and the next pass writes the missing Event (named after the record, so once)."""
@@ -204,6 +209,8 @@ class QuarantineRecord:
             body["devices"] = [d.to_json() for d in sorted(self.devices)]
         if self.scope_note:
             body["scope_note"] = self.scope_note
+        if self.sharing:
+            body["sharing"] = self.sharing
         if self.event_pending:
             body["event"] = "pending"
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -243,6 +250,7 @@ def decode(text: str | None) -> tuple[QuarantineRecord | None, str]:
                 validation_event=str(validation.get("event", "")),
                 devices=tuple(DeviceRef.from_json(d) for d in raw.get("devices", [])),
                 scope_note=str(raw.get("scope_note", "")),
+                sharing=str(raw.get("sharing", "")),
                 event_pending=raw.get("event") == "pending",
             ),
             "",

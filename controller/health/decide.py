@@ -71,9 +71,7 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
                 assessment = assess_node(node, policy, now, extra)
             _plan_signals(node, grading, work, now, degrade=finish is None)
         _plan_node(node, assessment, snapshot, policy, now, work)
-    gpu_nodes = sum(
-        1 for n in snapshot.nodes if (n.gpu_capacity > 0 or n.dra_devices is not None) and not n.excluded
-    )
+    gpu_nodes = sum(1 for n in snapshot.nodes if n.gpu_node and not n.excluded)
     breaker, admitted = _breaker(snapshot, policy, now, gpu_nodes, work)
     for node, findings, keep in admitted:
         work.actions.append(_quarantine(node, findings, keep, snapshot, policy, now))
@@ -548,6 +546,7 @@ def _quarantine(
         suppressed=keep,
         devices=scope.devices,
         scope_note=scope.note,
+        sharing=node.sharing.describe() if node.sharing is not None and node.sharing.shared else "",
         event_pending=True,
     )
     gpus = sorted({f.gpu for f in ordered if f.gpu})

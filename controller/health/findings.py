@@ -247,12 +247,20 @@ def _recovery_action_findings(gpu: GpuTelemetry, policy: HealthPolicy) -> list[F
     return out
 
 
-def expected_gpus(node: NodeState, policy: HealthPolicy) -> tuple[int, str]:
-    """The node's GPU baseline and where it came from: the expected-GPUs label, else its capacity."""
+def expected_gpus(node: NodeState, policy: HealthPolicy) -> tuple[int | None, str]:
+    """The node's physical GPU baseline and where it came from: the expected-GPUs label, else the physical
+    count its sharing publishes (gpuwarden.gpusharing: GFD's count on time-sliced, MPS and MIG mixed nodes,
+    the capacity on whole-GPU ones), never the replicas or MIG instances it advertises. None: unknown (MIG
+    single without the label or a topology), and an unknown baseline judges no GPU missing."""
     raw = node.labels.get(policy.signals.expected_gpus_label, "")
     if raw.isdigit() and int(raw) > 0:
         return int(raw), f"label {policy.signals.expected_gpus_label}"
-    return node.gpu_capacity, "node advertises"
+    sharing = node.sharing
+    if sharing is None:
+        return node.gpu_capacity, "node advertises"
+    if not sharing.shared:
+        return sharing.physical, sharing.source
+    return sharing.physical, f"{sharing.mode.value} node, {sharing.source}"
 
 
 def _missing_finding(
@@ -260,7 +268,7 @@ def _missing_finding(
 ) -> Finding:
     """Fewer fresh GPUs than the node's baseline while others report: a GPU fell off (XID 79 or worse)."""
     expected, source = expected_gpus(node, policy)
-    missing = expected - count
+    missing = (expected or 0) - count
     gone = [g.last_sample for g in node.gpus or () if g not in fresh and g.last_sample is not None]
     never_seen = len(gone) < missing  # some GPU has not reported at all within observe's lookback
     since = None if never_seen or not gone else min(gone)
@@ -315,7 +323,7 @@ def assess_node(
         findings.extend(_xid_findings(gpu, policy))
         findings.extend(_memory_findings(gpu, policy, now))
     expected, _ = expected_gpus(node, policy)
-    if expected and count < expected:
+    if expected is not None and expected and count < expected:
         findings.append(_missing_finding(node, fresh, count, policy, now))
     findings.extend(extra)
     status: Status = "faulty" if any(f.quarantine for f in findings) else "healthy"

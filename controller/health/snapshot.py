@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpuwarden.gpusharing import GpuSharing
 from gpuwarden.quarantine import DeviceRef
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
@@ -140,9 +141,18 @@ class NodeState:
     nvswitch_non_fatal: tuple[int, ...] = ()  # ditto for non-fatal
     admission_failures: int | None = None  # pods rejected at admission within the window (None: not read)
     validation_jobs: Mapping[str, JobState] = field(default_factory=dict)  # our validation Jobs, by name
+    sharing: GpuSharing | None = None
+    """How the node shares its GPUs and how many physical GPUs it has (gpuwarden.gpusharing), from GFD's
+    labels and what it advertises. None (hand-made snapshots): the GPU capacity is the physical count."""
     dra_devices: Mapping[str, DeviceRef] | None = None
     """A DRA-backed GPU node (`controller.gpus.dra`): GPU UUID -> its device in the node's ResourceSlices
     (read only when the node has something to say). None: not DRA-backed (the device plugin serves it)."""
+
+    @property
+    def gpu_node(self) -> bool:
+        """Advertises GPUs in any form: whole, replicas (also renamed `.shared`), MIG instances, or DRA."""
+        slots = self.sharing.slots if self.sharing is not None else 0
+        return self.gpu_capacity > 0 or slots > 0 or self.dra_devices is not None
 
     @property
     def our_taint(self) -> Taint | None:

@@ -129,7 +129,10 @@ def build_queries(cfg: HealthConfig, *, step: float | None = None) -> Queries:
     signal = signal_queries(cfg, sel)
     return Queries(
         **signal,
-        node_fresh=f"count by ({node_keys}) (timestamp({sel(PRESENCE_METRIC)}) > time() - {stale[:-1]})",
+        # physical GPUs, not series: a MIG GPU reports once per instance and a time-sliced GPU once per pod
+        # under KUBERNETES_VIRTUAL_GPUS, all under the physical GPU's UUID
+        node_fresh=f"count by ({node_keys}) (max by ({keys}) (timestamp({sel(PRESENCE_METRIC)})) "
+        f"> time() - {stale[:-1]})",
         node_newest=f"max by ({node_keys}) (timestamp({sel(PRESENCE_METRIC)}))",
         gpu_stale=f"max by ({keys}, gpu) (max_over_time(timestamp({sel(PRESENCE_METRIC)})[{lookback}:{s}])) "
         f"< time() - {stale[:-1]}",
