@@ -31,9 +31,10 @@ from controller.gpus.model import NodeView
 from controller.gpus.objects import PodInfo
 from controller.gpus.victims import explain_room
 
-PASSED, DRA, FAILED, UNRESOLVABLE, FRAGMENTED = range(5)
-"""`Answer.kind`: passed, passed through (DRA-backed), failed (preemption may help), unresolvable, and
-unresolvable because fragmented (`explain_room` completes its reason per request)."""
+PASSED, DRA, FAILED, UNRESOLVABLE, FRAGMENTED, SHARED = range(6)
+"""`Answer.kind`: passed, passed through (DRA-backed), failed (preemption may help), unresolvable,
+unresolvable because fragmented (`explain_room` completes its reason per request), and passed through
+(the node shares its GPUs)."""
 
 Shape = tuple[int, str | None]
 """(GPUs requested, the pod's raw topology-policy annotation): what a cached answer depends on."""
@@ -70,8 +71,8 @@ def answer(pod: PodInfo, name: str, view: NodeView | None, settings: Settings, n
     """`name`'s answer for `pod`, as `filter_nodes` and `score_nodes` give it (pod.gpus > 0)."""
     quoted = encode_basestring(name)
     host = '{"Host":' + quoted + ',"Score":'
-    if view is not None and view.dra_class:
-        return Answer(DRA, name, quoted, "", "", host + "0}", _INF, view)
+    if view is not None and view.passthrough:
+        return Answer(DRA if view.dra_class else SHARED, name, quoted, "", "", host + "0}", _INF, view)
     verdict = assess(pod, view, settings, now, name)
     if isinstance(verdict, FitVerdict):
         entry = quoted + ":" + encode_basestring(verdict.reason)
@@ -176,6 +177,7 @@ def filter_body(
     if unresolvable and countOf(map(_KIND, answers), FRAGMENTED):
         unresolvable = _explained(pod, answers, settings, now)
     dra = countOf(map(_KIND, answers), DRA) if passed else 0
+    shared = countOf(map(_KIND, answers), SHARED) if passed else 0
     body = (
         '{"Nodes":null,"NodeNames":['
         + ",".join(passed)
@@ -185,16 +187,19 @@ def filter_body(
         + ",".join(unresolvable)
         + '},"Error":""}'
     )
-    return body.encode(), FilterCounts(len(passed) - dra, dra, len(failed), len(unresolvable))
+    counts = FilterCounts(len(passed) - dra - shared, dra, len(failed), len(unresolvable), shared)
+    return body.encode(), counts
 
 
 class FilterCounts(NamedTuple):
-    """How many candidates a filter answer passed, passed through (DRA), failed and failed unresolvably."""
+    """How many candidates a filter answer passed, passed through (DRA; shared GPUs), failed and failed
+    unresolvably."""
 
     passed: int
     dra: int
     failed: int
     unresolvable: int
+    shared: int = 0
 
 
 def _explained(pod: PodInfo, answers: Sequence[Answer], settings: Settings, now: float) -> list[str]:

@@ -140,6 +140,8 @@ class BindOutcome:
     """Dry-run only: the error a real run would have returned (the pod was bound anyway, unclaimed)."""
     dra_class: str = ""
     """The node is DRA-backed (controller/gpus/dra.py): bound as asked, no GPU set chosen or recorded."""
+    passthrough: str = ""
+    """Why the node was bound as asked without a GPU set (DRA-backed or shared GPUs; the view's reason)."""
 
 
 def _revision(resource_version: str) -> int:
@@ -362,11 +364,12 @@ class Binder:
                 await self._api.bind_pod(ns, name, pod.uid, node)
                 return BindOutcome("bound")
         view = self._model.view(node)
-        if view is not None and view.dra_class:
-            # DRA has allocated the devices already (its PreBind runs before an extender's bind): a set
-            # chosen here would be fiction, so none is recorded.
+        if view is not None and view.passthrough:
+            # DRA has allocated the devices already (its PreBind runs before an extender's bind), or the
+            # node shares its GPUs and its device plugin picks the replicas: a set chosen here would be
+            # fiction, so none is recorded.
             await self._api.bind_pod(ns, name, pod.uid, node)
-            return BindOutcome("bound", dra_class=view.dra_class)
+            return BindOutcome("bound", dra_class=view.dra_class, passthrough=view.passthrough)
         if cached is None and self._dry_run:
             return await self._bind_dry(pod, node)
         if self._sole is not None:

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 ASSIGNED = "GPUsAssigned"
 DRA = "GPUsAllocatedByDRA"
+SHARED = "GPUsShared"
+"""A pod bound to a node that shares its GPUs: the device plugin picks its replicas or MIG instances."""
 FAILED = "GPUBindFailed"
 ACTION = "Bind"
 QUEUE_CAPACITY = 256
@@ -86,6 +88,7 @@ def bind_event(
     dry_run: bool = False,
     would_fail: str = "",
     dra_class: str = "",
+    passthrough: str = "",
 ) -> BindEvent | None:
     """The event for one bind outcome, or None (a non-GPU pod, an idempotent repeat, a vanished pod).
 
@@ -107,6 +110,10 @@ def bind_event(
             args.pod_namespace, args.pod_name, args.pod_uid, args.node, DRA, EventType.NORMAL,
             passthrough_note(args.node, dra_class),
         )  # fmt: skip
+    if kind == "bound" and passthrough:
+        return BindEvent(
+            args.pod_namespace, args.pod_name, args.pod_uid, args.node, SHARED, EventType.NORMAL, passthrough
+        )
     if kind != "bound" or choice is None:
         return None
     numa = ",".join(str(n) for n in choice.numa_nodes) or "unknown"

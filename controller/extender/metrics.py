@@ -66,7 +66,8 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
         filter_nodes=Counter(
             "gpuwarden_extender_filter_nodes_total",
             "Candidate nodes judged by filter: passed, failed (preemption may help), unresolvable, "
-            "dra_passthrough (DRA-backed nodes passed through unjudged).",
+            "dra_passthrough (DRA-backed nodes passed through unjudged), shared_passthrough (nodes that "
+            "share their GPUs: time-slicing, MPS, MIG).",
             ["result"],
             registry=registry,
         ),

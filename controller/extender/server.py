@@ -218,12 +218,13 @@ class ExtenderService:
                 return Encoded(body)
         return await self._filter(args)
 
-    def _count_filtered(self, passed: int, dra: int, failed: int, unresolvable: int) -> None:
+    def _count_filtered(self, passed: int, dra: int, failed: int, unresolvable: int, shared: int = 0) -> None:
         for label, count in (
             ("passed", passed),
             ("dra_passthrough", dra),
             ("failed", failed),
             ("unresolvable", unresolvable),
+            ("shared_passthrough", shared),
         ):
             if count:
                 self.metrics.filter_nodes.labels(label).inc(count)
@@ -251,10 +252,11 @@ class ExtenderService:
         if result.fragmented:
             result = explain_room(pod, result, dict(nodes), self.current_settings(), self.clock())
         self._count_filtered(
-            len(result.passed) - len(result.dra),
+            len(result.passed) - len(result.dra) - len(result.shared),
             len(result.dra),
             len(result.failed),
             len(result.unresolvable),
+            len(result.shared),
         )
         if result.failed or result.unresolvable:
             log.debug(
@@ -330,6 +332,7 @@ class ExtenderService:
                 dry_run=self.events.dry_run,
                 would_fail=outcome.would_fail,
                 dra_class=outcome.dra_class,
+                passthrough=outcome.passthrough,
             )
         )
 

@@ -25,7 +25,6 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from controller.extenderv1 import MAX_EXTENDER_PRIORITY
-from controller.gpus.dra import passthrough_note
 from controller.gpus.model import Holder, NodeView
 from controller.gpus.objects import PodInfo, claim_fresh
 from controller.gpus.placement import Need, alignment, fits, group_sizes, known_groups, min_span, place
@@ -146,6 +145,9 @@ class FilterResult:
     dra: tuple[str, ...] = ()
     """The passed nodes that are DRA-backed (dra.py): passed through unjudged, the scheduler's DRA plugin
     has already decided whether the pod's devices fit there."""
+    shared: tuple[str, ...] = ()
+    """The passed nodes that share their GPUs (shared.py): passed through unjudged, the scheduler's resource
+    fit counts their replicas or MIG instances."""
 
 
 def policy_of(pod: PodInfo, settings: Settings) -> Policy | str:
@@ -341,8 +343,8 @@ def assess(pod: PodInfo, view: NodeView | None, s: Settings, now: float, name: s
     """A rejection, or the free GPUs among which a set satisfying the policy is guaranteed to exist."""
     if view is None:
         return FitVerdict(name, reason="node not (yet) known to the gpuwarden extender's cache")
-    if view.dra_class:  # no GPU set can be promised where DRA allocates (make-room, preemption, choose)
-        return FitVerdict(name, reason=passthrough_note(name, view.dra_class))
+    if view.passthrough:  # no GPU set can be promised where DRA allocates or GPUs are shared (make-room,
+        return FitVerdict(name, reason=view.passthrough)  # preemption, choose)
     key = _memo_key("assess", pod, view)
     if key is not None:
         hit = view.memo.get(key)
@@ -458,13 +460,14 @@ def filter_nodes(
     unresolvable: dict[str, str] = {}
     fragmented: list[str] = []
     dra: list[str] = []
+    shared: list[str] = []
     if pod.gpus <= 0:
         return FilterResult(tuple(name for name, _ in nodes), failed, unresolvable)
     key, nominated = ("assess", pod.gpus, pod.policy), pod.nominated
     for name, view in nodes:
-        if view is not None and view.dra_class:
+        if view is not None and view.passthrough:
             passed.append(name)
-            dra.append(name)
+            (dra if view.dra_class else shared).append(name)
             continue
         # `assess`'s memo read inline (the same key and conditions as `_memo_key`): most candidates of a
         # request hit it, and two calls per node are a visible share of a 500-node request
@@ -488,7 +491,7 @@ def filter_nodes(
             unresolvable[name] = verdict.reason
             if verdict.fragmented:
                 fragmented.append(name)
-    return FilterResult(tuple(passed), failed, unresolvable, tuple(fragmented), tuple(dra))
+    return FilterResult(tuple(passed), failed, unresolvable, tuple(fragmented), tuple(dra), tuple(shared))
 
 
 def never_fits(pod: PodInfo, view: NodeView, settings: Settings, now: float) -> str:

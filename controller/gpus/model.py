@@ -28,8 +28,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.gpus.dra import dra_class_for_node, extended_resource_classes
+from controller.gpus.dra import dra_class_for_node, extended_resource_classes, passthrough_note
 from controller.gpus.objects import NodeInfo, PodInfo, node_info, pod_info
+from controller.gpus.shared import shared_note
 from controller.gpus.topology import NodeTopology, TopologyError, count_only, parse_nrt, uuid_map
 from gpuwarden.quarantine import quarantined_ids
 
@@ -98,6 +99,9 @@ class NodeView:
     dra_class: str = ""
     """The DeviceClass through which DRA serves the GPU resource on this node ("" = device plugin or no GPUs;
     dra.py): the extender passes such a node through and promises no GPU set on it."""
+    passthrough: str = ""
+    """Why the extender passes this node through unjudged ("" = it is judged): DRA allocates its GPUs
+    (`dra_class`) or it shares them (shared.py). No GPU set is chosen, recorded, freed or promised there."""
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """decide.py's cache of answers derived from this (immutable) view; dropped with the view."""
     preempting: bool = field(init=False, compare=False, repr=False, default=False)
@@ -199,6 +203,13 @@ def build_view(
         holders=tuple(holders),
         error_trend=error_trend,
         dra_class=dra_class,
+        passthrough=(
+            passthrough_note(info.name, dra_class)
+            if dra_class
+            else shared_note(info.name, info.sharing)
+            if info.sharing.shared
+            else ""
+        ),
     )
 
 

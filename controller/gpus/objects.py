@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.gpus.topology import NodeTopology, TopologyError, parse_annotation
+from gpuwarden.gpusharing import GpuSharing, SharingMode, node_sharing
 from gpuwarden.quarantine import NodeQuarantine, node_quarantine
 from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
@@ -144,6 +145,10 @@ def claim_fresh(claimed_at: float | None, reserved_until: float | None, now: flo
     return claimed_at is None or now - claimed_at < ttl
 
 
+WHOLE = GpuSharing(SharingMode.WHOLE)
+"""A node that does not share its GPUs (the default for hand-made `NodeInfo`s)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     """The node object, parsed: GPU count, annotation topology and quarantine."""
@@ -154,6 +159,8 @@ class NodeInfo:
     topology_error: str = ""
     quarantine: NodeQuarantine | None = None
     """Our quarantine of the node (`gpuwarden.quarantine.node_quarantine`); None: not quarantined."""
+    sharing: GpuSharing = WHOLE
+    """How the node shares its GPUs (gpuwarden.gpusharing): a shared node is passed through, never placed."""
     device_plugin: bool = True
     """The node's allocatable of the GPU resource is > 0 (a device plugin serves it there); False on a node
     without GPUs or with DRA-backed ones - kube-scheduler's own test (noderesources'
@@ -176,6 +183,18 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
         except TopologyError as exc:
             error = str(exc)
     quarantine = node_quarantine(spec.get("taints") or [], annotations)
+    sharing = node_sharing(
+        meta.get("labels") or {},
+        status.get("capacity") or status.get("allocatable") or {},
+        resource,
+        topology_gpus=len(topology.gpus) if topology is not None else None,
+    )
     return NodeInfo(
-        str(meta.get("name", "")), allocatable, topology, error, quarantine, device_plugin=allocatable > 0
+        str(meta.get("name", "")),
+        allocatable,
+        topology,
+        error,
+        quarantine,
+        sharing,
+        device_plugin=allocatable > 0 or sharing.slots > 0,
     )

@@ -422,7 +422,8 @@ def revise_candidates(
     refused: dict[str, str] = {}
     for node, uids in candidates.items():
         view = views.get(node)
-        if view is None or pod.gpus <= 0 or view.dra_class:  # DRA allocates there: no GPU set to free
+        # DRA allocates or the GPUs are shared there: no GPU set to free
+        if view is None or pod.gpus <= 0 or view.passthrough:
             if uids:
                 out[node] = tuple(uids)
             continue

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.extender.bind import Binder, BindOutcome
+from controller.extender.bind import Binder
 from controller.extender.events import DRA, bind_event
 from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.dra import dra_class_for_node, extended_resource_classes
@@ -126,7 +126,8 @@ async def test_bind_on_a_dra_node_binds_without_a_claim() -> None:
     m, _ = mixed()
     m.upsert_pod(api.pods["ml/p"])
     outcome = await Binder(api, m, lambda: SETTINGS, clock=lambda: NOW).bind(binding("p", "d"))
-    assert outcome == BindOutcome("bound", dra_class="gpu.example.com")
+    assert outcome.kind == "bound" and outcome.dra_class == "gpu.example.com" and outcome.choice is None
+    assert "through DRA (DeviceClass gpu.example.com)" in outcome.passthrough
     assert api.calls == ["bind ml/p d"]  # no claim patch, no list: DRA allocated the devices already
     annotations = api.pods["ml/p"]["metadata"].get("annotations") or {}
     assert "gpuwarden.io/gpu-ids" not in annotations
