@@ -44,6 +44,7 @@ from nodeagent.draowner import dra_owner, withheld_note
 from nodeagent.listener import Listener, Reply, Route
 from nodeagent.podresources import KubeletUnavailable, PodResourcesReader
 from nodeagent.reconcile import Assignment, Outcome, decide, pod_record
+from nodeagent.sharedgpus import node_shares_gpus, shared_note
 from nodeagent.topology.annotation import render
 from nodeagent.topology.discover import discover
 from nodeagent.topology.model import TopologyReadError
@@ -133,7 +134,8 @@ class AgentMetrics:
         self.plugin_withheld = Gauge(
             "gpuwarden_node_device_plugin_withheld",
             "1 while enforce mode does not serve the device plugin because a DRA driver of "
-            "device_plugin.dra_drivers owns this node's GPUs (nodeagent/draowner.py).",
+            "device_plugin.dra_drivers owns this node's GPUs (nodeagent/draowner.py) or the node shares its "
+            "GPUs: time-slicing, MPS or MIG (nodeagent/sharedgpus.py).",
             registry=r,
         )
 
@@ -380,14 +382,24 @@ class NodeAgent:
             return ""
         return dra_owner(entries, self.cfg.device_plugin.dra_drivers)
 
-    async def _withhold(self, driver: str) -> None:
+    def withhold_reason(self) -> tuple[str, str]:
+        """(who or what, the note) when the plugin must not be served: a DRA driver owns the GPUs, or the
+        node shares them (GFD's labels on our Node); ("", "") when it may be served."""
+        owner = self.dra_owner()
+        if owner:
+            return owner, withheld_note(owner, self.cfg.resource_name)
+        sharing = node_shares_gpus(self.nodes.get(self.node), self.cfg.resource_name)
+        if sharing is not None:
+            return f"shared:{sharing.mode.value}", shared_note(sharing, self.cfg.resource_name)
+        return "", ""
+
+    async def _withhold(self, owner: str, note: str) -> None:
         """Say once per episode that the plugin is not served, and why (log, metric, Event on the Node)."""
         self.metrics.plugin_withheld.set(1)
-        if self._withheld == driver:
+        if self._withheld == owner:
             return
-        self._withheld = driver
-        note = withheld_note(driver, self.cfg.resource_name)
-        log.warning("device plugin withheld", extra={"node": self.node, "driver": driver})
+        self._withheld = owner
+        log.warning("device plugin withheld", extra={"node": self.node, "owner": owner, "why": note})
         with contextlib.suppress(KubeError):
             node = self.nodes.get(self.node)
             await self.events.emit(
@@ -399,15 +411,17 @@ class NodeAgent:
             )
 
     async def _run_plugin(self, recheck_seconds: float = DRA_RECHECK_SECONDS) -> None:
-        """Serve the device plugin while no DRA driver owns the GPUs; stop it when one registers (the plugin
-        unregisters by removing its socket, the kubelet then drops the resource), resume when it is gone."""
+        """Serve the device plugin while no DRA driver owns the GPUs and the node does not share them; stop
+        it when that changes (the plugin unregisters by removing its socket, the kubelet then drops the
+        resource), resume when it is gone."""
         assert self.plugin is not None
         await self.pods.synced.wait()
+        await self.nodes.synced.wait()  # GFD's labels say whether the node shares its GPUs
         await self._topology_known.wait()  # no devices to offer before the topology is known
         while not self._stop.is_set():
-            owner = self.dra_owner()
+            owner, note = self.withhold_reason()
             if owner:
-                await self._withhold(owner)
+                await self._withhold(owner, note)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=recheck_seconds)
                 continue
@@ -415,7 +429,7 @@ class NodeAgent:
             self.metrics.plugin_withheld.set(0)
             serving = asyncio.create_task(self.plugin.run(), name="device-plugin-serve")
             try:
-                while not serving.done() and not self.dra_owner():
+                while not serving.done() and not self.withhold_reason()[0]:
                     await asyncio.wait({serving}, timeout=recheck_seconds)
             finally:
                 if not serving.done():

@@ -272,6 +272,7 @@ async def test_enforce_mode_withholds_the_device_plugin_while_a_dra_driver_owns_
 
     a.plugin.run = fake_serve  # type: ignore[method-assign]
     a.pods.synced.set()
+    a.nodes.synced.set()
     a._topology_known.set()
     task = asyncio.create_task(a._run_plugin(recheck_seconds=0.01))
 
@@ -297,6 +298,75 @@ async def test_enforce_mode_withholds_the_device_plugin_while_a_dra_driver_owns_
         await until(lambda: serving == ["start", "stop"])
         await until(lambda: metric(a, "gpuwarden_node_device_plugin_withheld") == 1)
         assert a._withheld == "gpu.nvidia.com"  # a new episode (its Event joins the first one's series)
+    finally:
+        a._stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+SHARED_LABELS = {
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.replicas": "4",
+    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+}
+
+
+async def test_enforce_mode_withholds_the_device_plugin_on_a_node_that_shares_its_gpus(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube()
+    a = agent(
+        kube,
+        topology_file(tmp_path),
+        kubelet_root_dir=str(tmp_path / "kubelet"),
+        device_plugin_dir=str(tmp_path / "dp"),
+        device_plugin={"enabled": True},
+    )
+    assert a.plugin is not None
+    serving: list[str] = []
+
+    async def fake_serve(poll_interval: float = 1.0) -> None:
+        serving.append("start")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            serving.append("stop")
+
+    def node_obj(labels: dict[str, str], gpus: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": a.node, "labels": labels},
+            "status": {"capacity": {"nvidia.com/gpu": gpus}},
+        }
+
+    a.plugin.run = fake_serve  # type: ignore[method-assign]
+    a.nodes.store[a.node] = node_obj(SHARED_LABELS, "32")
+    a.pods.synced.set()
+    a.nodes.synced.set()
+    a._topology_known.set()
+    task = asyncio.create_task(a._run_plugin(recheck_seconds=0.01))
+
+    async def until(condition: Any) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached")
+
+    def withheld_events() -> list[dict[str, Any]]:
+        return [e for e in kube.created if e.get("reason") == "GPUDevicePluginWithheld"]
+
+    try:
+        await until(lambda: metric(a, "gpuwarden_node_device_plugin_withheld") == 1)
+        await asyncio.sleep(0.1)  # several rechecks: still withheld, said once
+        assert serving == [] and len(withheld_events()) == 1
+        note = withheld_events()[0]["note"]
+        assert "shares its GPUs (time-slicing: 8 physical GPUs, 4 replicas each" in note
+        a.nodes.store[a.node] = node_obj({"nvidia.com/gpu.count": "8"}, "8")  # sharing turned off: serve
+        await until(lambda: serving == ["start"])
+        assert metric(a, "gpuwarden_node_device_plugin_withheld") == 0
+        a.nodes.store[a.node] = node_obj(SHARED_LABELS, "32")  # and on again: stop serving
+        await until(lambda: serving == ["start", "stop"])
+        assert a._withheld == "shared:time-slicing"
     finally:
         a._stop.set()
         task.cancel()
