@@ -528,6 +528,8 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     from controller.drain.loop import plan_from as drain_plan
     from controller.drain.plan import plan_to_dict
     from controller.gpus.feed import model_from_lists
+    from controller.gpus.objects import node_info
+    from controller.gpus.shared import sharing_rows
     from controller.health.loop import plan_from as health_plan
     from controller.idle.loop import plan_from as idle_plan
     from controller.idle.loop import usage_now
@@ -556,6 +558,7 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
         plan_to_dict(drain),
         room.to_dict(),
         idle,
+        sharing_rows(node_info(n, k.gpu_resource_name) for n in nodes),
     )
 
 
@@ -569,9 +572,12 @@ class ControllerPlan:
     drain: dict[str, Any] = field(default_factory=dict)
     gpu_preemption: dict[str, Any] = field(default_factory=dict)
     idle: dict[str, Any] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    """Per GPU node: how it shares its GPUs and how many physical GPUs it has (controller.gpus.shared)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "gpus": self.gpus,
             "quarantine": self.quarantine,
             "nominations": self.nominations,
             "drain": self.drain,
@@ -614,8 +620,28 @@ class ControllerPlan:
                 lines.append(f"  {pod['verdict']:<16} {pod['pod']:<40} {pod['mode']:<17} {pod['reason']}")
         return lines
 
+    def gpus_table(self) -> list[str]:
+        if not self.gpus:
+            return []
+        header = ("NODE", "SHARING", "PHYSICAL GPUS", "SLOTS")
+        rows = [
+            (
+                g["node"],
+                g["mode"] + (f" ({g['mig_profile']})" if g.get("mig_profile") else ""),
+                "unknown" if g["physical_gpus"] is None else str(g["physical_gpus"]),
+                f"{g['slots']} {g['resource']}"
+                + (f" ({g['replicas']} per GPU)" if g["mode"] in ("time-slicing", "mps") else ""),
+            )
+            for g in self.gpus
+        ]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        lines = ["GPU NODES"]
+        for row in [header, *rows]:
+            lines.append("  ".join(v.ljust(w) for v, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
+        return [*lines, ""]
+
     def render_table(self) -> str:
-        lines = ["QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
+        lines = [*self.gpus_table(), "QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
         rows = [("clear", c["pod"], c["node"], c["reason"], c["message"]) for c in self.nominations["clear"]]
         rows += [("evict", e["pod"], e["node"], "ttl", e["message"]) for e in self.nominations["evict"]]
         rows += [("hold", h["pod"], h["node"], h["reason"], h["message"]) for h in self.nominations["hold"]]

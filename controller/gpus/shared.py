@@ -13,6 +13,10 @@ What it must not do: no I/O; it only words the reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from controller.gpus.objects import NodeInfo
 from gpuwarden.gpusharing import GpuSharing
 
 
@@ -22,3 +26,26 @@ def shared_note(node: str, sharing: GpuSharing) -> str:
         f"node {node} shares its GPUs ({sharing.describe()}): the device plugin picks the replicas or MIG "
         "instances and no topology policy holds for them; gpuwarden records no GPU set there"
     )
+
+
+def sharing_rows(infos: Iterable[NodeInfo]) -> list[dict[str, Any]]:
+    """Per GPU node (one that advertises GPU slots in any form), its sharing mode and physical GPU count:
+    what `gpuwarden plan` shows, sorted by node name."""
+    rows = []
+    for info in sorted(infos, key=lambda i: i.name):
+        s = info.sharing
+        if not (s.slots or s.physical or info.allocatable):
+            continue
+        rows.append(
+            {
+                "node": info.name,
+                "mode": s.mode.value,
+                "physical_gpus": s.physical,
+                "source": s.source,
+                "replicas": s.replicas,
+                "slots": s.slots,
+                "resource": s.resource,
+                "mig_profile": s.mig_profile,
+            }
+        )
+    return rows

@@ -129,3 +129,25 @@ def test_preempt_verb_adds_no_gpu_victims_on_a_shared_node() -> None:
     revised = revise_candidates(incoming, {"s": ["uid-low"]}, {"s": m.view("s")}, SETTINGS, NOW)
     assert dict(revised.victims) == {"s": ("uid-low",)}
     assert dict(revise_candidates(incoming, {"s": []}, {"s": m.view("s")}, SETTINGS, NOW).victims) == {}
+
+
+def test_plan_shows_each_nodes_sharing_mode_and_physical_count() -> None:
+    from controller.app import ControllerPlan
+    from controller.gpus.shared import sharing_rows
+
+    infos = [
+        node_info(n, RESOURCE) for n in (shared_node("ts", "time-sliced"), shared_node("mig", "mig-single"))
+    ]
+    infos.append(node_info(node("w"), RESOURCE))
+    rows = sharing_rows(infos)
+    assert [(r["node"], r["mode"], r["physical_gpus"], r["slots"]) for r in rows] == [
+        ("mig", "mig-single", None, 56),
+        ("ts", "time-slicing", 8, 32),
+        ("w", "whole", 8, 8),
+    ]
+    plan = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, gpus=rows)
+    assert plan.to_dict()["gpus"] == rows
+    table = plan.render_table()
+    assert table.startswith("GPU NODES")
+    assert "ts    time-slicing" in table and "32 nvidia.com/gpu (4 per GPU)" in table
+    assert "mig-single (1g.10gb)  unknown" in table
