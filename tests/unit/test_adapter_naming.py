@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapter import naming, presets
+from adapter import naming, presets, queries
 from adapter.gotemplate import TemplateError, compile_template
 from adapter.resources import GroupResource
 from gpuwarden.config.adapter import Presets
@@ -210,6 +210,7 @@ def test_gpu_utilization_preset_discovers_whole_gpu_and_mig_fields() -> None:
     assert util.metric_name("DCGM_FI_PROF_GR_ENGINE_ACTIVE") == "gpu_utilization"
     assert not util.accepts("DCGM_FI_PROF_SM_ACTIVE")
     assert not util.query.mentions("Series")  # names its fields itself: either discovered series serves
+    assert queries.batchable(util)  # still one grouped query per (preset, namespace) in cache mode
 
 
 def test_presets_switch_source_labels_and_disable() -> None:
