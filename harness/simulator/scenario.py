@@ -244,7 +244,7 @@ class ExporterSpec(Section):
         description="KUBERNETES_VIRTUAL_GPUS (--kubernetes-virtual-gpus): every series of a GPU (or MIG "
         "instance) a pod holds is copied once per pod, with `vgpu=<replica>` for time-sliced replicas; "
         "DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED keep the device series and get per-pod values "
-        "(with `pod_uid`), as dcgm-exporter 4.6 does. Default: one pod per device series",
+        "(with `pod_uid`), as dcgm-exporter does since 4.5.3-4.8.2. Default: one pod per device series",
     )
     cadvisor: bool = Field(
         False,
