@@ -296,7 +296,7 @@ class _Labels:
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 PER_PROCESS = (GPU_UTIL, FB_USED)
-"""Fields dcgm-exporter (since 4.5.3-4.8.2) splits per pod from NVML's per-process data under KUBERNETES_VIRTUAL_GPUS."""
+"""Fields dcgm-exporter (since 4.5.3-4.8.2) splits per pod from NVML's per-process data (virtual GPUs)."""
 _POD_UID_NAMESPACE = uuid.UUID("0c8e4a52-7d0f-4f55-a3a4-1d2e5b6f7a80")
 
 
