@@ -63,6 +63,18 @@ class NodeSharing:
     mig_instances: int = 7
     mig_layout: Mapping[str, int] = field(default_factory=dict)
 
+    def scenario(self) -> dict[str, Any]:
+        """The same sharing as the fleet simulator's scenario writes it (`fleet.node_sharing.<node>`), so
+        a kwok node and its simulated dcgm-exporter agree on replicas and MIG instances."""
+        if self.mode in ("time-slicing", "mps"):
+            return {"mode": self.mode, "replicas": self.replicas}
+        if self.mode == "mig-single":
+            return {"mode": self.mode, "mig_instances": [self.mig_profile] * self.mig_instances}
+        if self.mode == "mig-mixed":
+            layout = [p for p, n in self.mig_layout.items() for _ in range(n)]
+            return {"mode": self.mode, "mig_instances": layout}
+        return {"mode": "whole"}
+
     def __post_init__(self) -> None:
         if self.mode not in SHARING_MODES:
             raise ValueError(f"sharing mode {self.mode!r} is not one of {', '.join(SHARING_MODES)}")

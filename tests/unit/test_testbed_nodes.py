@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.gpusharing import SharingMode, node_sharing
+from harness.simulator.fleet import Fleet
+from harness.simulator.scenario import parse_scenario
 from harness.testbed import GpuNodeSpec, NodeSharing, mig_mixed_node, mig_single_node, time_sliced_node
 
 
@@ -129,3 +131,25 @@ def test_mig_nodes_have_gfd_labels_of_their_strategy() -> None:
 def test_bad_sharing_is_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         NodeSharing(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(GpuNodeSpec(name="gpu-node-0", gpus=2), id="whole"),
+        pytest.param(time_sliced_node("gpu-node-0", gpus=2, replicas=3), id="time-slicing"),
+        pytest.param(
+            mig_single_node("gpu-node-0", gpus=2, profile="2g.20gb", instances_per_gpu=3), id="mig-single"
+        ),
+        pytest.param(mig_mixed_node("gpu-node-0", {"3g.40gb": 1, "1g.10gb": 2}, gpus=2), id="mig-mixed"),
+    ],
+)
+def test_the_simulator_offers_what_the_kwok_node_advertises(spec: GpuNodeSpec) -> None:
+    sharing = spec.sharing.scenario() if spec.sharing else {"mode": "whole"}
+    doc = {"fleet": {"nodes": 1, "gpus_per_node": spec.gpus, "node_name_pattern": "gpu-node-{index}"}}
+    doc["fleet"]["node_sharing"] = {spec.name: sharing}
+    node = Fleet(parse_scenario(doc), start=0.0).nodes[spec.name]
+    devices = sum(len(g.instances) or g.replicas for g in node.gpus)
+    resources = spec.gpu_resources()
+    advertised = sum(int(v) for k, v in resources.items() if k.startswith("nvidia.com/"))
+    assert devices == advertised
