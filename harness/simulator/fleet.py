@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from gpuwarden.errors import ConfigError
 from harness.simulator.hardware import Gpu, MigInstance, Node, build_nodes, set_readings
 from harness.simulator.scenario import (
+    MIG_SLICES_PER_GPU,
     SIGNAL_KINDS,
     ExporterDownFault,
     Fault,
@@ -211,9 +212,9 @@ class Fleet:
                     inst.set_load(0.0, 0)
                     continue
                 n = inst.pod.gpus.count(g.index)
-                util = min(100.0, inst.pod.demand(self.now) * 7 / inst.slices)
+                util = min(100.0, inst.pod.demand(self.now) * MIG_SLICES_PER_GPU / inst.slices)
                 inst.set_load(util, inst.pod.workload.memory_mib_per_gpu // max(1, n))
-            busy = sum(i.util * i.slices for i in g.instances) / 7
+            busy = sum(i.util * i.slices for i in g.instances) / MIG_SLICES_PER_GPU
             used = sum(i.fb_used_mib for i in g.instances)
             set_readings(g, self.model, min(100.0, busy), used)
             return
