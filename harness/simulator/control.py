@@ -9,9 +9,10 @@ Endpoints (JSON in, JSON out):
 
     POST   /control/faults   one fault object or a list; same schema as a scenario fault, minus `at`
                              e.g. {"kind": "xid", "node": "gpu-node-003", "gpu": 5, "code": 79}
-                             kinds: xid(code,count) ecc(error=sbe|dbe,count) retired_pages(sbe,dbe,pending)
-                             remapped_rows(correctable,uncorrectable) row_remap_failure(duration?)
-                             gpu_missing(duration?) exporter_down(duration?; no gpu)   -> {"applied": n}
+                             kinds: xid(code,count,instance?: MIG instance position) ecc(error=sbe|dbe,count)
+                             retired_pages(sbe,dbe,pending) remapped_rows(correctable,uncorrectable)
+                             row_remap_failure(duration?) gpu_missing(duration?)
+                             exporter_down(duration?; no gpu)   -> {"applied": n}
     DELETE /control/faults   {"node"?, "gpu"?, "reset"?: bool} ends conditions (exporter down, GPU missing,
                              row-remap failure) on the target (default: everywhere); `reset` also simulates a
                              GPU reset: clears the sticky XID, the XID window, volatile ECC and pending pages
@@ -26,7 +27,10 @@ Endpoints (JSON in, JSON out):
     POST   /control/pods     same body; adds or moves only the listed pods
     DELETE /control/pods     {"pods": [{"namespace", "pod"}]} removes pods (their series disappear)
     GET    /control/state    time, conditions, unhealthy GPUs, workloads, pods
-    GET    /control/nodes/{node}  one node: exporter state, every GPU (identity, NUMA node, gauges, counters)
+    GET    /control/nodes/{node}  one node: exporter state, every GPU (identity, NUMA node, gauges, counters;
+                             time-sliced: `replicas`, `holders`; MIG: `mig_instances` with GPU_I_ID, profile,
+                             MIG UUID and holder); /control/state lists each pod's `slots` and `devices` (the
+                             device IDs PodResources would report: UUID, `<uuid>::<n>` or MIG UUID)
 
 Errors: 400 {"error": "...", "problems": [{"field", "message"}]}; 404 unknown node; 409 a GPU claimed twice.
 """
