@@ -11,6 +11,15 @@ defaults, and a test checks it equals what `DiscoveryRule.model_validate` makes 
 Choices made here:
 - `gpu_utilization` is the mean over the pod's GPUs, in percent (0-100). DCGM_FI_PROF_GR_ENGINE_ACTIVE is a
   ratio, so it is scaled by 100 to keep the unit when users switch sources.
+- Shared GPUs (docs/presets.md, "Shared GPUs"): a MIG instance has no DCGM_FI_DEV_GPU_UTIL (NVML does not
+  support it there), so its series' DCGM_FI_PROF_GR_ENGINE_ACTIVE x 100 stands in, in the same grouped query
+  (`... or GR_ENGINE_ACTIVE{GPU_I_ID!=""} * 100`): one query per (preset, namespace) serves whole GPUs and MIG
+  instances alike, and discovery finds the metric on a fleet with either. Before the mean, series are
+  reduced to one per device (`max by` the group and the device's identity: node, `gpu`, `UUID`, `GPU_I_ID`),
+  so dcgm-exporter's per-pod copies (KUBERNETES_VIRTUAL_GPUS: one per replica a pod holds, and for
+  DCGM_FI_DEV_GPU_UTIL the device series beside the per-pod ones) count a device once per pod, and once per
+  node. Without virtual GPUs a time-sliced GPU's one series names one of its pods: that pod gets the whole
+  GPU's utilization and the GPU's other pods get no value.
 - `gpu_memory_used_ratio` is the *max* over the pod's GPUs of used / (used + free): a pod runs out of memory
   on its fullest GPU, not on the average one.
 - dcgm-exporter samples older than `max_sample_age_seconds` are dropped inside the query
@@ -32,12 +41,34 @@ if TYPE_CHECKING:
     from gpuwarden.config.metric_rules import DiscoveryRule
 
 DCGM_NODE_LABELS = ("Hostname", "hostname")
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+MIG_INSTANCE_LABEL = "GPU_I_ID"
+"""dcgm-exporter's label on the series of a MIG GPU instance (its GPU instance ID)."""
+DEVICE_LABELS = (*DCGM_NODE_LABELS, "gpu", "UUID", MIG_INSTANCE_LABEL)
+"""What names one device (a GPU or a MIG instance) on dcgm-exporter's series; per-pod copies share them."""
 
 
-def _fresh(series: str, max_sample_age: float) -> str:
-    """`series{matchers}` keeping only samples scraped within `max_sample_age` seconds."""
-    sel = f"{series}{{<<.LabelMatchers>>}}"
+def _fresh(series: str, max_sample_age: float, extra: str = "") -> str:
+    """`series{[extra,]matchers}` keeping only samples scraped within `max_sample_age` seconds."""
+    sel = f"{series}{{{extra + ',' if extra else ''}<<.LabelMatchers>>}}"
     return f"({sel} and timestamp({sel}) > time() - {max_sample_age:g})"
+
+
+def gpu_utilization_query(source: str, max_sample_age: float) -> str:
+    """Mean over each object's devices of their utilization in percent, one value per device.
+
+    `source` DCGM_FI_DEV_GPU_UTIL: whole GPUs from it, MIG instances (which have none) from their
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE x 100; DCGM_FI_PROF_GR_ENGINE_ACTIVE: every device from it x 100."""
+    if source == GPU_UTIL:
+        mig = f'{MIG_INSTANCE_LABEL}!=""'
+        per_device = (
+            f"{_fresh(GPU_UTIL, max_sample_age)} or ({_fresh(GR_ENGINE_ACTIVE, max_sample_age, mig)} * 100)"
+        )
+    else:
+        per_device = f"{_fresh(GR_ENGINE_ACTIVE, max_sample_age)} * 100"
+    device = ",".join(DEVICE_LABELS)
+    return f"avg by (<<.GroupBy>>) (max by (<<.GroupBy>>,{device}) ({per_device}))"
 
 
 def _dcgm_resources(presets: Presets) -> dict[str, Any]:
@@ -55,14 +86,19 @@ def _exact_name(series: str, name: str) -> dict[str, str]:
 
 
 def gpu_utilization_document(presets: Presets, max_sample_age: float) -> dict[str, Any]:
-    """Mean GPU utilization (percent) per object, from DCGM_FI_DEV_GPU_UTIL or ..._PROF_GR_ENGINE_ACTIVE."""
+    """Mean GPU utilization (percent) per object, from DCGM_FI_DEV_GPU_UTIL (MIG instances: their
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE) or DCGM_FI_PROF_GR_ENGINE_ACTIVE everywhere."""
     preset = presets.gpu_utilization
-    scale = " * 100" if preset.source == "DCGM_FI_PROF_GR_ENGINE_ACTIVE" else ""
+    if preset.source == GPU_UTIL:
+        series_query = f'{{__name__=~"{GPU_UTIL}|{GR_ENGINE_ACTIVE}"}}'
+        name = {"matches": f"^({GPU_UTIL}|{GR_ENGINE_ACTIVE})$", "as": preset.name}
+    else:
+        series_query, name = GR_ENGINE_ACTIVE, _exact_name(GR_ENGINE_ACTIVE, preset.name)
     return {
-        "seriesQuery": preset.source,
+        "seriesQuery": series_query,
         "resources": _dcgm_resources(presets),
-        "name": _exact_name(preset.source, preset.name),
-        "metricsQuery": f"avg({_fresh('<<.Series>>', max_sample_age)}) by (<<.GroupBy>>){scale}",
+        "name": name,
+        "metricsQuery": gpu_utilization_query(preset.source, max_sample_age),
     }
 
 

@@ -8,7 +8,8 @@ interval and swaps the registry atomically.
 Differences from prometheus-adapter, on purpose:
 - a seriesQuery that fails keeps its previous series instead of failing every rule (kube-prometheus#160);
 - a seriesQuery naming one metric is discovered with `/api/v1/labels?match[]=` (label names only) instead
-  of `/api/v1/series` (every series), which matters with 40,000 GPUs;
+  of `/api/v1/series` (every series), which matters with 40,000 GPUs; so is one naming a few metrics as
+  `{__name__=~"a|b"}` (one labels call per name: the GPU utilization preset reads whole-GPU and MIG fields);
 - each entry remembers the label that actually carried the resource and the namespace in the series, so
   several overrides for one resource (dcgm-exporter's `Hostname` / `hostname`) just work;
 - a resource known to be namespaced (pods) is not registered from series without a namespace label, which
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 SeriesList = Sequence[Mapping[str, str]]
 _ONE_METRIC = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{.*\})?\s*$", re.DOTALL)
+_NAME_ALTERNATIVES = re.compile(
+    r'^\s*\{\s*__name__\s*=~\s*"(\^?[a-zA-Z_:][a-zA-Z0-9_:]*(?:\|[a-zA-Z_:][a-zA-Z0-9_:]*)*\$?)"\s*\}\s*$'
+)
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def build_registry(
                     root = True
                 entry = CustomMetric(metric, gr, not root, name, rule, label, None if root else ns_label)
                 previous = custom.setdefault((gr, metric), entry)
-                if previous.rule is not rule or previous.series != name:
+                if previous.rule is not rule or (previous.series != name and rule.query.mentions("Series")):
                     notes.append(
                         f"{rule.where}: {gr}/{metric} from {name} ignored, {previous.rule.where} won"
                     )
@@ -150,6 +154,18 @@ def single_metric(series_query: str) -> str | None:
     """The metric name if `series_query` is `name` or `name{...}` (label names then suffice), else None."""
     m = _ONE_METRIC.match(series_query)
     return m.group(1) if m else None
+
+
+def metric_names(series_query: str) -> list[str] | None:
+    """The metric names a seriesQuery selects when label names per name suffice to discover it: `name`,
+    `name{...}` or `{__name__=~"a|b"}` (literal names only; Prometheus anchors the regex); else None."""
+    name = single_metric(series_query)
+    if name is not None:
+        return [name]
+    m = _NAME_ALTERNATIVES.match(series_query)
+    if not m:
+        return None
+    return list(dict.fromkeys(m.group(1).removeprefix("^").removesuffix("$").split("|")))
 
 
 class Discovery:
@@ -179,10 +195,17 @@ class Discovery:
     async def _fetch(self, query: str, start: float) -> SeriesList:
         began = time.perf_counter()
         try:
-            name = single_metric(query)
-            if name is not None:
-                labels = await self._client.labels([query], start=start, timeout=self._timeout)
-                found: SeriesList = [{**dict.fromkeys(labels, ""), "__name__": name}] if labels else []
+            names = metric_names(query)
+            if names is not None:
+                selectors = [query] if len(names) == 1 else names
+                answers = await asyncio.gather(
+                    *(self._client.labels([sel], start=start, timeout=self._timeout) for sel in selectors)
+                )
+                found: SeriesList = [
+                    {**dict.fromkeys(labels, ""), "__name__": name}
+                    for name, labels in zip(names, answers, strict=True)
+                    if labels
+                ]
             else:
                 found = await self._client.series([query], start=start, timeout=self._timeout)
         except PrometheusError as exc:

@@ -631,8 +631,10 @@ def fleet_health() -> Dashboard:
                         "{{node}} capacity",
                     ),
                 ],
-                description="Fewer GPUs reporting than the node's nvidia.com/gpu capacity: the exporter is "
-                "down or a GPU fell off the bus (alert GPUTelemetryMissing).",
+                description="Physical GPUs reporting to DCGM against the node's nvidia.com/gpu capacity. On "
+                "whole-GPU nodes fewer reporting means the exporter is down or a GPU fell off the bus (alert "
+                "GPUTelemetryMissing: fewer than in the last 6 hours). On time-sliced and MIG nodes the "
+                "capacity counts replicas or MIG instances, so it is higher by design.",
             ),
             Panel(
                 "Freshness of DCGM data at the last quarantine pass",

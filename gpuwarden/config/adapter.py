@@ -35,7 +35,8 @@ class GpuUtilizationPreset(Section):
         default="DCGM_FI_DEV_GPU_UTIL",
         description="DCGM field to read. DCGM_FI_DEV_GPU_UTIL (percent of time a kernel ran) is exported "
         "by default everywhere; DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio, scaled to percent) is more accurate "
-        "but needs DCGM's profiling module.",
+        "but needs DCGM's profiling module. MIG instances have no DCGM_FI_DEV_GPU_UTIL: their "
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE is read either way (docs/presets.md, Shared GPUs).",
     )
 
 

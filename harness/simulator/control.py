@@ -9,9 +9,10 @@ Endpoints (JSON in, JSON out):
 
     POST   /control/faults   one fault object or a list; same schema as a scenario fault, minus `at`
                              e.g. {"kind": "xid", "node": "gpu-node-003", "gpu": 5, "code": 79}
-                             kinds: xid(code,count) ecc(error=sbe|dbe,count) retired_pages(sbe,dbe,pending)
-                             remapped_rows(correctable,uncorrectable) row_remap_failure(duration?)
-                             gpu_missing(duration?) exporter_down(duration?; no gpu)   -> {"applied": n}
+                             kinds: xid(code,count,instance?: MIG instance position) ecc(error=sbe|dbe,count)
+                             retired_pages(sbe,dbe,pending) remapped_rows(correctable,uncorrectable)
+                             row_remap_failure(duration?) gpu_missing(duration?)
+                             exporter_down(duration?; no gpu)   -> {"applied": n}
     DELETE /control/faults   {"node"?, "gpu"?, "reset"?: bool} ends conditions (exporter down, GPU missing,
                              row-remap failure) on the target (default: everywhere); `reset` also simulates a
                              GPU reset: clears the sticky XID, the XID window, volatile ECC and pending pages
@@ -19,11 +20,17 @@ Endpoints (JSON in, JSON out):
                              ...], "loop"?} (times relative to now), optional "qps_per_gpu",
                              "memory_mib_per_gpu"; creates the workload if it does not exist
     PUT    /control/pods     {"pods": [{"namespace", "pod", "node", "gpus": [0, 1], "workload",
-                             "container"?}]} makes this the whole pod->GPU mapping (pods not listed go away)
+                             "container"?, "slots"?}]} makes this the whole pod->GPU mapping (pods not
+                             listed go away); on a shared node `slots` names the replica (time-slicing) or
+                             MIG instance position held on each listed GPU (default: the lowest free), and
+                             `gpus` may list a GPU twice
     POST   /control/pods     same body; adds or moves only the listed pods
     DELETE /control/pods     {"pods": [{"namespace", "pod"}]} removes pods (their series disappear)
     GET    /control/state    time, conditions, unhealthy GPUs, workloads, pods
-    GET    /control/nodes/{node}  one node: exporter state, every GPU (identity, NUMA node, gauges, counters)
+    GET    /control/nodes/{node}  one node: exporter state, every GPU (identity, NUMA node, gauges, counters;
+                             time-sliced: `replicas`, `holders`; MIG: `mig_instances` with GPU_I_ID, profile,
+                             MIG UUID and holder); /control/state lists each pod's `slots` and `devices` (the
+                             device IDs PodResources would report: UUID, `<uuid>::<n>` or MIG UUID)
 
 Errors: 400 {"error": "...", "problems": [{"field", "message"}]}; 404 unknown node; 409 a GPU claimed twice.
 """
@@ -75,6 +82,9 @@ class PodMapping(Section):
     gpus: list[int] = Field(min_length=1)
     workload: str = Field(min_length=1, description="workload (Deployment) whose load the pod shares")
     container: str | None = None
+    slots: list[int] | None = Field(
+        None, description="shared nodes: replica or MIG instance position per entry of `gpus`"
+    )
 
 
 class PodMappings(Section):
@@ -135,7 +145,7 @@ def parse_faults(data: Any, fleet: Fleet) -> list[Fault]:
             problems.append(
                 (f"{where}.at".lstrip("."), "not allowed here: control-API faults apply immediately")
             )
-        problem = fleet.target_problem(f.node, getattr(f, "gpu", None))
+        problem = fleet.target_problem(f.node, getattr(f, "gpu", None), getattr(f, "instance", None))
         if problem:
             problems.append((f"{where}.{problem[0]}".lstrip("."), problem[1]))
     if problems:
@@ -167,13 +177,41 @@ def gpu_json(g: Gpu) -> dict[str, Any]:
         "remapped_correctable": g.remapped_correctable,
         "remapped_uncorrectable": g.remapped_uncorrectable,
         "row_remap_failure": g.row_remap_failure,
+        **sharing_json(g),
     }
+
+
+def sharing_json(g: Gpu) -> dict[str, Any]:
+    """A shared GPU's replicas or MIG instances and who holds them; nothing for a whole GPU."""
+    if g.instances:
+        return {
+            "mig_instances": [
+                {
+                    "instance": inst.position,
+                    "gpu_i_id": inst.gi_id,
+                    "profile": inst.profile,
+                    "mig_uuid": inst.mig_uuid,
+                    "pod": f"{inst.pod.namespace}/{inst.pod.name}" if inst.pod else None,
+                    "util": round(inst.util, 3),
+                    "fb_used_mib": inst.fb_used_mib,
+                    "last_xid": inst.last_xid,
+                }
+                for inst in g.instances
+            ]
+        }
+    if g.replicas > 1:
+        return {
+            "replicas": g.replicas,
+            "holders": [{"replica": n, "pod": f"{p.namespace}/{p.name}"} for n, p in g.holders],
+        }
+    return {}
 
 
 def _unhealthy(g: Gpu) -> bool:
     return bool(
         not g.present
         or g.last_xid is not None
+        or any(inst.last_xid is not None for inst in g.instances)
         or g.ecc_sbe_agg
         or g.ecc_dbe_agg
         or g.retired_sbe
@@ -218,6 +256,8 @@ def state_json(fleet: Fleet) -> dict[str, Any]:
                 "workload": p.workload.name,
                 "node": p.node,
                 "gpus": list(p.gpus),
+                **({"slots": list(p.slots)} if p.slots else {}),
+                "devices": fleet.device_ids(p),
                 "requests": int(p.requests),
                 "gpu_util": p.gpu_util(fleet.now),
             }
@@ -278,7 +318,16 @@ def add_routes(app: web.Application, sim: Simulator) -> None:
     async def set_pods(request: web.Request) -> web.Response:
         body = _validate(TypeAdapter(PodMappings), await _json(request))
         specs = [
-            PodSpec(p.namespace, p.pod, p.node, tuple(p.gpus), p.workload, p.container) for p in body.pods
+            PodSpec(
+                p.namespace,
+                p.pod,
+                p.node,
+                tuple(p.gpus),
+                p.workload,
+                p.container,
+                tuple(p.slots) if p.slots is not None else None,
+            )
+            for p in body.pods
         ]
         try:
             await sim.with_fleet(lambda f: f.set_pods(specs, replace=request.method == "PUT"))

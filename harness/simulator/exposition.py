@@ -15,17 +15,27 @@ had an XID has no DCGM_FI_DEV_XID_ERRORS series (blank values are skipped; `xid_
 exporters); the last XID sticks until a GPU reset; DCGM_EXP_XID_ERRORS_COUNT has one series per XID seen in
 the window, or one 0-valued series without `xid`, and is typed `counter` as in the exporter's CSV although it
 falls when XIDs age out of the window.
+
+Shared GPUs, as dcgm-exporter shows them (reference/gpu-sharing.md, section 4): a MIG GPU has one series per
+GPU instance (`GPU_I_PROFILE`, `GPU_I_ID` after `modelName`; `UUID`, `gpu`, `device` the parent's), no
+DCGM_FI_DEV_GPU_UTIL, GPU-level fields repeated on every instance and XIDs on the instance they are
+attributed to. A time-sliced GPU has one series attributed to one of its pods (the last one mapped). With
+`exporter.virtual_gpus` every series of a device a pod holds is copied once per pod (`vgpu=<replica>` for a
+replica), except DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED: the device series stays, plus one series per
+pod with its own processes' value and `pod_uid`. Series of GPUs no pod holds stay as they are.
 """
 
 from __future__ import annotations
 
 import operator
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from harness.simulator.fleet import Fleet
-from harness.simulator.hardware import Gpu
+from harness.simulator.hardware import Gpu, MigInstance
 from harness.simulator.workload import Pod
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -106,7 +116,8 @@ class Family:
         return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.type}\n"
 
 
-Values = Callable[[list[Gpu]], Iterable[str]]
+Values = Callable[[list[Any]], Iterable[str]]
+"""Per series, the value text, from a GPU, a MIG instance or a pod's share of either (`_PodShare`)."""
 
 
 def _ints(attr: str) -> Values:
@@ -277,9 +288,39 @@ class _Labels:
     pod: Pod | None
     base: str  # '{gpu=...,DCGM_FI_DRIVER_VERSION="..."' (open)
     container: str  # ',container="..."' or ''
-    ns_pod: str  # ',namespace="...",pod="..."' or ''
+    ns_pod: str  # ',namespace="...",pod="..."[,pod_uid="..."][,vgpu="..."]' or ''
     open: str  # base + container + ns_pod
     closed: str  # open + '} '
+
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+PER_PROCESS = (GPU_UTIL, FB_USED)
+"""Fields dcgm-exporter (since 4.5.3-4.8.2) splits per pod from NVML's per-process data (virtual GPUs)."""
+_POD_UID_NAMESPACE = uuid.UUID("0c8e4a52-7d0f-4f55-a3a4-1d2e5b6f7a80")
+
+
+def pod_uid(pod: Pod) -> str:
+    """A stable stand-in for the pod's metadata.uid (`pod_uid` label)."""
+    return str(uuid.uuid5(_POD_UID_NAMESPACE, f"{pod.namespace}/{pod.name}"))
+
+
+@dataclass(eq=False)
+class _PodShare:
+    """One pod's own value of a per-process field on a device (GPU or MIG instance)."""
+
+    util: float
+    fb_used_mib: int
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One series of a device: `src` the GPU or instance (health, XIDs), `value` what values are read
+    from (`src`, or a pod's share for per-process fields)."""
+
+    src: Gpu | MigInstance
+    value: Any
+    labels: _Labels
 
 
 @dataclass(eq=False)
@@ -308,6 +349,8 @@ class Renderer:
         self._hostname = ex.hostname_label
         self._k8s = ex.kubernetes
         self._cadvisor = ex.cadvisor
+        self._virtual = ex.virtual_gpus
+        self._any_shared = any(g.shared for n in fleet.nodes.values() for g in n.gpus)
         switch_names = {NVSWITCH_FATAL.name, NVSWITCH_NON_FATAL.name}
         enabled = set(ex.metrics) if ex.metrics is not None else {*ALL_FAMILIES, *switch_names}
         nvlink = fleet.model.nvlink
@@ -341,6 +384,73 @@ class Renderer:
         made = self._labels[g] = _Labels(g.pod, base, container, ns_pod, opened, opened + "} ")
         return made
 
+    def _shared_label(
+        self, src: Gpu | MigInstance, pod: Pod | None, *, vgpu: int | None = None, uid: bool = False
+    ) -> _Labels:
+        """Labels of a MIG instance's series or of a per-pod copy (built per render: few, and they change
+        whenever the pods do)."""
+        g = src.gpu if isinstance(src, MigInstance) else src
+        mig = f',GPU_I_PROFILE="{src.profile}",GPU_I_ID="{src.gi_id}"' if isinstance(src, MigInstance) else ""
+        base = (
+            f'{{gpu="{g.index}",UUID="{g.uuid}",pci_bus_id="{g.pci_bus_id}",device="nvidia{g.index}",'
+            f'modelName="{self._model}"{mig},{self._hostname}="{escape(g.node)}",'
+            f'DCGM_FI_DRIVER_VERSION="{self._driver}"'
+        )
+        p = pod if self._k8s else None
+        container = f',container="{escape(p.container)}"' if p else ""
+        ns_pod = f',namespace="{escape(p.namespace)}",pod="{escape(p.name)}"' if p else ""
+        if p and uid:
+            ns_pod += f',pod_uid="{pod_uid(p)}"'
+        if p and vgpu is not None:
+            ns_pod += f',vgpu="{vgpu}"'
+        opened = base + container + ns_pod
+        return _Labels(p, base, container, ns_pod, opened, opened + "} ")
+
+    def _holders(self, src: Gpu | MigInstance) -> list[tuple[int | None, Pod]]:
+        """(replica or None, pod) for every device ID of `src` a pod holds, in mapping order."""
+        if isinstance(src, MigInstance):
+            return [(None, src.pod)] if src.pod is not None else []
+        if src.replicas > 1:
+            return [(n, p) for n, p in src.holders]
+        return [(None, src.pod)] if src.pod is not None else []
+
+    def _rows(self, gpus: list[Gpu]) -> tuple[list[_Row], list[_Row], list[_Row]]:
+        """The series of `gpus`: (most families, DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED)."""
+        base: list[_Row] = []
+        util: list[_Row] = []
+        fb: list[_Row] = []
+        for g in gpus:
+            entities: list[Gpu | MigInstance] = list(g.instances) if g.instances else [g]
+            for src in entities:
+                holders = self._holders(src) if self._virtual and self._k8s else []
+                if not holders:
+                    lab = self._label(g) if src is g else self._shared_label(src, src.pod)
+                    row = _Row(src, src, lab)
+                    base.append(row)
+                    if src is g:
+                        util.append(row)
+                    fb.append(row)
+                    continue
+                for vgpu, pod in holders:
+                    base.append(_Row(src, src, self._shared_label(src, pod, vgpu=vgpu)))
+                device = _Row(src, src, self._shared_label(src, None))
+                shares = [self._share(src, pod) for _, pod in holders]
+                per_pod = [
+                    _Row(src, share, self._shared_label(src, pod, vgpu=vgpu, uid=True))
+                    for (vgpu, pod), share in zip(holders, shares, strict=True)
+                ]
+                if src is g:
+                    util += [device, *per_pod]
+                fb += [device, *per_pod]
+        return base, util, fb
+
+    def _share(self, src: Gpu | MigInstance, pod: Pod) -> _PodShare:
+        """`pod`'s own part of `src`'s utilization and framebuffer (its processes', per NVML)."""
+        if isinstance(src, MigInstance) or src.replicas <= 1:
+            return _PodShare(src.util, src.fb_used_mib)
+        memory = min(pod.workload.memory_mib_per_gpu * pod.gpus.count(src.index), src.fb_used_mib)
+        return _PodShare(self.fleet.pod_share(src, pod), memory)
+
     def exported_gpus(self, node: str | None = None) -> list[Gpu]:
         nodes = self.fleet.nodes.values() if node is None else [self.fleet.nodes[node]]
         return [g for n in nodes if n.exporter_up for g in n.gpus if g.present]
@@ -365,20 +475,35 @@ class Renderer:
         """Chunks of every enabled DCGM family for `gpus`; `cache` only for the one whole-fleet body."""
         if not gpus:
             return []
-        labels = [self._label(g) for g in gpus]
+        if not self._any_shared and not self._virtual:
+            labels = [self._label(g) for g in gpus]
+            rows = [_Row(g, g, lab) for g, lab in zip(gpus, labels, strict=True)]
+            by_family = {GPU_UTIL: rows, FB_USED: rows}
+        else:
+            rows, util_rows, fb_rows = self._rows(gpus)
+            labels = [r.labels for r in rows]
+            by_family = {GPU_UTIL: util_rows, FB_USED: fb_rows}
         closed = [lab.closed for lab in labels]
+        srcs: list[Any] = [r.src for r in rows]
         out: list[Chunk] = []
         for fam, values in self._families:
-            out.append(self._headers[fam.name])
-            out += self._family(fam.name, closed, list(values(gpus)), cache)
+            own = by_family.get(fam.name)
+            if own is None or own is rows:
+                out.append(self._headers[fam.name])
+                out += self._family(fam.name, closed, list(values(srcs)), cache)
+            elif own:
+                out.append(self._headers[fam.name])
+                out += self._family(
+                    fam.name, [r.labels.closed for r in own], list(values([r.value for r in own])), cache
+                )
         if self._xid:
-            lines = self._xid_lines(gpus, labels)
+            lines = self._xid_lines(srcs, labels)
             if lines:
                 out += (self._headers[XID.name], Chunk(("\n".join(lines) + "\n").encode()))
         if self._xid_count:
             out.append(self._headers[XID_COUNT.name])
             out += self._family(
-                XID_COUNT.name, [lab.open for lab in labels], self._xid_count_suffixes(gpus, labels), cache
+                XID_COUNT.name, [lab.open for lab in labels], self._xid_count_suffixes(srcs, labels), cache
             )
         out += self._switch_chunks(gpus)
         return out
@@ -401,7 +526,7 @@ class Renderer:
             out.append(Chunk((fam.header + "\n".join(lines) + "\n").encode()))
         return out
 
-    def _xid_lines(self, gpus: list[Gpu], labels: list[_Labels]) -> list[str]:
+    def _xid_lines(self, gpus: list[Gpu | MigInstance], labels: list[_Labels]) -> list[str]:
         zero = self.fleet.scenario.exporter.xid_zero_when_none
         lines = []
         for g, lab in zip(gpus, labels, strict=True):
@@ -413,7 +538,7 @@ class Renderer:
                 )
         return lines
 
-    def _xid_count_suffixes(self, gpus: list[Gpu], labels: list[_Labels]) -> list[str]:
+    def _xid_count_suffixes(self, gpus: list[Gpu | MigInstance], labels: list[_Labels]) -> list[str]:
         """Per GPU: the rest of its DCGM_EXP_XID_ERRORS_COUNT line(s) after the open label set."""
         with_events = self.fleet.xid_gpus
         zero = self._window + "} 0"

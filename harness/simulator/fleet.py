@@ -9,16 +9,22 @@ Time moves in steps of `exporter.tick` seconds: `advance(now)` integrates counte
 applies scheduled faults that became due (each stamped with its own time) and expires timed conditions.
 Run-time changes (faults, load, pods) apply at once and bump `version`, so a cached exposition is never served
 after a change.
+
+Shared GPUs (`fleet.sharing`): on a time-sliced node a pod holds a *replica* of a GPU and several pods share
+one GPU (its utilization is the sum of their demands, capped at 100 %); on a MIG node a pod holds a *MIG
+instance* (its utilization is its demand over the instance's share of the GPU). `PodSpec.slots` names the
+replica or instance per GPU entry; left out, the lowest free one is taken.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuwarden.errors import ConfigError
-from harness.simulator.hardware import Gpu, Node, build_nodes, set_readings
+from harness.simulator.hardware import Gpu, MigInstance, Node, build_nodes, set_readings
 from harness.simulator.scenario import (
+    MIG_SLICES_PER_GPU,
     SIGNAL_KINDS,
     ExporterDownFault,
     Fault,
@@ -41,6 +47,10 @@ class PodSpec:
     gpus: tuple[int, ...]
     workload: str
     container: str | None = None
+    slots: tuple[int, ...] | None = None
+    """Shared nodes only, one per entry of `gpus`: the replica number n of a time-sliced GPU (device ID
+    `<uuid>::<n>`) or the position of a MIG instance on the GPU. None: the lowest free ones. A pod may list a
+    GPU twice on a shared node (two replicas or two instances of it)."""
 
 
 class MappingError(ValueError):
@@ -90,7 +100,7 @@ class Fleet:
         self.nodes: dict[str, Node] = build_nodes(scenario.fleet)
         self.workloads: dict[tuple[str, str], WorkloadState] = {}
         self.pods: dict[tuple[str, str], Pod] = {}
-        self.xid_gpus: set[Gpu] = set()  # GPUs with XID events inside the count window
+        self.xid_gpus: set[Gpu | MigInstance] = set()  # GPUs / instances with XIDs inside the count window
         self._expiry: dict[tuple[str, str, int | None], float | None] = {}  # active timed conditions
         self._schedule = sorted(scenario.faults, key=lambda f: f.at)
         self._next_fault = 0
@@ -174,24 +184,81 @@ class Fleet:
 
     def _refresh(self) -> None:
         """Recompute gauges of GPUs that pods hold, and drop XID events older than the count window."""
+        shared: dict[Gpu, None] = {}
         for pod in self.pods.values():
+            node = self.nodes[pod.node]
+            if pod.slots:
+                shared.update((node.gpus[i], None) for i in pod.gpus)
+                continue
             util = pod.gpu_util(self.now)
             for i in pod.gpus:
-                set_readings(self.nodes[pod.node].gpus[i], self.model, util, pod.workload.memory_mib_per_gpu)
+                set_readings(node.gpus[i], self.model, util, pod.workload.memory_mib_per_gpu)
+        for g in shared:
+            self._refresh_shared(g)
         horizon = self.now - self.xid_window
-        for g in list(self.xid_gpus):
-            while g.xid_events and g.xid_events[0][0] <= horizon:
-                g.xid_events.popleft()
-            if not g.xid_events:
-                self.xid_gpus.discard(g)
+        for entity in list(self.xid_gpus):
+            while entity.xid_events and entity.xid_events[0][0] <= horizon:
+                entity.xid_events.popleft()
+            if not entity.xid_events:
+                self.xid_gpus.discard(entity)
+
+    def _refresh_shared(self, g: Gpu) -> None:
+        """A shared GPU's readings from every pod on it: time-sliced, the demands of its replicas' holders
+        add up (capped at 100 %); MIG, each instance's demand over its share of the GPU, and the GPU's
+        power and temperature from the slice-weighted mean of its instances."""
+        if g.instances:
+            for inst in g.instances:
+                if inst.pod is None:
+                    inst.set_load(0.0, 0)
+                    continue
+                n = inst.pod.gpus.count(g.index)
+                util = min(100.0, inst.pod.demand(self.now) * MIG_SLICES_PER_GPU / inst.slices)
+                inst.set_load(util, inst.pod.workload.memory_mib_per_gpu // max(1, n))
+            busy = sum(i.util * i.slices for i in g.instances) / MIG_SLICES_PER_GPU
+            used = sum(i.fb_used_mib for i in g.instances)
+            set_readings(g, self.model, min(100.0, busy), used)
+            return
+        demand = sum(pod.demand(self.now) for _, pod in g.holders)
+        memory = sum(pod.workload.memory_mib_per_gpu for _, pod in g.holders)
+        set_readings(g, self.model, min(100.0, demand), memory)
+
+    def device_ids(self, pod: Pod) -> list[str]:
+        """The device-plugin IDs the pod holds, as kubelet's PodResources would list them: the GPU UUID,
+        `<uuid>::<n>` for replica n of a time-sliced GPU, the MIG device UUID for a MIG instance."""
+        gpus = self.nodes[pod.node].gpus
+        out = []
+        for n, i in enumerate(pod.gpus):
+            g = gpus[i]
+            if g.instances:
+                out.append(g.instances[pod.slots[n]].mig_uuid)
+            elif g.replicas > 1:
+                out.append(f"{g.uuid}::{pod.slots[n]}")
+            else:
+                out.append(g.uuid)
+        return out
+
+    def pod_share(self, g: Gpu, pod: Pod) -> float:
+        """A time-sliced GPU: the part of its utilization (%) that `pod`'s processes account for (what
+        dcgm-exporter's per-process DCGM_FI_DEV_GPU_UTIL gives the pod: 0 for a pod that computes nothing)."""
+        demand = sum(p.demand(self.now) for _, p in g.holders)
+        if demand <= 0:
+            return 0.0
+        mine = sum(p.demand(self.now) for _, p in g.holders if p is pod)
+        return g.util * mine / demand
 
     # -- faults -----------------------------------------------------------------------------------------
-    def target_problem(self, node: str, gpu: int | None) -> tuple[str, str] | None:
-        """(field, message) saying why (node, gpu) is not a valid target, or None."""
+    def target_problem(
+        self, node: str, gpu: int | None, instance: int | None = None
+    ) -> tuple[str, str] | None:
+        """(field, message) saying why (node, gpu[, MIG instance]) is not a valid target, or None."""
         if node not in self.nodes:
             return "node", f"unknown node {node!r}"
         if gpu is not None and gpu >= len(self.nodes[node].gpus):
             return "gpu", f"GPU {gpu} does not exist on {node} ({len(self.nodes[node].gpus)} GPUs)"
+        if instance is not None:
+            count = len(self.nodes[node].gpus[0].instances)
+            if instance >= count:
+                return "instance", f"MIG instance {instance} does not exist on {node} ({count} per GPU)"
         return None
 
     def _targets(self, node: str, gpu: int | None) -> list[Gpu]:
@@ -219,9 +286,14 @@ class Fleet:
             return
         for g in self._targets(fault.node, fault.gpu):
             if fault.kind == "xid":
-                g.last_xid = fault.code
-                g.xid_events.extend([(at, fault.code)] * fault.count)
-                self.xid_gpus.add(g)
+                # On a MIG GPU an XID attributed to an instance is that instance's; one that is not is the
+                # GPU's, whose entity dcgm-exporter's default mode does not watch there (no series shows it).
+                target: Gpu | MigInstance = g
+                if g.instances and fault.instance is not None:
+                    target = g.instances[fault.instance]
+                target.last_xid = fault.code
+                target.xid_events.extend([(at, fault.code)] * fault.count)
+                self.xid_gpus.add(target)
             elif fault.kind == "ecc":
                 if fault.error == "sbe":
                     g.ecc_sbe_vol += fault.count
@@ -276,9 +348,11 @@ class Fleet:
             nodes = self.nodes.values() if node is None else [self.nodes[node]]
             for n in nodes:
                 for g in self._targets(n.name, gpu):
-                    g.last_xid = None
-                    g.xid_events.clear()
-                    self.xid_gpus.discard(g)
+                    entities: list[Gpu | MigInstance] = [g, *g.instances]
+                    for entity in entities:
+                        entity.last_xid = None
+                        entity.xid_events.clear()
+                        self.xid_gpus.discard(entity)
                     g.ecc_sbe_vol = g.ecc_dbe_vol = g.retired_pending = 0
         self.version += 1
         return cleared
@@ -319,12 +393,15 @@ class Fleet:
         return w
 
     def set_pods(self, specs: Sequence[PodSpec], *, replace: bool) -> None:
-        """Map pods to GPUs; `replace` makes `specs` the whole mapping. Raises MappingError."""
+        """Map pods to GPUs (replicas or MIG instances on shared nodes); `replace` makes `specs` the whole
+        mapping. Raises MappingError."""
         final: dict[tuple[str, str], PodSpec] = (
             {}
             if replace
             else {
-                key: PodSpec(p.namespace, p.name, p.node, p.gpus, p.workload.name, p.container)
+                key: PodSpec(
+                    p.namespace, p.name, p.node, p.gpus, p.workload.name, p.container, p.slots or None
+                )
                 for key, p in self.pods.items()
             }
         )
@@ -332,24 +409,19 @@ class Fleet:
             problem = self.target_problem(s.node, max(s.gpus) if s.gpus else None)
             if problem:
                 raise MappingError(f"pods[{i}].{'gpus' if problem[0] == 'gpu' else 'node'}", problem[1])
-            if not s.gpus or len(set(s.gpus)) != len(s.gpus) or min(s.gpus) < 0:
-                raise MappingError(f"pods[{i}].gpus", "must be a non-empty list of distinct GPU indices")
-            final[(s.namespace, s.name)] = s
-        holder: dict[tuple[str, int], tuple[str, str]] = {}
-        for key, s in final.items():
-            for g in s.gpus:
-                other = holder.setdefault((s.node, g), key)
-                if other != key:
-                    raise MappingError(
-                        "pods",
-                        f"GPU {g} of {s.node} claimed by both {'/'.join(other)} and {'/'.join(key)}",
-                        conflict=True,
-                    )
+            final[(s.namespace, s.name)] = self._checked_spec(i, s)
+        final = self._resolve_slots(final)
         for key in [k for k in self.pods if k not in final]:
             self._unmap(key)
         for key, s in final.items():
             old = self.pods.get(key)
-            if old is not None and (old.node, old.gpus, old.workload.name) == (s.node, s.gpus, s.workload):
+            slots = s.slots or ()
+            if old is not None and (old.node, old.gpus, old.workload.name, old.slots) == (
+                s.node,
+                s.gpus,
+                s.workload,
+                slots,
+            ):
                 continue
             requests = old.requests if old is not None else 0.0
             if old is not None:
@@ -357,20 +429,116 @@ class Fleet:
             w = self.workloads.get((s.namespace, s.workload))
             if w is None:
                 w = self.set_load(s.namespace, s.workload, LoadCurve.constant(0.0, self.now), gateway=False)
-            pod = Pod(s.namespace, s.name, s.container or w.container, w, s.node, s.gpus, requests)
+            container = s.container or w.container
+            pod = Pod(s.namespace, s.name, container, w, s.node, s.gpus, requests, slots=slots)
             self.pods[key] = w.pods[s.name] = pod
-            for g in s.gpus:
-                self.nodes[s.node].gpus[g].pod = pod
+            gpus = self.nodes[s.node].gpus
+            for n, g in enumerate(s.gpus):
+                gpu = gpus[g]
+                if gpu.instances:
+                    gpu.instances[slots[n]].pod = pod
+                elif gpu.replicas > 1:
+                    gpu.holders.append((slots[n], pod))
+                    gpu.pod = pod  # dcgm-exporter's default: the last pod listed for the GPU wins
+                else:
+                    gpu.pod = pod
         self.version += 1
         self._refresh()
+
+    def _checked_spec(self, i: int, s: PodSpec) -> PodSpec:
+        """`s` with its GPU entries checked against the node's sharing; raises MappingError."""
+        gpu0 = self.nodes[s.node].gpus[0]
+        if not gpu0.shared:
+            if not s.gpus or len(set(s.gpus)) != len(s.gpus) or min(s.gpus) < 0:
+                raise MappingError(f"pods[{i}].gpus", "must be a non-empty list of distinct GPU indices")
+            if s.slots:
+                raise MappingError(f"pods[{i}].slots", f"{s.node} does not share its GPUs")
+            return s
+        if not s.gpus or min(s.gpus) < 0:
+            raise MappingError(f"pods[{i}].gpus", "must be a non-empty list of GPU indices")
+        if s.slots is not None:
+            size = len(gpu0.instances) or gpu0.replicas
+            what = "MIG instances" if gpu0.instances else "replicas"
+            if len(s.slots) != len(s.gpus):
+                raise MappingError(f"pods[{i}].slots", "needs one entry per entry of `gpus`")
+            if any(not 0 <= n < size for n in s.slots):
+                raise MappingError(f"pods[{i}].slots", f"{s.node} has {size} {what} per GPU (0..{size - 1})")
+            if len(set(zip(s.gpus, s.slots, strict=True))) != len(s.gpus):
+                raise MappingError(f"pods[{i}].slots", "lists one replica or instance twice")
+        return s
+
+    def _resolve_slots(self, final: dict[tuple[str, str], PodSpec]) -> dict[tuple[str, str], PodSpec]:
+        """Every spec with its slots fixed (kept from the current mapping, else the lowest free ones), or
+        MappingError(conflict) when one GPU, replica or instance is claimed twice."""
+        holder: dict[tuple[str, int, int], tuple[str, str]] = {}
+
+        def claim(key: tuple[str, str], node: str, g: int, n: int) -> None:
+            other = holder.setdefault((node, g, n), key)
+            if other != key:
+                gpu0 = self.nodes[node].gpus[0]
+                what = (
+                    f"GPU {g}"
+                    if not gpu0.shared
+                    else (f"MIG instance {n} of GPU {g}" if gpu0.instances else f"replica {n} of GPU {g}")
+                )
+                raise MappingError(
+                    "pods", f"{what} of {node} claimed by both {'/'.join(other)} and {'/'.join(key)}",
+                    conflict=True,
+                )  # fmt: skip
+
+        pending: list[tuple[str, str]] = []
+        out = dict(final)
+        for key, s in final.items():
+            if not self.nodes[s.node].gpus[0].shared:
+                for g in s.gpus:
+                    claim(key, s.node, g, 0)
+                continue
+            slots = s.slots
+            old = self.pods.get(key)
+            if slots is None and old is not None and (old.node, old.gpus) == (s.node, s.gpus):
+                slots = old.slots
+            if slots is None:
+                pending.append(key)
+                continue
+            for g, n in zip(s.gpus, slots, strict=True):
+                claim(key, s.node, g, n)
+            out[key] = replace(s, slots=tuple(slots))
+        for key in pending:
+            s = final[key]
+            gpu0 = self.nodes[s.node].gpus[0]
+            size = len(gpu0.instances) or gpu0.replicas
+            chosen = []
+            for g in s.gpus:
+                free = [n for n in range(size) if (s.node, g, n) not in holder]
+                if not free:
+                    raise MappingError(
+                        "pods", f"GPU {g} of {s.node} has no free replica or instance for {'/'.join(key)}",
+                        conflict=True,
+                    )  # fmt: skip
+                claim(key, s.node, g, free[0])
+                chosen.append(free[0])
+            out[key] = replace(s, slots=tuple(chosen))
+        return out
 
     def _unmap(self, key: tuple[str, str]) -> None:
         pod = self.pods.pop(key)
         pod.workload.pods.pop(pod.name, None)
-        for i in pod.gpus:
-            g = self.nodes[pod.node].gpus[i]
-            g.pod = None
-            set_readings(g, self.model, 0.0, 0)
+        gpus = self.nodes[pod.node].gpus
+        for i in dict.fromkeys(pod.gpus):
+            g = gpus[i]
+            if g.instances:
+                for inst in g.instances:
+                    if inst.pod is pod:
+                        inst.pod = None
+                        inst.set_load(0.0, 0)
+                self._refresh_shared(g)
+            elif g.replicas > 1:
+                g.holders = [(n, p) for n, p in g.holders if p is not pod]
+                g.pod = g.holders[-1][1] if g.holders else None
+                self._refresh_shared(g)
+            else:
+                g.pod = None
+                set_readings(g, self.model, 0.0, 0)
 
     def unmap_pods(self, keys: Iterable[tuple[str, str]]) -> int:
         """Remove pods (as if deleted); unknown pods are ignored. Returns how many were removed."""

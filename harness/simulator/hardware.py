@@ -4,6 +4,11 @@ Why it exists: the exposition needs stable, realistic identities (dcgm-exporter'
 `device` labels) and per-GPU readings (utilization, memory, power, temperature, health counters); the fleet
 needs to build and update them. This module holds that data and the physics of "utilization -> power,
 temperature, memory"; it knows nothing of time, faults or HTTP.
+
+Shared GPUs: a time-sliced GPU keeps the replicas its pods hold (`holders`); a MIG GPU is split into
+`MigInstance`s, each with its own instance-level readings (utilization, framebuffer, XIDs attributed to it)
+while GPU-level fields (temperature, power, ECC, remapped rows) are the parent's, read through it — as DCGM
+remaps GPU-level fields of a GPU-instance watch to the parent.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.simulator.scenario import FleetSpec, GpuModel
+from harness.simulator.scenario import FleetSpec, GpuModel, SharingSpec, mig_memory_mib, mig_slices
 from harness.simulator.workload import numa_of
 
 if TYPE_CHECKING:
@@ -65,6 +70,73 @@ class Gpu:
     fm_error: int = 0
     fabric_mask: int = 0x1AA  # every boolean sub-field FALSE (healthy), configuration NONE
     stalled: bool = False
+    # Sharing (SharingSpec): time-slicing replicas per GPU (1 = not time-sliced) and who holds which;
+    # `pod` is then the pod dcgm-exporter attributes the series to (the last holder). MIG: the instances.
+    replicas: int = 1
+    holders: list[tuple[int, Pod]] = field(default_factory=list)
+    instances: list[MigInstance] = field(default_factory=list)
+
+    @property
+    def shared(self) -> bool:
+        return self.replicas > 1 or bool(self.instances)
+
+
+@dataclass(eq=False)
+class MigInstance:
+    """One MIG GPU instance: instance-level readings here, GPU-level ones read from the parent GPU."""
+
+    gpu: Gpu
+    position: int
+    gi_id: int
+    profile: str
+    slices: int
+    memory_mib: int
+    pod: Pod | None = None
+    util: float = 0.0
+    fb_used_mib: int = 0
+    fb_free_mib: int = 0
+    last_xid: int | None = None
+    xid_events: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def __getattr__(self, name: str) -> object:
+        # Only reached for attributes an instance does not have: GPU-level fields and identity.
+        if name == "gpu":  # not yet set (copy/pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self.gpu, name)
+
+    def set_load(self, util: float, fb_used: int) -> None:
+        self.util = util
+        self.fb_used_mib = min(fb_used, self.memory_mib)
+        self.fb_free_mib = self.memory_mib - self.fb_used_mib
+
+    @property
+    def mig_uuid(self) -> str:
+        """The MIG device's UUID as the device plugin lists it (opaque, stable per GPU and GI)."""
+        return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{self.gpu.uuid}/{self.gi_id}')}"
+
+
+# GPU instance IDs NVML hands out on an A100/H100 for uniform layouts: 7g -> 0, 3g -> 1-2, 2g -> 3-5,
+# 1g -> 7-13 (a 4g instance takes 1); other layouts take the lowest free ID.
+_GI_IDS = {7: (0,), 4: (1,), 3: (1, 2), 2: (3, 4, 5), 1: (7, 8, 9, 10, 11, 12, 13)}
+
+
+def gi_ids(profiles: list[str]) -> list[int]:
+    """GPU instance IDs for a GPU's layout, in layout order."""
+    used: set[int] = set()
+    out = []
+    for profile in profiles:
+        free = [i for i in _GI_IDS.get(mig_slices(profile), ()) if i not in used]
+        gi = free[0] if free else min(set(range(len(profiles) + 14)) - used)
+        used.add(gi)
+        out.append(gi)
+    return out
+
+
+def make_instances(g: Gpu, profiles: list[str]) -> list[MigInstance]:
+    return [
+        MigInstance(g, pos, gi, p, mig_slices(p), mig_memory_mib(p))
+        for pos, (p, gi) in enumerate(zip(profiles, gi_ids(profiles), strict=True))
+    ]
 
 
 @dataclass(eq=False)
@@ -108,9 +180,21 @@ def build_nodes(spec: FleetSpec) -> dict[str, Node]:
             Gpu(name, i, gpu_uuid(name, i), pci_bus_id(i, n), numa_of(i, n, spec.numa_nodes))
             for i in range(n)
         ]
+        sharing = spec.sharing_of(name)
         for g in gpus:
             set_readings(g, spec.gpu, 0.0, 0)
             if not spec.gpu.nvlink:
                 g.fm_status, g.fabric_mask = 0, 0  # not supported
+            share(g, sharing)
         nodes[name] = Node(name, gpus)
     return nodes
+
+
+def share(g: Gpu, sharing: SharingSpec) -> None:
+    """Make `g` time-sliced or MIG as `sharing` says (whole GPUs are left as they are)."""
+    if sharing.time_sliced:
+        g.replicas = sharing.replicas
+    elif sharing.mig:
+        g.instances = make_instances(g, sharing.profiles())
+        for inst in g.instances:
+            inst.set_load(0.0, 0)

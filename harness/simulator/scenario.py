@@ -71,6 +71,76 @@ class GpuModel(Section):
     )
 
 
+_MIG_PROFILE = re.compile(r"^(?P<slices>[1-7])g\.(?P<gb>\d+)gb(?:\+me)?\Z")
+MIG_SLICES_PER_GPU = 7
+"""Compute slices of an A100/H100 (a GPU's MIG instances hold at most this many together)."""
+
+
+def mig_slices(profile: str) -> int:
+    """Compute slices of a MIG profile (`3g.40gb` -> 3); 0 when `profile` is not one."""
+    m = _MIG_PROFILE.match(profile)
+    return int(m.group("slices")) if m else 0
+
+
+def mig_memory_mib(profile: str) -> int:
+    """Framebuffer of an instance of `profile` as DCGM reports it (`1g.10gb` -> 9984 MiB)."""
+    m = _MIG_PROFILE.match(profile)
+    return int(m.group("gb")) * 1024 - 256 if m else 0
+
+
+class SharingSpec(Section):
+    """How the device plugin shares a node's GPUs, which decides the series dcgm-exporter emits for them.
+
+    `whole`: one pod per GPU (the default, and every scenario written before sharing existed).
+    `time-slicing` (or `mps`, the same series): each GPU offered `replicas` times, device IDs
+    `<uuid>::<n>`; one series per GPU, attributed to the last pod mapped to a replica of it (dcgm-exporter
+    keeps one pod per device), or per-pod copies with `vgpu=<n>` under `exporter.virtual_gpus`.
+    `mig-single` / `mig-mixed`: each GPU split into the GPU instances of `mig_instances`; one series per
+    instance with `GPU_I_PROFILE`, `GPU_I_ID`, `UUID` = the parent GPU's, no DCGM_FI_DEV_GPU_UTIL.
+    """
+
+    mode: Literal["whole", "time-slicing", "mps", "mig-single", "mig-mixed"] = Field(
+        "whole", description="sharing strategy of the node's device plugin (GFD's labels follow from it)"
+    )
+    replicas: int = Field(
+        4, ge=2, le=64, description="time-slicing / mps: replicas per GPU (the plugin requires >= 2)"
+    )
+    mig_instances: list[str] | None = Field(
+        None,
+        description="MIG: the GPU instance profiles on every GPU, in order (e.g. 7 x `1g.10gb`); "
+        "default: 7 x 1g.10gb. mig-single needs one profile throughout",
+    )
+
+    @field_validator("mig_instances")
+    @classmethod
+    def _profiles(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("must list at least one GPU instance profile")
+        bad = [p for p in value if not mig_slices(p)]
+        if bad:
+            raise ValueError(f"not MIG profiles (<n>g.<m>gb): {', '.join(map(repr, bad))}")
+        slices = sum(map(mig_slices, value))
+        if slices > MIG_SLICES_PER_GPU:
+            raise ValueError(f"{slices} compute slices do not fit one GPU ({MIG_SLICES_PER_GPU})")
+        return value
+
+    @property
+    def mig(self) -> bool:
+        return self.mode in ("mig-single", "mig-mixed")
+
+    @property
+    def time_sliced(self) -> bool:
+        return self.mode in ("time-slicing", "mps")
+
+    def profiles(self) -> list[str]:
+        """MIG: the instance profiles of each GPU; [] otherwise."""
+        if not self.mig:
+            return []
+        return list(self.mig_instances or ["1g.10gb"] * MIG_SLICES_PER_GPU)
+
+
 class FleetSpec(Section):
     """Fleet shape: how many nodes, GPUs per node, NUMA nodes per node, and how nodes are named."""
 
@@ -84,6 +154,16 @@ class FleetSpec(Section):
     )
     first_index: int = Field(0, ge=0, description="`index` of the first node")
     gpu: GpuModel = GpuModel()
+    sharing: SharingSpec = Field(
+        SharingSpec(), description="how every node shares its GPUs (default: whole GPUs)"
+    )
+    node_sharing: dict[str, SharingSpec] = Field(
+        default_factory=dict, description="per node name: sharing different from `sharing`"
+    )
+
+    def sharing_of(self, node: str) -> SharingSpec:
+        """The sharing of node `node`."""
+        return self.node_sharing.get(node, self.sharing)
 
     @field_validator("node_name_pattern")
     @classmethod
@@ -159,6 +239,13 @@ class ExporterSpec(Section):
     tick: Duration = Field(
         1.0, gt=0, description="simulation step (s): counters advance and /metrics is cached per step"
     )
+    virtual_gpus: bool = Field(
+        False,
+        description="KUBERNETES_VIRTUAL_GPUS (--kubernetes-virtual-gpus): every series of a GPU (or MIG "
+        "instance) a pod holds is copied once per pod, with `vgpu=<replica>` for time-sliced replicas; "
+        "DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED keep the device series and get per-pod values "
+        "(with `pod_uid`), as dcgm-exporter does since 4.5.3-4.8.2. Default: one pod per device series",
+    )
     cadvisor: bool = Field(
         False,
         description="also serve each mapped pod's cAdvisor container series (container_cpu_usage_seconds_"
@@ -219,6 +306,13 @@ class XidFault(_GpuFault):
 
     kind: Literal["xid"]
     code: int = Field(ge=1, le=65535)
+    instance: int | None = Field(
+        None,
+        ge=0,
+        description="MIG GPU: the GPU instance (0-based position in the GPU's layout) the XID is "
+        "attributed to; its series carries it. Omitted on a MIG GPU: a GPU-wide XID, which dcgm-exporter's "
+        "default (flex) mode shows on no series",
+    )
     count: int = Field(1, ge=1, le=10000, description="how many times (DCGM_EXP_XID_ERRORS_COUNT)")
 
 
@@ -371,6 +465,22 @@ def scenario_problems(scenario: Scenario) -> list[tuple[str, str]]:
         gpu = getattr(fault, "gpu", None)
         if gpu is not None and gpu >= gpus:
             problems.append((f"faults[{i}].gpu", f"GPU {gpu} does not exist (gpus_per_node is {gpus})"))
+        instance = getattr(fault, "instance", None)
+        if instance is not None and fault.node in known:
+            count = len(scenario.fleet.sharing_of(fault.node).profiles())
+            if instance >= count:
+                problems.append((f"faults[{i}].instance", f"{fault.node} has {count} MIG instances per GPU"))
+    for name in scenario.fleet.node_sharing:
+        if name not in known:
+            problems.append((f"fleet.node_sharing.{name}", f"unknown node {name!r} (e.g. {names[0]!r})"))
+    for where, sharing in [
+        ("fleet.sharing", scenario.fleet.sharing),
+        *((f"fleet.node_sharing.{n}", s) for n, s in scenario.fleet.node_sharing.items()),
+    ]:
+        if sharing.mode == "mig-single" and len(set(sharing.profiles())) > 1:
+            problems.append((f"{where}.mig_instances", "mig-single needs one profile for every instance"))
+        if sharing.mig_instances is not None and not sharing.mig:
+            problems.append((f"{where}.mig_instances", f"only for MIG modes, not {sharing.mode}"))
     seen: set[tuple[str, str]] = set()
     for i, w in enumerate(scenario.workloads):
         if (w.namespace, w.name) in seen:

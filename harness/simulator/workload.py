@@ -96,11 +96,17 @@ class Pod:
     gpus: tuple[int, ...]
     requests: float = 0.0
     cpu_seconds: float = 0.0
+    slots: tuple[int, ...] = ()
+    """On a shared node, per entry of `gpus`: the replica (time-slicing) or MIG instance position held."""
+
+    def demand(self, now: float) -> float:
+        """Percent of one whole GPU each of the pod's devices would be busy (unclamped)."""
+        per_gpu = self.workload.pod_qps(now) / len(self.gpus)
+        return 100.0 * per_gpu / self.workload.qps_per_gpu
 
     def gpu_util(self, now: float) -> float:
         """Utilization (%) of each GPU the pod holds: its share of the QPS over its GPUs' capacity."""
-        per_gpu = self.workload.pod_qps(now) / len(self.gpus)
-        return min(100.0, 100.0 * per_gpu / self.workload.qps_per_gpu)
+        return min(100.0, self.demand(now))
 
     def cpu_cores(self, now: float) -> float:
         """Host cores in use: idle cost plus a core per fully busy GPU."""

@@ -16,7 +16,17 @@ from harness.testbed.apiservice import (
 )
 from harness.testbed.binaries import Binaries, TestbedMissingError
 from harness.testbed.cluster import Cluster, ClusterConfig, ClusterError, ensure_namespace, running_cluster
-from harness.testbed.nodes import GPU_RESOURCE, GpuNodeSpec, add_gpu_nodes, delete_nodes, gpu_node_specs
+from harness.testbed.nodes import (
+    GPU_RESOURCE,
+    GpuNodeSpec,
+    NodeSharing,
+    add_gpu_nodes,
+    delete_nodes,
+    gpu_node_specs,
+    mig_mixed_node,
+    mig_single_node,
+    time_sliced_node,
+)
 from harness.testbed.scheduler import ExtenderSpec, SchedulerSettings, scheduler_configuration
 from harness.testbed.waiting import PollTimeoutError, Progress, poll
 
@@ -29,6 +39,7 @@ __all__ = [
     "ExtenderSpec",
     "GpuNodeSpec",
     "LocalAPIService",
+    "NodeSharing",
     "PollTimeoutError",
     "Progress",
     "SchedulerSettings",
@@ -39,9 +50,12 @@ __all__ = [
     "delete_nodes",
     "ensure_namespace",
     "gpu_node_specs",
+    "mig_mixed_node",
+    "mig_single_node",
     "poll",
     "register_local_apiservice",
     "running_cluster",
     "scheduler_configuration",
+    "time_sliced_node",
     "wait_apiservice_available",
 ]

@@ -75,7 +75,7 @@ def ready_nodes(cluster: Cluster, want_gpus: dict[str, str]) -> int:
     count = 0
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[1] == "True" and want_gpus.get(parts[0]) == parts[2]:
+        if len(parts) in (2, 3) and parts[1] == "True" and want_gpus.get(parts[0]) == "".join(parts[2:]):
             count += 1
     return count
 
@@ -104,7 +104,7 @@ def create_fleet(
         for done in pool.map(create, batches):
             created += done
             say(f"created {created}/{len(specs)} nodes ({time.monotonic() - started:.0f} s)")
-    want = {s.name: str(s.gpus) for s in specs}
+    want = {s.name: str(s.gpu_slots() if s.gpu_slots() is not None else "") for s in specs}
     last = [-1]
 
     def all_ready() -> bool:

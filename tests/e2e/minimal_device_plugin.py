@@ -6,6 +6,11 @@ It speaks the kubelet's device-plugin API v1beta1 (stubs generated from the kube
 recorded, and its answer sets ``NVIDIA_VISIBLE_DEVICES`` (what NVIDIA's plugin sets) and ``GWTEST_DEVICES`` to
 the IDs the kubelet chose, so a test can compare what the kubelet asked, what the plugin answered and what the
 container saw. It is test code: the product's plugin comes with the node agent.
+
+With ``replicas`` > 1 it stands in for NVIDIA's plugin under time-slicing (or MPS): every device is offered
+as ``<id>::<n>``, n = 0..replicas-1, and Allocate strips the suffix and deduplicates before setting
+``NVIDIA_VISIBLE_DEVICES`` (k8s-device-plugin ``internal/rm/devices.go`` ``NewAnnotatedID``,
+``internal/plugin/server.go``); ``GWTEST_DEVICES`` keeps the replica IDs the kubelet chose.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class MinimalDevicePlugin(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
     devices: Sequence[str]
     plugin_dir: Path
     socket_name: str = "gwtest-gpu.sock"
+    replicas: int = 1
+    """Time-slicing: offer each device this many times as `<id>::<n>` (1: the devices as they are)."""
     allocations: list[list[str]] = field(default_factory=list)
     _server: Any = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -41,12 +48,19 @@ class MinimalDevicePlugin(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
     def socket(self) -> Path:
         return self.plugin_dir / self.socket_name
 
+    @property
+    def advertised(self) -> list[str]:
+        """The device IDs registered with the kubelet: the devices, or their replica IDs."""
+        if self.replicas <= 1:
+            return list(self.devices)
+        return [f"{d}::{n}" for d in self.devices for n in range(self.replicas)]
+
     # ------------------------------------------------------------------ DevicePlugin service
     def GetDevicePluginOptions(self, request: dp.Empty, context: Any) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
 
     def ListAndWatch(self, request: dp.Empty, context: Any) -> Iterator[dp.ListAndWatchResponse]:
-        yield dp.ListAndWatchResponse(devices=[dp.Device(ID=d, health="Healthy") for d in self.devices])
+        yield dp.ListAndWatchResponse(devices=[dp.Device(ID=d, health="Healthy") for d in self.advertised])
         while not self._stop.is_set() and context.is_active():
             self._stop.wait(0.5)
 
@@ -55,10 +69,10 @@ class MinimalDevicePlugin(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         for creq in request.container_requests:
             ids = list(creq.devices_ids)
             self.allocations.append(ids)
-            joined = ",".join(ids)
+            visible = ",".join(dict.fromkeys(i.rsplit("::", 1)[0] if "::" in i else i for i in ids))
             responses.append(
                 dp.ContainerAllocateResponse(
-                    envs={"NVIDIA_VISIBLE_DEVICES": joined, "GWTEST_DEVICES": joined}
+                    envs={"NVIDIA_VISIBLE_DEVICES": visible, "GWTEST_DEVICES": ",".join(ids)}
                 )
             )
         return dp.AllocateResponse(container_responses=responses)

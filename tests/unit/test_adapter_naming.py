@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapter import naming, presets
+from adapter import naming, presets, queries
 from adapter.gotemplate import TemplateError, compile_template
 from adapter.resources import GroupResource
 from gpuwarden.config.adapter import Presets
@@ -182,12 +182,35 @@ def preset_queries(cfg: dict[str, Any]) -> dict[str, str]:
 
 def test_presets_default_queries() -> None:
     fresh = "(<<.Series>>{<<.LabelMatchers>>} and timestamp(<<.Series>>{<<.LabelMatchers>>}) > time() - 120)"
+    util = (
+        "(DCGM_FI_DEV_GPU_UTIL{<<.LabelMatchers>>} and "
+        "timestamp(DCGM_FI_DEV_GPU_UTIL{<<.LabelMatchers>>}) > time() - 120)"
+    )
+    mig = (
+        '(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!="",<<.LabelMatchers>>} and '
+        'timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!="",<<.LabelMatchers>>}) > time() - 120)'
+    )
     assert preset_queries({}) == {
-        "gpu_utilization": f"avg({fresh}) by (<<.GroupBy>>)",
+        # one value per device (GPU or MIG instance; per-pod copies of one device collapse), then the mean
+        "gpu_utilization": "avg by (<<.GroupBy>>) (max by (<<.GroupBy>>,Hostname,hostname,gpu,UUID,GPU_I_ID) "
+        f"({util} or ({mig} * 100)))",
         "gpu_memory_used_ratio": f"max({fresh} / ({fresh} + DCGM_FI_DEV_FB_FREE{{<<.LabelMatchers>>}})) "
         "by (<<.GroupBy>>)",
         "requests_per_second": "sum(rate(<<.Series>>{<<.LabelMatchers>>}[120s])) by (<<.GroupBy>>)",
     }
+
+
+def test_gpu_utilization_preset_discovers_whole_gpu_and_mig_fields() -> None:
+    (rule,) = [
+        r for r in presets.preset_rules(Presets.model_validate({}), 120) if r.name.as_ == "gpu_utilization"
+    ]
+    util = naming.compile_rule(rule, 0, external=False)
+    assert util.series_query == '{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE"}'
+    assert util.metric_name("DCGM_FI_DEV_GPU_UTIL") == util.metric_name("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    assert util.metric_name("DCGM_FI_PROF_GR_ENGINE_ACTIVE") == "gpu_utilization"
+    assert not util.accepts("DCGM_FI_PROF_SM_ACTIVE")
+    assert not util.query.mentions("Series")  # names its fields itself: either discovered series serves
+    assert queries.batchable(util)  # still one grouped query per (preset, namespace) in cache mode
 
 
 def test_presets_switch_source_labels_and_disable() -> None:
@@ -202,7 +225,8 @@ def test_presets_switch_source_labels_and_disable() -> None:
     assert set(rules) == {"gpu_utilization", "qps"}
     util = naming.compile_rule(rules["gpu_utilization"], 0, external=False)
     assert util.series_query == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-    assert util.query.source.endswith("by (<<.GroupBy>>) * 100")
+    assert util.query.source.endswith("> time() - 120) * 100))")
+    assert "GPU_I_ID!=" not in util.query.source  # every device, whole or MIG, from the one field
     assert util.resources.resource_for_label("exported_pod") == GroupResource("pods")
     assert util.resources.resource_for_label("exported_namespace") == GroupResource("namespaces")
     assert util.resources.resource_for_label("hostname") == GroupResource("nodes")

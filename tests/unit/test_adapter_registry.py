@@ -462,6 +462,38 @@ def test_single_metric_series_queries_use_the_labels_endpoint(query: str, name: 
     assert registry.single_metric(query) == name
 
 
+@pytest.mark.parametrize(
+    ("query", "names"),
+    [
+        pytest.param("DCGM_FI_DEV_GPU_UTIL", ["DCGM_FI_DEV_GPU_UTIL"], id="bare-name"),
+        pytest.param('a{pod!=""}', ["a"], id="name-with-matchers"),
+        pytest.param('{__name__=~"a|b_c:d"}', ["a", "b_c:d"], id="alternatives"),
+        pytest.param('{ __name__ =~ "^a|b$" }', ["a", "b"], id="anchored"),
+        pytest.param('{__name__=~"a|a"}', ["a"], id="duplicates"),
+        pytest.param('{__name__=~"a.*"}', None, id="pattern"),
+        pytest.param('{__name__=~"a|b",pod!=""}', None, id="more-matchers"),
+        pytest.param('{__name__!~"a|b"}', None, id="negative"),
+    ],
+)
+def test_metric_names_that_label_names_suffice_for(query: str, names: list[str] | None) -> None:
+    assert registry.metric_names(query) == names
+
+
+def test_one_rule_naming_two_series_as_one_metric_says_nothing_when_its_query_names_them_itself() -> None:
+    res = {"template": "<<.Resource>>"}
+    quiet = compiled(
+        "avg(a{<<.LabelMatchers>>} or b{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+        name={"as": "m"},
+        resources=res,
+    )
+    found = {"x": [series("a", node="n"), series("b", node="n")]}
+    reg = registry.build_registry([quiet], [], found)
+    assert list(reg.custom) == [(GroupResource("nodes"), "m")] and reg.notes == ()
+    loud = compiled("avg(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)", name={"as": "m"}, resources=res)
+    reg = registry.build_registry([loud], [], found)
+    assert any("from b ignored" in n for n in reg.notes)
+
+
 def test_distinct_series_strips_label_values() -> None:
     found = registry.distinct_series([series("a", pod="1"), series("a", pod="2"), series("a", node="x")])
     assert found == [("a", frozenset({"pod"})), ("a", frozenset({"node"}))]

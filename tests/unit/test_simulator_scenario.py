@@ -201,7 +201,7 @@ def test_empty_file_is_the_default_scenario(tmp_path: Path) -> None:
     assert load_scenario(path) == parse_scenario({})
 
 
-@pytest.mark.parametrize("name", ["small.yaml", "demo.yaml", "fleet-5000.yaml"])
+@pytest.mark.parametrize("name", ["small.yaml", "demo.yaml", "fleet-5000.yaml", "shared.yaml"])
 def test_example_scenarios_are_valid(name: str) -> None:
     scenario = load_scenario(EXAMPLES / name)
     assert scenario.fleet.nodes >= 4
