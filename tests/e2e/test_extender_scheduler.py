@@ -34,7 +34,9 @@ from harness.testbed import (
     GpuNodeSpec,
     add_gpu_nodes,
     delete_nodes,
+    mig_single_node,
     poll,
+    time_sliced_node,
 )
 from tests.e2e.conftest import free_port, gpuwarden_extender, pod_manifest, scheduler_calling
 
@@ -407,5 +409,58 @@ def test_preemptor_binds_right_after_its_victims_go(
         obj = cluster.get_json("pod", "preemptor", "-n", namespace)
         ids = obj["metadata"]["annotations"]["gpuwarden.io/gpu-ids"].split(",")
         assert sorted(ids, key=int) == [str(i) for i in range(8)]
+    finally:
+        running.stop()
+
+
+SHARED_TS, SHARED_MIG = f"ext-{SUFFIX}-ts", f"ext-{SUFFIX}-mig"
+
+
+@pytest.fixture
+def shared_pool(cluster: Cluster, pool: list[str]) -> Iterator[list[str]]:
+    """A time-sliced node (8 GPUs x 4 replicas) and a MIG-single node (8 x 7 instances of 1g.10gb) in the
+    pool, each published with a topology of its 8 physical GPUs (what the node agent writes)."""
+    taint = {"key": "gpuwarden.io/e2e-pool", "value": POOL, "effect": "NoSchedule"}
+    common: dict[str, Any] = {
+        "labels": {"gpuwarden.io/e2e-pool": POOL},
+        "taints": [taint],
+        "topology": topology(2, 4),
+    }
+    specs = [time_sliced_node(SHARED_TS, gpus=8, replicas=4, **common), mig_single_node(SHARED_MIG, **common)]
+    names = add_gpu_nodes(cluster, specs)
+    try:
+        yield names
+    finally:
+        delete_nodes(cluster, names)
+
+
+def test_shared_nodes_are_passed_through_with_a_reason_and_no_fictional_set(
+    cluster: Cluster, namespace: str, extender_at: int, shared_pool: list[str]
+) -> None:
+    """On time-sliced and MIG nodes the scheduler binds through our extender, which records no GPU set (no
+    `0..31` on a node of 8 GPUs) and says why in a GPUsShared Event; kube-scheduler counts the slots."""
+    running = RunningExtender(cluster, extender_at).start()
+    try:
+        cluster.apply(
+            *(
+                gpu_pod(namespace, f"{kind}-{i}", 2, nodeSelector={"kubernetes.io/hostname": node})
+                for kind, node in (("ts", SHARED_TS), ("mig", SHARED_MIG))
+                for i in range(3)
+            )
+        )
+        wait_all_bound(cluster, namespace, 6, timeout=60)
+        for obj in pods(cluster, namespace):
+            assert "gpuwarden.io/gpu-ids" not in (obj["metadata"].get("annotations") or {}), obj["metadata"]
+
+        def shared_events() -> dict[str, dict[str, Any]]:
+            items = cluster.get_json("events.v1.events.k8s.io", "-n", namespace)["items"]
+            return {e["regarding"]["name"]: e for e in items if e.get("reason") == "GPUsShared"}
+
+        poll(lambda: len(shared_events()) == 6, timeout=60, what="GPUsShared events")
+        notes = {name: e["note"] for name, e in shared_events().items()}
+        assert "time-slicing: 8 physical GPUs, 4 replicas each (32 nvidia.com/gpu)" in notes["ts-0"], notes
+        assert "MIG single: 8 physical GPUs, 56 1g.10gb instances" in notes["mig-0"], notes
+        assert not gpus_assigned(cluster, namespace)
+        assert running.counter("gpuwarden_extender_filter_nodes_total", {"result": "shared_passthrough"}) >= 6
     finally:
         running.stop()
