@@ -108,8 +108,8 @@ DCGM_FI_DEV_FB_FREE copies of the same device and pod lack it, so the two are ma
 
 
 def gpu_memory_document(presets: Presets, max_sample_age: float) -> dict[str, Any]:
-    """Max over the object's devices of framebuffer used / (used + free), 0-1 (with virtual GPUs: the pod's own
-    processes' framebuffer over that plus what the device has free)."""
+    """Max over the object's devices of framebuffer used / (used + free), 0-1 (with virtual GPUs: the pod's
+    own processes' framebuffer over that plus what the device has free)."""
     preset = presets.gpu_memory_used_ratio
     used = _fresh("<<.Series>>", max_sample_age)
     free = "DCGM_FI_DEV_FB_FREE{<<.LabelMatchers>>}"
