@@ -102,16 +102,23 @@ def gpu_utilization_document(presets: Presets, max_sample_age: float) -> dict[st
     }
 
 
+POD_UID_LABEL = "pod_uid"
+"""dcgm-exporter's label on the per-pod (per-process) DCGM_FI_DEV_FB_USED series under virtual GPUs only: the
+DCGM_FI_DEV_FB_FREE copies of the same device and pod lack it, so the two are matched ignoring it."""
+
+
 def gpu_memory_document(presets: Presets, max_sample_age: float) -> dict[str, Any]:
-    """Max over the object's GPUs of framebuffer used / (used + free), 0-1."""
+    """Max over the object's devices of framebuffer used / (used + free), 0-1 (with virtual GPUs: the pod's
+    own processes' framebuffer over that plus what the device has free)."""
     preset = presets.gpu_memory_used_ratio
     used = _fresh("<<.Series>>", max_sample_age)
     free = "DCGM_FI_DEV_FB_FREE{<<.LabelMatchers>>}"
+    ignoring = f"ignoring({POD_UID_LABEL})"
     return {
         "seriesQuery": "DCGM_FI_DEV_FB_USED",
         "resources": _dcgm_resources(presets),
         "name": _exact_name("DCGM_FI_DEV_FB_USED", preset.name),
-        "metricsQuery": f"max({used} / ({used} + {free})) by (<<.GroupBy>>)",
+        "metricsQuery": f"max({used} / {ignoring} ({used} + {ignoring} {free})) by (<<.GroupBy>>)",
     }
 
 

@@ -40,7 +40,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 STEP, POINTS = 15, 41
 CUSTOM = "/apis/custom.metrics.k8s.io/v1beta2"
-FAMILIES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+FAMILIES = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+)
 WORKLOADS = {"whole": 40, "ts": 60, "tv": 50, "tv2": 30, "mig": 6}  # QPS per workload
 PODS_ON = [  # (pod, workload, node, gpus, slots)
     ("whole-0", "whole", "n0", (0,), None),
@@ -227,6 +232,27 @@ async def test_per_node_utilization_counts_each_device_once(client: TestClient[A
             "n1": 60 * scale / 2,
             "n2": 21 * GR * 2 / 14,  # 14 instances, two of them busy
             "n3": (60 + 20) * scale / 2,  # the device series and the per-pod copies are one device each
+        },
+        abs=1e-3,
+    )
+
+
+USABLE, POD_MIB, MIG_MIB = 81004, 16384, 9984  # an H100's framebuffer (MiB), a pod's, a 1g.10gb instance's
+
+
+async def test_per_pod_memory_ratio_on_every_kind_of_gpu(client: TestClient[Any, Any]) -> None:
+    got = await values(client, f"{CUSTOM}/namespaces/ml/pods/*/gpu_memory_used_ratio")
+    shared_free = USABLE - 3 * POD_MIB  # n3 GPU 0: tv-a, tv-b and one replica of tv-c
+    assert got == pytest.approx(
+        {
+            "whole-0": POD_MIB / USABLE,
+            "ts-b": 2 * POD_MIB / USABLE,  # the whole GPU's framebuffer: both pods' memory
+            "mig-a": MIG_MIB / MIG_MIB,  # the instance is full
+            "mig-b": MIG_MIB / MIG_MIB,
+            # virtual GPUs: the pod's own processes' memory over that plus what the GPU has free
+            "tv-a": POD_MIB / (POD_MIB + shared_free),
+            "tv-b": POD_MIB / (POD_MIB + shared_free),
+            "tv-c": 2 * POD_MIB / USABLE,  # its fullest device: GPU 1, both replicas its own
         },
         abs=1e-3,
     )

@@ -194,8 +194,9 @@ def test_presets_default_queries() -> None:
         # one value per device (GPU or MIG instance; per-pod copies of one device collapse), then the mean
         "gpu_utilization": "avg by (<<.GroupBy>>) (max by (<<.GroupBy>>,Hostname,hostname,gpu,UUID,GPU_I_ID) "
         f"({util} or ({mig} * 100)))",
-        "gpu_memory_used_ratio": f"max({fresh} / ({fresh} + DCGM_FI_DEV_FB_FREE{{<<.LabelMatchers>>}})) "
-        "by (<<.GroupBy>>)",
+        # ignoring(pod_uid): dcgm-exporter's per-process FB_USED carries it, the FB_FREE copies do not
+        "gpu_memory_used_ratio": f"max({fresh} / ignoring(pod_uid) ({fresh} + ignoring(pod_uid) "
+        "DCGM_FI_DEV_FB_FREE{<<.LabelMatchers>>})) by (<<.GroupBy>>)",
         "requests_per_second": "sum(rate(<<.Series>>{<<.LabelMatchers>>}[120s])) by (<<.GroupBy>>)",
     }
 
