@@ -84,6 +84,8 @@ def check(der: bytes) -> None:
     ours, theirs = readings(der)
     if ours is not None and theirs is not None:
         assert ours == theirs, "x509lite and cryptography read different subjects"
+        # Kubernetes' user: chain[0].Subject.CommonName, which Go's pkix sets to the last CN attribute
+        assert x509lite.parse(der).common_name == (theirs[0][-1] if theirs[0] else "")
     if ours is not None:
         lite = x509lite.parse(der)
         user = auth.cert_user(lite)
