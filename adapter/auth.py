@@ -12,7 +12,7 @@ written for prometheus-adapter keep working. `system:masters` and the aggregator
 The pure parts (`requestheader_user`, `cert_user`, `review_attributes`, `allowed_without_review`) are
 table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.kube`. Which CA signed a
 client certificate is checked in a child process (`adapter.certjudge`, once per certificate and trust): this
-process reads certificates with `adapter.x509lite` and does not import `cryptography`.
+process reads certificates with `gpuwarden.x509lite` and does not import `cryptography`.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from adapter import x509lite
 from adapter.routing import CustomRoute, ExternalRoute, ResourceRoute, Route
 from adapter.tls import load_certificates
-from adapter.x509lite import Certificate
+from gpuwarden import x509lite
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import CONFIG_MAPS, KubeClient
+from gpuwarden.x509lite import Certificate
 
 if TYPE_CHECKING:
     from gpuwarden.config.adapter import Authentication
@@ -377,7 +377,7 @@ def _consume(done: asyncio.Future[bool]) -> None:
 
 @dataclass(frozen=True)
 class Trust:
-    """Which CAs the authenticator trusts: replaced whole when a CA file changes (`adapter.certreload`)."""
+    """Which CAs the authenticator trusts: replaced whole when a CA file changes (`gpuwarden.certreload`)."""
 
     requestheader: RequestHeaderConfig | None
     client_cas: tuple[Certificate, ...]

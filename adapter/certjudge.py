@@ -2,7 +2,7 @@
 `adapter.auth.judge_in_child`.
 
 Why a child: the serving adapter does not import `cryptography` (~7.5 MiB of RSS for the life of the
-process; adapter/x509lite.py). The TLS handshake has already verified a client certificate against every
+process; gpuwarden/x509lite.py). The TLS handshake has already verified a client certificate against every
 trusted CA; authentication must know *which* set signed it (the front-proxy CAs, whose certificates may
 assert users in headers, or the client CAs, whose certificates are users), which takes a signature check.
 The verdict is remembered per certificate and trust (`auth.Authenticator`), so this runs once per client

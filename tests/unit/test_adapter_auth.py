@@ -23,8 +23,8 @@ from adapter import auth, certjudge, tls
 from adapter.app import Adapter
 from adapter.routing import route
 from adapter.server import AdapterState, Security, build_app
-from adapter.x509lite import Certificate
 from gpuwarden.config.root import Config
+from gpuwarden.x509lite import Certificate
 from harness.localprom import find_free_port
 from harness.testbed.pki import KeyPair, issue, make_ca
 

@@ -16,8 +16,9 @@ from cryptography import x509
 from cryptography.x509.name import _ASN1Type
 from cryptography.x509.oid import NameOID
 
-from adapter import auth, certjudge, x509lite
-from adapter.x509lite import Certificate
+from adapter import auth, certjudge
+from gpuwarden import x509lite
+from gpuwarden.x509lite import Certificate
 from harness.testbed.pki import make_ca
 from tests.unit.x509_support import cert_with_subject, with_version
 

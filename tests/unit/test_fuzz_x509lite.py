@@ -1,4 +1,4 @@
-"""Differential fuzzing: `adapter.x509lite` against `cryptography` on generated subjects (issue 44).
+"""Differential fuzzing: `gpuwarden.x509lite` against `cryptography` on generated subjects (issue 44).
 
 The property the adapter's authentication rests on: for any certificate, the two readers give the same
 subject reading (every CN and every O, in order) or one of them refuses it - never a different identity.
@@ -20,7 +20,8 @@ from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapter import auth, certjudge, x509lite
+from adapter import auth, certjudge
+from gpuwarden import x509lite
 from harness.testbed.pki import make_ca
 from tests.unit.x509_support import cert_with_subject
 

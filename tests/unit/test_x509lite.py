@@ -1,4 +1,4 @@
-"""The adapter's own X.509 reader (adapter/x509lite.py) reads what `cryptography` reads — the subject's CN
+"""The adapter's own X.509 reader (gpuwarden/x509lite.py) reads what `cryptography` reads — the subject's CN
 and O, the issuer and subject names, notAfter, the fingerprint — for ECDSA and RSA leaves, CAs, client
 certificates and every CA of the system bundle; and refuses what is not a certificate. The signature checks
 and the self-signed pair, done in child processes, agree with `cryptography` in this process."""
@@ -16,8 +16,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
-from adapter import auth, certjudge, tls, x509lite
-from adapter.x509lite import Certificate
+from adapter import auth, certjudge, tls
+from gpuwarden import x509lite
+from gpuwarden.x509lite import Certificate
 from harness.testbed import pki
 
 CA = pki.make_ca("front-proxy-ca")

@@ -1,7 +1,7 @@
 """Certificates with a subject of the test's choosing, signed by a test CA, as DER.
 
 Why: the identity rules (the last CN is Kubernetes' user, a subject with other than one CN names nobody)
-and the differential fuzz test of `adapter.x509lite` need subjects `harness.testbed.pki` does not make:
+and the differential fuzz test of `gpuwarden.x509lite` need subjects `harness.testbed.pki` does not make:
 several CNs, none, multi-valued RDNs, every string type, other attributes between them.
 """
 

@@ -1,4 +1,7 @@
-"""What the serving adapter reads from X.509 certificates, without the `cryptography` package.
+"""What the serving processes read from X.509 certificates, without the `cryptography` package.
+
+In the kernel because certificate rotation (`gpuwarden.certreload`) reads certificates for both the adapter
+and the controller's extender port; the adapter's reasons for not importing `cryptography` are these:
 
 Why: `cryptography` costs the adapter ~7.5 MiB of RSS for the life of the process (its Rust library's pages
 and the x509 modules), while a serving adapter only reads a few fields of a few certificates — the trusted
