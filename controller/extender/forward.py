@@ -61,12 +61,14 @@ class Forwarder:
         *,
         own_url: str,
         timeout: float,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
+        """`ssl_context`: the client context, or where to get the current one on every forward (it follows
+        certificate rotation: `tlsport.ExtenderTls.client_context`); None: the system's defaults."""
         self._binder_url = binder_url
         self._own_url = own_url
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -85,7 +87,7 @@ class Forwarder:
                 url + FORWARDED_SUFFIX,
                 data=args.to_json(),
                 headers={"Content-Type": "application/json"},
-                ssl=self._ssl,
+                ssl=self._client_ssl(),
             ) as response:
                 body = await response.read()
                 if response.status != 200:
@@ -98,6 +100,11 @@ class Forwarder:
             log.warning("forwarding bind failed", extra={"pod": pod, "binder": url, "error": str(exc)})
             reason = str(exc) or type(exc).__name__
             return ExtenderBindingResult(error=f"forwarding bind of {pod} to the binder at {url}: {reason}")
+
+    def _client_ssl(self) -> ssl.SSLContext | bool:
+        if self._ssl is None:
+            return True
+        return self._ssl if isinstance(self._ssl, ssl.SSLContext) else self._ssl()
 
     async def close(self) -> None:
         if self._session is not None:
