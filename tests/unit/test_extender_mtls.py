@@ -18,15 +18,22 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from controller.extender.bind import Binder
 from controller.extender.fastpath import LeanSite
+from controller.extender.forward import Forwarder
+from controller.extender.metrics import extender_metrics
 from controller.extender.peerauth import admitted, needs_certificate
 from controller.extender.runtime import Extender
+from controller.extender.server import ExtenderService
 from controller.extender.tlsport import ExtenderTls, extender_tls, tls_metrics
+from controller.gpus.fit import Settings
 from gpuwarden.certreload import Outcome
 from gpuwarden.config.extender import ExtenderConfig, ExtenderTLS
 from gpuwarden.errors import ConfigError
 from tests.pki import CA
+from tests.unit.extender_support import FakePodApi, model, node, pod
 from tests.unit.test_extender_fastpath import GET_HEALTHZ, exchange, handed_off, post
+from tests.unit.test_extender_forward import NOW, Lease, bind_args
 from tests.unit.test_extender_server import build, golden
 
 PREFIX = "/gpuwarden"
@@ -245,3 +252,38 @@ def test_an_unreadable_client_ca_file_is_a_config_error_naming_it(pki: Pki) -> N
     with pytest.raises(ConfigError) as caught:
         extender_tls(pki.tls(), tls_metrics(None))
     assert caught.value.problems[0][0] == "extender.tls.client_ca_file"
+
+
+async def test_a_forwarded_bind_needs_the_replicas_client_certificate(pki: Pki) -> None:
+    """Leader bind protocol: the follower forwards bind to the binder's `bind/forwarded`, a verb like the
+    others; with this replica's pair (`ExtenderTls.client_context`) it is bound, without a certificate the
+    binder answers 403 and the scheduler gets an Error to retry on."""
+    api = FakePodApi([pod("p0", 2), pod("p1", 1)])
+    registry = CollectorRegistry()
+    m = model([node("n")], api.pods.values())
+    lease = Lease(True)
+    binder = Binder(api, m, lambda: Settings(fleet_max_numa_gpus=4), clock=lambda: NOW, sole=lease)
+    service = ExtenderService(m, Settings(), extender_metrics(registry), binder=binder, clock=lambda: NOW)
+    service.is_binder = lease.fenced
+    tls = extender_tls(pki.tls(), tls_metrics(registry))
+    assert tls is not None
+    extender = Extender(m, service, None, None, PREFIX, tls=tls)  # type: ignore[arg-type]
+    app = web.Application()
+    extender.mount(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = extender.site(runner, "127.0.0.1", 0, lean=True)
+    await site.start()
+    url = f"https://127.0.0.1:{site.port}{PREFIX}"
+    with_certificate = Forwarder(lambda: url, own_url="elsewhere", timeout=5, ssl_context=tls.client_context)
+    without = Forwarder(lambda: url, own_url="elsewhere", timeout=5, ssl_context=pki.anonymous)
+    try:
+        refused = await without.bind(bind_args("p1"))
+        bound = await with_certificate.bind(bind_args("p0"))
+    finally:
+        await with_certificate.close()
+        await without.close()
+        await runner.cleanup()
+    assert "answered 403" in refused.error
+    assert bound.error == ""
+    assert [c.split()[0] for c in api.calls] == ["bind"]  # only the certified forward was bound
