@@ -67,8 +67,9 @@ def _strings(value: Any) -> dict[str, str]:
     """A map<string, string> field as JSON writes it (values as `_text`; a key that is not UTF-8 raises
     `UnicodeDecodeError` in the runtime: keys are validated names, so such a pod is refused)."""
     out = dict(value)
-    if not all(type(v) is str for v in out.values()):
-        out = {k: _text(v) for k, v in out.items()}
+    for text in out.values():
+        if type(text) is not str:
+            return {k: _text(v) for k, v in out.items()}
     return out
 
 
