@@ -28,8 +28,8 @@ SETTINGS: dict[str, Any] = {
     "derandomize": True,
     "suppress_health_check": list(HealthCheck),
 }
-GENERATED_EXAMPLES = 500
-MUTATED_EXAMPLES = 1000
+GENERATED_EXAMPLES = 400
+MUTATED_EXAMPLES = 500
 
 TEXT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
 NAME = st.one_of(st.sampled_from(["main", "a", "gpuwarden.io/gpu-ids", RESOURCE]), TEXT)

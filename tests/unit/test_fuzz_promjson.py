@@ -25,8 +25,8 @@ SETTINGS: dict[str, Any] = {
     "derandomize": True,
     "suppress_health_check": list(HealthCheck),
 }
-GENERATED_EXAMPLES = 500
-MUTATED_EXAMPLES = 800
+GENERATED_EXAMPLES = 400
+MUTATED_EXAMPLES = 500
 
 LABEL = st.text(st.characters(codec="utf-8"), max_size=6)
 VALUE = st.one_of(

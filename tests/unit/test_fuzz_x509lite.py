@@ -34,8 +34,8 @@ SETTINGS: dict[str, Any] = {
     "derandomize": True,
     "suppress_health_check": list(HealthCheck),
 }
-GENERATED_EXAMPLES = 1000
-MUTATED_EXAMPLES = 1000
+GENERATED_EXAMPLES = 600
+MUTATED_EXAMPLES = 600
 
 OIDS = [
     NameOID.COMMON_NAME,
