@@ -157,9 +157,9 @@ class Authentication(Section):
     )
     client_ca_file: Path | None = Field(
         default=None,
-        description="CA for ordinary client certificates (CN = the user, O = the groups; a subject with no CN "
-        "or several names nobody: Kubernetes takes the last CN and other readers the first, so such a "
-        "certificate is refused rather than read one way). null: client-ca-file from the same ConfigMap. "
+        description="CA for ordinary client certificates (CN = the user, O = the groups; a subject with "
+        "no CN or several names nobody: Kubernetes takes the last CN and other readers the first, so such "
+        "a certificate is refused rather than read one way). null: client-ca-file from the same ConfigMap. "
         "Reloaded from the file or the ConfigMap like requestheader_client_ca_file.",
     )
     token_review: bool = Field(
