@@ -67,11 +67,13 @@ def tls_metrics(registry: CollectorRegistry | None) -> TlsMetrics:
 
 def peer_client_context(cert_pem: bytes, key_pem: bytes, cas: Sequence[Certificate]) -> ssl.SSLContext:
     """TLS towards another replica: its serving certificate is trusted when it is this one (one Secret for
-    the Deployment) or issued by a client CA (the chart's one CA issues both); this replica's pair is
-    presented as its client certificate. Replicas are reached by pod IP, so no host name is checked."""
+    the Deployment; a leaf, so trusted as a partial chain) or issued by a client CA (the chart's one CA
+    issues both); this replica's pair is presented as its client certificate. Replicas are reached by pod
+    IP, so no host name is checked."""
     trusted = cert_pem.decode() + "".join(c.pem() for c in cas)
     context = ssl.create_default_context(cadata=trusted)
     context.check_hostname = False
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     load_pair(context, cert_pem, key_pem)
     return context
 

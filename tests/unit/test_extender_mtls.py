@@ -25,7 +25,7 @@ from controller.extender.metrics import extender_metrics
 from controller.extender.peerauth import admitted, needs_certificate
 from controller.extender.runtime import Extender
 from controller.extender.server import ExtenderService
-from controller.extender.tlsport import ExtenderTls, extender_tls, tls_metrics
+from controller.extender.tlsport import ExtenderTls, ForwardingClient, extender_tls, tls_metrics
 from controller.gpus.fit import Settings
 from gpuwarden.certreload import Outcome
 from gpuwarden.config.extender import ExtenderConfig, ExtenderTLS
@@ -287,3 +287,27 @@ async def test_a_forwarded_bind_needs_the_replicas_client_certificate(pki: Pki) 
     assert "answered 403" in refused.error
     assert bound.error == ""
     assert [c.split()[0] for c in api.calls] == ["bind"]  # only the certified forward was bound
+
+
+async def test_without_client_cas_a_replica_trusts_its_own_ca_issued_leaf(pki: Pki) -> None:
+    """TLS without client certificates: the forwarding client trusts exactly the serving certificate the
+    replicas share, though a CA issued it (a partial chain), and no other."""
+    service, _, registry = build()
+    tls = extender_tls(pki.tls(client_ca_file=None), tls_metrics(registry))
+    assert tls is not None and not tls.required
+    extender = Extender(service.model, service, None, None, PREFIX, tls=tls)  # type: ignore[arg-type]
+    app = web.Application()
+    extender.mount(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = extender.site(runner, "127.0.0.1", 0, lean=True)
+    await site.start()
+    try:
+        answers = await exchange(site.port, FILTER, ssl_context=tls.client_context())
+        assert [a.status for a in answers] == [200]
+        other = CA.new("other").issue("localhost", server=True, client_too=True)
+        stranger = ForwardingClient(other, ())
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            await exchange(site.port, FILTER, ssl_context=stranger.context)
+    finally:
+        await runner.cleanup()
