@@ -28,6 +28,7 @@ from controller.extender.server import ExtenderService
 from controller.extender.tlsport import ExtenderTls, ForwardingClient, extender_tls, tls_metrics
 from controller.gpus.fit import Settings
 from gpuwarden.certreload import Outcome
+from gpuwarden.cli import main
 from gpuwarden.config.extender import ExtenderConfig, ExtenderTLS
 from gpuwarden.errors import ConfigError
 from tests.pki import CA
@@ -311,3 +312,24 @@ async def test_without_client_cas_a_replica_trusts_its_own_ca_issued_leaf(pki: P
             await exchange(site.port, FILTER, ssl_context=stranger.context)
     finally:
         await runner.cleanup()
+
+
+def test_the_controller_names_an_unusable_client_ca_file_and_exits(
+    pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (pki.directory / "ca.crt").write_bytes(b"not a certificate")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    d = pki.directory
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"kubernetes: {{kubeconfig: {kubeconfig}}}\n"
+        f"extender: {{tls: {{cert_file: {d / 'tls.crt'}, key_file: {d / 'tls.key'}, "
+        f"client_ca_file: {d / 'ca.crt'}}}}}\n"
+    )
+    assert main(["controller", "--config", str(config)]) == 1
+    assert "extender.tls.client_ca_file: not a readable PEM CA bundle" in capsys.readouterr().err
