@@ -2,7 +2,8 @@
 extender `tlsConfig` (the CA of our serving certificate, its own client certificate and key), filters,
 prioritizes and binds a GPU pod through mutual TLS; a client without a client certificate is refused the
 verbs (403) while the probes and /metrics answer it; a client with a certificate of another CA does not
-get through the handshake.
+get through the handshake; under the leader bind protocol the replica the scheduler calls forwards bind to
+the binder over mutual TLS, presenting its own pair.
 
 The extender runs in this process as the controller runs it (`build_extender`, `Extender.site` with the
 lean HTTP path, `extender.tls` with `client_ca_file`), on a thread with its own event loop; the session
@@ -30,8 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from controller.extender.runtime import Extender, build_extender
 from gpuwarden.config.root import Config
-from gpuwarden.kube import KubeClient
+from gpuwarden.kube import KubeClient, LeaderElector, LeaseDurations
+from gpuwarden.wellknown import EXTENDER_URL
 from harness.testbed import Cluster, GpuNodeSpec, add_gpu_nodes, delete_nodes, poll
+from harness.testbed.scheduler import ExtenderSpec
 from tests.e2e.conftest import free_port, gpuwarden_extender, pod_manifest, scheduler_calling
 from tests.pki import CA
 
@@ -76,10 +79,13 @@ class Pki:
 
 
 class MtlsExtender:
-    """`build_extender` with `extender.tls` (client CA required) served on 127.0.0.1:`port`."""
+    """`build_extender` with `extender.tls` (client CA required) served on 127.0.0.1:`port`; with `lease`,
+    a replica under the leader bind protocol (as test_extender_scheduler.RunningExtender), forwarding bind
+    to the holder over mutual TLS with its own pair."""
 
-    def __init__(self, cluster: Cluster, port: int, pki: Pki) -> None:
-        self.cluster, self.port, self.pki = cluster, port, pki
+    def __init__(self, cluster: Cluster, port: int, pki: Pki, lease: str | None = None) -> None:
+        self.cluster, self.port, self.pki, self.lease = cluster, port, pki, lease
+        self.elector: LeaderElector | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="extender-mtls", daemon=True)
         self.extender: Extender | None = None
@@ -91,14 +97,20 @@ class MtlsExtender:
             "key_file": self.pki.path("tls.key"),
             "client_ca_file": self.pki.path("ca.crt"),
         }
+        url = f"https://127.0.0.1:{self.port}{PREFIX}"
+        section: dict[str, Any] = {"path_prefix": PREFIX, "tls": tls}
+        if self.lease is not None:
+            section |= {"bind_protocol": "leader", "advertise_url": url}
         config = Config.model_validate(
-            {
-                "kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)},
-                "extender": {"path_prefix": PREFIX, "tls": tls},
-            }
+            {"kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)}, "extender": section}
         )
         self.kube = KubeClient.from_config(kubeconfig=self.cluster.kubeconfig)
-        self.extender = build_extender(config, self.kube, registry=self.registry)
+        if self.lease is not None:
+            self.elector = LeaderElector(
+                self.kube, name=self.lease, namespace="default", identity=f"replica-{self.port}",
+                durations=LeaseDurations(4.0, 3.0, 0.5), annotations={EXTENDER_URL: url},
+            )  # fmt: skip
+        self.extender = build_extender(config, self.kube, registry=self.registry, elector=self.elector)
         app = web.Application()
 
         async def ok(_: web.Request) -> web.Response:
@@ -111,11 +123,15 @@ class MtlsExtender:
         await self.runner.setup()
         await self.extender.site(self.runner, "127.0.0.1", self.port, lean=True).start()
         self.feed = asyncio.ensure_future(self.extender.run())
+        self.election = asyncio.ensure_future(self.elector.run()) if self.elector is not None else None
 
     async def _stop(self) -> None:
         self.feed.cancel()
         await asyncio.gather(self.feed, return_exceptions=True)
         await self.runner.cleanup()
+        if self.elector is not None and self.election is not None:
+            self.elector.stop()
+            await asyncio.gather(self.election, return_exceptions=True)
         await self.kube.aclose()
 
     def counter(self, name: str, labels: dict[str, str] | None = None) -> float:
@@ -151,11 +167,9 @@ def node(cluster: Cluster) -> Iterator[str]:
         delete_nodes(cluster, names)
 
 
-@pytest.fixture(scope="module")
-def running(cluster: Cluster, node: str, pki: Pki) -> Iterator[MtlsExtender]:
-    """Our extender over mTLS, and the session scheduler calling it with its client certificate."""
-    port = free_port()
-    spec = replace(
+def scheduler_spec(port: int, pki: Pki) -> ExtenderSpec:
+    """The scheduler calling our extender at `port` over HTTPS: trusting our CA, presenting its pair."""
+    return replace(
         gpuwarden_extender(port, PREFIX),
         url_prefix=f"https://127.0.0.1:{port}{PREFIX}",
         enable_https=True,
@@ -165,9 +179,15 @@ def running(cluster: Cluster, node: str, pki: Pki) -> Iterator[MtlsExtender]:
             "keyFile": pki.path("scheduler.key"),
         },
     )
+
+
+@pytest.fixture(scope="module")
+def running(cluster: Cluster, node: str, pki: Pki) -> Iterator[MtlsExtender]:
+    """Our extender over mTLS, and the session scheduler calling it with its client certificate."""
+    port = free_port()
     extender = MtlsExtender(cluster, port, pki).start()
     try:
-        with scheduler_calling(cluster, spec):
+        with scheduler_calling(cluster, scheduler_spec(port, pki)):
             yield extender
     finally:
         extender.stop()
@@ -222,3 +242,35 @@ def test_a_client_without_the_client_certificate_is_refused(pki: Pki, running: M
     assert running.counter("gpuwarden_extender_client_certificate_refusals_total") == refused_before + 2
     with pytest.raises(OSError):  # ssl.SSLError, or a reset: another CA's certificate fails the handshake
         request(running.port, "GET", "/readyz", pki.client("stranger"))
+
+
+def test_a_follower_forwards_bind_to_the_binder_over_mutual_tls(
+    cluster: Cluster, namespace: str, node: str, pki: Pki
+) -> None:
+    """Leader bind protocol: the scheduler calls replica B, A holds the Lease; B forwards bind to A's
+    `bind/forwarded`, a verb like the others, presenting its own pair - A binds it."""
+    lease = f"mtls-binder-{SUFFIX}"
+    a = MtlsExtender(cluster, free_port(), pki, lease).start()
+    try:
+        poll(lambda: a.elector is not None and a.elector.fenced(), timeout=30, what="replica A leading")
+        b = MtlsExtender(cluster, free_port(), pki, lease).start()
+        try:
+            with scheduler_calling(cluster, scheduler_spec(b.port, pki)):
+                cluster.apply(gpu_pod(namespace, "fwd-2gpu", 2))
+
+                def bound() -> bool:
+                    return bool(cluster.get_json("pods", "fwd-2gpu", "-n", namespace)["spec"].get("nodeName"))
+
+                poll(bound, timeout=60, what="pod bound by the binder through the follower")
+            forwarded = b.counter("gpuwarden_extender_binds_forwarded_total", {"outcome": "ok"})
+            by_binder = a.counter(
+                "gpuwarden_extender_requests_total", {"verb": "bind_forwarded", "outcome": "ok"}
+            )
+            assert (forwarded, by_binder) == (1, 1)
+            assert a.counter("gpuwarden_extender_client_certificate_refusals_total") == 0
+            obj = cluster.get_json("pods", "fwd-2gpu", "-n", namespace)
+            assert len(obj["metadata"]["annotations"]["gpuwarden.io/gpu-ids"].split(",")) == 2
+        finally:
+            b.stop()
+    finally:
+        a.stop()
