@@ -17,7 +17,6 @@ import logging
 import os
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 
 import aiohttp
 
@@ -40,16 +39,6 @@ def advertised_url(cfg: ExtenderConfig, environ: dict[str, str] | None = None) -
     host = f"[{ip}]" if ":" in ip else ip
     scheme = "https" if cfg.tls.cert_file is not None else "http"
     return f"{scheme}://{host}:{cfg.port}{cfg.path_prefix}"
-
-
-def peer_ssl(cert_file: Path | None) -> ssl.SSLContext | None:
-    """TLS towards another replica: it serves the same certificate (one Secret for the Deployment), so that
-    certificate is the trust anchor; replicas are reached by pod IP, so no host name is checked."""
-    if cert_file is None:
-        return None
-    context = ssl.create_default_context(cafile=str(cert_file))
-    context.check_hostname = False
-    return context
 
 
 class Forwarder:

@@ -28,7 +28,7 @@ from controller.extender.answers import warm
 from controller.extender.bind import AlwaysSole, Binder, KubePodApi, SoleBinder
 from controller.extender.events import BindEvents
 from controller.extender.fastpath import LeanSite
-from controller.extender.forward import Forwarder, advertised_url, peer_ssl
+from controller.extender.forward import Forwarder, advertised_url
 from controller.extender.metrics import extender_metrics, register_model_collectors
 from controller.extender.peerauth import certificate_check, lean_admits
 from controller.extender.server import (
@@ -209,7 +209,7 @@ def _sole_binding(
         binder_url,
         own_url=advertised_url(cfg),
         timeout=cfg.forward_timeout_seconds,
-        ssl_context=tls.client_context if tls is not None else peer_ssl(cfg.tls.cert_file),
+        ssl_context=tls.client_context if tls is not None else None,  # plain HTTP without a pair
     )
     return elector, forwarder
 
