@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry
 
 from adapter import auth, kedascaler, naming, presets, tls
 from adapter.cache import ValueCache
-from adapter.certreload import CertificateReloader, expiry_of
 from adapter.objects import WATCHED, LabelIndex, watch_objects
 from adapter.provider import Cached, Provider
 from adapter.registry import Discovery
@@ -36,12 +35,13 @@ from adapter.resource_rules import compile_resource_rules, resource_rule_problem
 from adapter.resources import GroupResource
 from adapter.selfmetrics import new_metrics, register_keda_snapshots, register_snapshots
 from adapter.server import AdapterState, Security, build_app
-from adapter.x509lite import Certificate
 from gpuwarden import memtrim
+from gpuwarden.certreload import CertificateReloader, expiry_of
 from gpuwarden.errors import ConfigError
 from gpuwarden.kube import KubeClient
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.selfmetrics import new_registry
+from gpuwarden.x509lite import Certificate
 
 if TYPE_CHECKING:
     import grpc

@@ -12,29 +12,31 @@ written for prometheus-adapter keep working. `system:masters` and the aggregator
 The pure parts (`requestheader_user`, `cert_user`, `review_attributes`, `allowed_without_review`) are
 table-tested; `KubeReviews` is the shell that posts reviews through `gpuwarden.kube`. Which CA signed a
 client certificate is checked in a child process (`adapter.certjudge`, once per certificate and trust): this
-process reads certificates with `adapter.x509lite` and does not import `cryptography`.
+process reads certificates with `gpuwarden.x509lite` and does not import `cryptography`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from adapter import x509lite
 from adapter.routing import CustomRoute, ExternalRoute, ResourceRoute, Route
 from adapter.tls import load_certificates
-from adapter.x509lite import Certificate
+from gpuwarden import x509lite
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import CONFIG_MAPS, KubeClient
+from gpuwarden.x509lite import Certificate
 
 if TYPE_CHECKING:
     from gpuwarden.config.adapter import Authentication
@@ -78,8 +80,11 @@ def requestheader_user(
 
 
 def front_proxy(cfg: RequestHeaderConfig, cert: Certificate, issued: bool) -> bool:
-    """Whether `cert` is a front proxy's: issued by the requestheader CA, CN among the allowed names."""
-    return issued and (not cfg.allowed_names or cert.common_name in cfg.allowed_names)
+    """Whether `cert` is a front proxy's: issued by the requestheader CA, its one CN among the allowed
+    names (any subject when no names are configured, as k8s.io/apiserver's requestheader authenticator)."""
+    if not issued:
+        return False
+    return not cfg.allowed_names or sole_common_name(cert) in cfg.allowed_names
 
 
 def headers_user(cfg: RequestHeaderConfig, headers: Headers) -> UserInfo | None:
@@ -98,9 +103,23 @@ def headers_user(cfg: RequestHeaderConfig, headers: Headers) -> UserInfo | None:
     return UserInfo(name, groups, uid, extra)
 
 
+def sole_common_name(cert: Certificate) -> str | None:
+    """The subject's CN when it has exactly one (and it is not empty); None otherwise.
+
+    Kubernetes names the user `chain[0].Subject.CommonName` (k8s.io/apiserver's x509
+    `CommonNameUserConversion`), which Go's pkix fills with the *last* CN of the subject; readers that take
+    the first (OpenSSL's tools, many libraries) would see someone else in a subject with two. A subject
+    with other than one CN names no user here: refused, rather than read one way of two.
+    """
+    if len(cert.common_names) != 1 or not cert.common_names[0]:
+        return None
+    return cert.common_names[0]
+
+
 def cert_user(cert: Certificate) -> UserInfo | None:
-    """An ordinary client certificate: CN is the user, O entries are the groups."""
-    return UserInfo(cert.common_name, cert.organizations) if cert.common_name else None
+    """An ordinary client certificate: its one CN is the user, O entries are the groups."""
+    name = sole_common_name(cert)
+    return UserInfo(name, cert.organizations) if name is not None else None
 
 
 def review_attributes(method: str, path: str, route: Route | None) -> dict[str, Any]:
@@ -358,7 +377,7 @@ def _consume(done: asyncio.Future[bool]) -> None:
 
 @dataclass(frozen=True)
 class Trust:
-    """Which CAs the authenticator trusts: replaced whole when a CA file changes (`adapter.certreload`)."""
+    """Which CAs the authenticator trusts: replaced whole when a CA file changes (`gpuwarden.certreload`)."""
 
     requestheader: RequestHeaderConfig | None
     client_cas: tuple[Certificate, ...]
@@ -391,6 +410,14 @@ def retrust(
 
 SEEN_CERTIFICATES = 64
 """Client certificates whose verdict is remembered (callers are a few aggregators and controllers)."""
+JUDGE_RETRY_SECONDS = 30.0
+"""A certificate whose check failed to run (the child did not answer) is not checked again for this long:
+at most one child per certificate per interval, whatever the request rate."""
+
+
+def cert_key(cert_der: bytes) -> bytes:
+    """What a certificate's verdict is remembered by: the sha256 of its DER."""
+    return hashlib.sha256(cert_der).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,8 +436,10 @@ class Verdict:
 
     by_front_proxy_ca: bool
     by_client_ca: bool
-    common_name: str
+    common_names: tuple[str, ...]
     organizations: tuple[str, ...]
+    readable: bool = True
+    """False: `cryptography` could not read the certificate (then signed by no trusted CA)."""
 
 
 Judge = Callable[[bytes, Sequence[Certificate], Sequence[Certificate]], Awaitable[Verdict]]
@@ -444,8 +473,9 @@ async def judge_in_child(
         return Verdict(
             bool(answer["requestheader"]),
             bool(answer["client"]),
-            str(answer["common_name"]),
+            tuple(str(c) for c in answer["common_names"]),
             tuple(str(o) for o in answer["organizations"]),
+            readable=bool(answer["readable"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise OSError(f"client certificate check answered {out[:200]!r}: {exc}") from None
@@ -460,11 +490,16 @@ class Authenticator:
         client_cas: tuple[Certificate, ...],
         token_review: Callable[[str], Awaitable[UserInfo | None]] | None,
         judge: Judge = judge_in_child,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.trust = Trust(requestheader, client_cas)  # read once per request, replaced whole
         self.token_review = token_review
         self._judge = judge
-        self._seen: dict[bytes, CertFacts] = {}
+        self._clock = clock
+        self._seen: OrderedDict[bytes, CertFacts] = OrderedDict()
+        """Certificate digest -> verdict, least recently used first; at most SEEN_CERTIFICATES."""
+        self._failed: dict[bytes, tuple[float, CertFacts]] = {}
+        """Certificate digest -> (when its check failed to run, the no-trust facts used meanwhile)."""
         self._judging: dict[bytes, asyncio.Future[CertFacts]] = {}
 
     @property
@@ -504,12 +539,22 @@ class Authenticator:
         checking its signature on every request was a fifth of a request's CPU, and the check now runs in a
         child process (`judge_in_child`). The TLS handshake still verifies each connection's certificate
         (validity included); a new `Trust` forgets every answer. Requests arriving while a certificate is
-        being judged wait for that one verdict. A failed check is not remembered and counts as no CA's.
+        being judged wait for that one verdict. Answers are remembered by the certificate's digest
+        (`cert_key`), the least recently used dropped first. A certificate either reader cannot read is a
+        verdict like any other (no CA's); a check that failed to run counts as no CA's and is tried again
+        after `JUDGE_RETRY_SECONDS`, never once per request.
         """
-        hit = self._seen.get(cert_der)
+        key = cert_key(cert_der)
+        hit = self._seen.get(key)
         if hit is not None and hit.trust is trust:
+            self._seen.move_to_end(key)
             return hit
-        pending = self._judging.get(cert_der)
+        failed = self._failed.get(key)
+        if failed is not None and failed[1].trust is trust:
+            if self._clock() - failed[0] < JUDGE_RETRY_SECONDS:
+                return failed[1]
+            del self._failed[key]
+        pending = self._judging.get(key)
         if pending is not None:
             try:
                 facts = await asyncio.shield(pending)
@@ -520,43 +565,57 @@ class Authenticator:
                 if facts.trust is trust:
                     return facts
         future: asyncio.Future[CertFacts] = asyncio.get_running_loop().create_future()
-        self._judging[cert_der] = future
+        self._judging[key] = future
         try:
-            facts = await self._judged(trust, cert_der)
+            facts = await self._judged(trust, cert_der, key)
             future.set_result(facts)
         finally:
             if not future.done():
                 future.cancel()  # the judging request failed or was cancelled: a waiter judges again
-            if self._judging.get(cert_der) is future:
-                del self._judging[cert_der]
+            if self._judging.get(key) is future:
+                del self._judging[key]
         return facts
 
-    async def _judged(self, trust: Trust, cert_der: bytes) -> CertFacts:
+    async def _judged(self, trust: Trust, cert_der: bytes, key: bytes) -> CertFacts:
+        untrusted = CertFacts(trust, False, None)
         try:
             cert = x509lite.parse(cert_der)
         except ValueError as exc:
-            log.warning("unreadable client certificate", extra={"error": str(exc)})
-            return CertFacts(trust, False, None)
+            log.warning("unreadable client certificate: not trusted", extra={"error": str(exc)})
+            return self._remember(key, untrusted)
         rh_cas = trust.requestheader.ca if trust.requestheader is not None else ()
         try:
             verdict = await self._judge(cert_der, rh_cas, trust.client_cas)
         except OSError as exc:
             log.error("client certificate not judged: treated as no trusted CA's", extra={"error": str(exc)})
-            return CertFacts(trust, False, None)
-        if (verdict.common_name, verdict.organizations) != (cert.common_name, cert.organizations):
+            self._failed[key] = (self._clock(), untrusted)
+            if len(self._failed) > SEEN_CERTIFICATES:
+                del self._failed[next(iter(self._failed))]
+            return untrusted
+        if not verdict.readable:
+            log.warning(
+                "client certificate unreadable to cryptography: not trusted",
+                extra={"sha256": cert.fingerprint()},
+            )
+            return self._remember(key, untrusted)
+        if (verdict.common_names, verdict.organizations) != (cert.common_names, cert.organizations):
             # two readers disagree on who this is: no identity from it (remembered: the bytes will not change)
             log.error(
                 "client certificate subject read differently by x509lite and cryptography: not trusted",
-                extra={"x509lite": [cert.common_name, *cert.organizations],
-                       "cryptography": [verdict.common_name, *verdict.organizations]},
+                extra={"x509lite": [*cert.common_names, *cert.organizations],
+                       "cryptography": [*verdict.common_names, *verdict.organizations]},
             )  # fmt: skip
-            verdict = Verdict(False, False, "", ())
+            return self._remember(key, untrusted)
         rh = trust.requestheader
         proxy = rh is not None and front_proxy(rh, cert, verdict.by_front_proxy_ca)
-        facts = CertFacts(trust, proxy, cert_user(cert) if verdict.by_client_ca else None)
-        if len(self._seen) >= SEEN_CERTIFICATES:
-            self._seen.clear()
-        self._seen[cert_der] = facts
+        return self._remember(key, CertFacts(trust, proxy, cert_user(cert) if verdict.by_client_ca else None))
+
+    def _remember(self, key: bytes, facts: CertFacts) -> CertFacts:
+        """Keep `facts` for this certificate, dropping the least recently used beyond SEEN_CERTIFICATES."""
+        self._seen[key] = facts
+        self._seen.move_to_end(key)
+        while len(self._seen) > SEEN_CERTIFICATES:
+            self._seen.popitem(last=False)
         return facts
 
     def trusted_cas(self) -> list[Certificate]:

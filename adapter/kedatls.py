@@ -1,7 +1,7 @@
 """TLS of the KEDA external scaler's gRPC port: serving pair and client CA, checked at start, rotated live.
 
 Why a module: the gRPC server takes its certificates through gRPC's own credentials, not an `ssl.SSLContext`,
-so the HTTPS port's reloader (`adapter.certreload`) cannot serve it. gRPC asks a fetcher before every new
+so the HTTPS port's reloader (`gpuwarden.certreload`) cannot serve it. gRPC asks a fetcher before every new
 client handshake; the fetcher here re-reads `adapter.keda.tls`'s files only when their size or mtime changed
 (cert-manager and the kubelet rewrite the Secret's files on rotation), judges the new pair with OpenSSL
 first, and keeps the previous one on anything unusable — logged and counted, never a broken port. KEDA keeps

@@ -1,7 +1,7 @@
 """The self-signed serving certificate, made with `cryptography`: in a short child process when serving.
 
 Why a module of its own: `cryptography` costs ~7.5 MiB of RSS for the life of a process that imports it
-(adapter/x509lite.py says why the adapter does not). Generating a key pair needs it, once at start, so
+(gpuwarden/x509lite.py says why the adapter does not). Generating a key pair needs it, once at start, so
 `adapter.tls.self_signed_in_child` runs `python -m adapter.selfsigned` and reads the pair back; tests and
 tools call `self_signed` directly.
 

@@ -4,11 +4,11 @@ Why: kube-aggregator only speaks HTTPS to aggregated API servers, and the front-
 client certificate on that same connection. Like k8s.io/apiserver's `MaybeDefaultWithSelfSignedCerts`, a
 missing certificate is generated in memory (ECDSA P-256, valid for localhost, 127.0.0.1 and the given names)
 so an APIService with `insecureSkipTLSVerify` works out of the box. Client certificates are optional at the
-TLS layer (probes and token callers have none); which CA signed one is checked in `adapter.auth`.
-Every serving context — the first and each one a certificate rotation builds (`adapter.certreload`) — comes
-from `context_for`, so they agree on protocol versions and client-certificate verification. Certificates are
-read with `adapter.x509lite` and generated in a child process (`adapter.selfsigned`): the serving process
-does not import `cryptography`.
+TLS layer (probes and token callers have none); which CA signed one is checked in `adapter.auth`. Every
+serving context — the first and each one a certificate rotation builds (`gpuwarden.certreload`) — comes from
+`context_for` (gpuwarden/tlscontext.py, shared with the controller's extender port), so they agree on protocol
+versions and client-certificate verification. Certificates are read with `gpuwarden.x509lite` and generated in
+a child process (`adapter.selfsigned`): the serving process does not import `cryptography`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,22 @@ import os
 import ssl
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from adapter import x509lite
-from adapter.x509lite import Certificate
+from gpuwarden import x509lite
+from gpuwarden.tlscontext import context_for, load_pair
+from gpuwarden.x509lite import Certificate
+
+__all__ = [
+    "context_for",
+    "load_certificates",
+    "load_pair",
+    "self_signed",
+    "self_signed_in_child",
+    "server_context",
+]
 
 
 def self_signed(
@@ -60,40 +69,6 @@ def self_signed_in_child(names: Sequence[str] = ("localhost",), days: int = 365)
 def load_certificates(pem: bytes) -> list[Certificate]:
     """Every certificate in a PEM bundle (`ValueError` if one is malformed or there is none)."""
     return x509lite.load_pem(pem)
-
-
-def load_pair(
-    ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes, password: Callable[[], bytes] | None = None
-) -> None:
-    """`ctx.load_cert_chain` from bytes, via a private temporary directory (OpenSSL wants files)."""
-    with tempfile.TemporaryDirectory(prefix="gpuwarden-tls-") as tmp:
-        cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-        cert_path.write_bytes(cert_pem)
-        key_path.touch(mode=0o600)
-        key_path.write_bytes(key_pem)
-        ctx.load_cert_chain(cert_path, key_path, password=password)
-
-
-def context_for(
-    cert_pem: bytes,
-    key_pem: bytes,
-    *,
-    min_version: str = "TLSv1.2",
-    client_cas: Sequence[Certificate] = (),
-) -> ssl.SSLContext:
-    """A new server SSLContext serving exactly this pair.
-
-    `client_cas` are offered for optional client-certificate verification. Raises `ssl.SSLError` (or
-    `OSError`) when OpenSSL refuses the pair or a CA.
-    """
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
-    load_pair(ctx, cert_pem, key_pem)
-    if client_cas:
-        bundle = "".join(c.pem() for c in client_cas)
-        ctx.load_verify_locations(cadata=bundle)
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
 
 
 def server_context(

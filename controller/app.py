@@ -445,7 +445,7 @@ async def _serve(
     )
     await runner.setup()
     ext = config.extender
-    tls = _tls_context(config)
+    tls = _tls_context(config) if extender is None or extender.tls is None else None  # else the extender's
     if extender is not None:
         site = extender.site(runner, ext.bind_address, ext.port, ssl_context=tls, lean=ext.lean_http)
     else:

@@ -167,8 +167,14 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_FAILED
     from controller.app import run_controller
+    from gpuwarden.config.report import format_problems
+    from gpuwarden.errors import ConfigError
 
-    return _run_until_signal(lambda: run_controller(config, dry_run=True if args.dry_run else None))
+    try:
+        return _run_until_signal(lambda: run_controller(config, dry_run=True if args.dry_run else None))
+    except ConfigError as exc:  # a file the config names, found unusable at start (extender.tls)
+        print(format_problems(exc.problems, str(args.config or "(defaults)")), file=sys.stderr, end="")
+        return EXIT_FAILED
 
 
 def _cmd_node_agent(args: argparse.Namespace) -> int:

@@ -10,7 +10,12 @@ request waits more than a slice.
 What it must not do: decode anything differently from `json.loads(content, object_hook=sample_hook)` - an
 answer not shaped as Prometheus writes an instant vector (`{"status":"success","data":{"resultType":
 "vector","result":[` first, as Prometheus' encoder orders the fields), or a small one, is decoded whole;
-malformed JSON raises `ValueError` as `json.loads` does.
+malformed JSON raises `ValueError` as `json.loads` does. Held to that by a differential fuzz test
+(tests/unit/test_fuzz_promjson.py); where they could part, the sliced path steps aside: the bytes are read
+as `json.loads` reads them (UTF-8 with surrogates passed through), and a tail that repeats a key (a second
+`result` or `data` after the items, which would replace them) is decoded whole. Where `json.loads` raises
+something that is not a `ValueError` (a `RecursionError` on deep nesting), this raises `TooDeep`, a
+`ValueError`, so the caller's error mapping sees a refusal like any other malformed answer.
 """
 
 from __future__ import annotations
@@ -34,6 +39,24 @@ _SPACES = frozenset(" \t\n\r")
 _DECODER = json.JSONDecoder(object_hook=sample_hook)
 
 
+class TooDeep(ValueError):
+    """The JSON nests deeper than the decoder's recursion allows (`json.loads` raises `RecursionError`)."""
+
+
+class _RepeatedKey(Exception):
+    """A repeated key in the tail after the vector's items: decode the whole answer instead."""
+
+
+def _unique_then_hook(pairs: list[tuple[str, Any]]) -> Any:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _RepeatedKey
+    return sample_hook(obj)
+
+
+_TAIL_DECODER = json.JSONDecoder(object_pairs_hook=_unique_then_hook)
+
+
 def _skip_space(text: str, pos: int) -> int:
     match = _SPACE.match(text, pos)
     return match.end() if match is not None else pos
@@ -46,10 +69,19 @@ def sliceable(content: bytes, large: int = LARGE_BYTES) -> bool:
 
 async def loads(content: bytes, *, large: int = LARGE_BYTES, slice_items: int = SLICE_ITEMS) -> Any:
     """`json.loads(content, object_hook=sample_hook)`, yielding to the event loop between slices of a large
-    vector's items."""
-    if not sliceable(content, large):
-        return json.loads(content, object_hook=sample_hook)
-    text = content.decode()  # UnicodeDecodeError is a ValueError, as from json.loads
+    vector's items; `TooDeep` where it would raise `RecursionError`."""
+    try:
+        if not sliceable(content, large):
+            return json.loads(content, object_hook=sample_hook)
+        return await _sliced(content, slice_items)
+    except RecursionError:
+        raise TooDeep("JSON nested too deeply") from None
+
+
+async def _sliced(content: bytes, slice_items: int) -> Any:
+    # as json.loads reads bytes (the head is ASCII, so UTF-8): surrogates pass, other bad bytes are a
+    # UnicodeDecodeError, a ValueError
+    text = content.decode("utf-8", "surrogatepass")
     items: list[Any] = []
     append, decode = items.append, _DECODER.raw_decode
     pos = _skip_space(text, len(VECTOR_HEAD))
@@ -72,6 +104,12 @@ async def loads(content: bytes, *, large: int = LARGE_BYTES, slice_items: int = 
                 pos = _skip_space(text, pos)
             if len(items) % slice_items == 0:
                 await asyncio.sleep(0)
-    body = json.loads(VECTOR_HEAD + "]" + text[pos:], object_hook=sample_hook)
+    tail = VECTOR_HEAD + "]" + text[pos:]
+    try:
+        body, end = _TAIL_DECODER.raw_decode(tail)
+    except _RepeatedKey:  # a later key may replace the items (json.loads keeps the last): decode it whole
+        return json.loads(content, object_hook=sample_hook)
+    if tail[end:].strip(" \t\n\r"):
+        raise json.JSONDecodeError("Extra data", tail, end)
     body["data"]["result"] = items
     return body

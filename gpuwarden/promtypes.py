@@ -117,7 +117,10 @@ def parse_value(raw: object) -> float:
 def _timestamp(raw: object) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise ResponseShapeError(f"timestamp must be a number, got {type(raw).__name__}")
-    return float(raw)
+    try:
+        return float(raw)
+    except OverflowError:  # an integer beyond a float's range
+        raise ResponseShapeError("timestamp out of range") from None
 
 
 def _labels(raw: object) -> dict[str, str]:

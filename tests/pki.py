@@ -65,8 +65,9 @@ class CA:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, common_name: str, *, server: bool) -> tuple[bytes, bytes]:
-        """(certificate PEM, key PEM); server certificates are valid for localhost and 127.0.0.1."""
+    def issue(self, common_name: str, *, server: bool, client_too: bool = False) -> tuple[bytes, bytes]:
+        """(certificate PEM, key PEM); server certificates are valid for localhost and 127.0.0.1 (and, with
+        `client_too`, for client authentication as well: a replica presenting its serving pair)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -80,7 +81,9 @@ class CA:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                    if server and client_too
+                    else [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
                 ),
                 critical=False,
             )

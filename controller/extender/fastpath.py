@@ -17,8 +17,10 @@ a JSON answer - so this protocol answers exactly those and nothing else:
   from that request on, to aiohttp's own protocol, which then serves it as if it had accepted it (the
   probes, `/metrics`, and every error answer aiohttp gives).
 
-TLS is below it (asyncio's SSL transport), so both paths serve HTTPS alike. `extender.lean_http: false`
-serves everything through aiohttp. It must not decide anything: the replies are `server.py`'s.
+TLS is below it (asyncio's SSL transport), so both paths serve HTTPS alike; with client certificates
+required (`peerauth.py`), a connection whose peer presented none is aiohttp's from the start.
+`extender.lean_http: false` serves everything through aiohttp. It must not decide anything: the replies
+are `server.py`'s.
 """
 
 from __future__ import annotations
@@ -127,11 +129,15 @@ class LeanVerbs:
         fallback: Callable[[], asyncio.BaseProtocol],
         max_body_bytes: int,
         idle_seconds: float = IDLE_SECONDS,
+        admit: Callable[[asyncio.BaseTransport], bool] | None = None,
     ) -> None:
         self.routes = dict(routes)
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
         self.idle_seconds = idle_seconds
+        self.admit = admit
+        """Whether a new connection may be answered here at all (`peerauth.lean_admits`: only a peer with a
+        verified client certificate); one it does not admit is aiohttp's from its first byte."""
         self.connections: set[LeanConnection] = set()
         self.handed_off = 0
         """Connections given to aiohttp (for tests and the curious)."""
@@ -164,6 +170,8 @@ class LeanConnection(asyncio.Protocol):
         self._transport = transport
         self._owner.connections.add(self)
         self._arm_idle()
+        if self._owner.admit is not None and not self._owner.admit(transport):
+            self._hand_off()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # An answer being computed is not cancelled (a bind goes on, as aiohttp lets a handler finish).
@@ -275,11 +283,13 @@ class LeanSite(web.TCPSite):
         max_body_bytes: int,
         ssl_context: ssl.SSLContext | None = None,
         idle_seconds: float = IDLE_SECONDS,
+        admit: Callable[[asyncio.BaseTransport], bool] | None = None,
     ) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context)
         self._lean_routes = routes
         self._max_body = max_body_bytes
         self._idle = idle_seconds
+        self._admit = admit
         self.lean: LeanVerbs | None = None
 
     async def start(self) -> None:
@@ -287,7 +297,7 @@ class LeanSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
-        self.lean = LeanVerbs(self._lean_routes, server, self._max_body, self._idle)
+        self.lean = LeanVerbs(self._lean_routes, server, self._max_body, self._idle, self._admit)
         self._server = await asyncio.get_running_loop().create_server(
             self.lean,
             self._host,

@@ -17,7 +17,6 @@ import logging
 import os
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 
 import aiohttp
 
@@ -42,16 +41,6 @@ def advertised_url(cfg: ExtenderConfig, environ: dict[str, str] | None = None) -
     return f"{scheme}://{host}:{cfg.port}{cfg.path_prefix}"
 
 
-def peer_ssl(cert_file: Path | None) -> ssl.SSLContext | None:
-    """TLS towards another replica: it serves the same certificate (one Secret for the Deployment), so that
-    certificate is the trust anchor; replicas are reached by pod IP, so no host name is checked."""
-    if cert_file is None:
-        return None
-    context = ssl.create_default_context(cafile=str(cert_file))
-    context.check_hostname = False
-    return context
-
-
 class Forwarder:
     """Passes a bind to the binder at `binder_url()` ("" when no replica holds the Lease)."""
 
@@ -61,12 +50,14 @@ class Forwarder:
         *,
         own_url: str,
         timeout: float,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
+        """`ssl_context`: the client context, or where to get the current one on every forward (it follows
+        certificate rotation: `tlsport.ExtenderTls.client_context`); None: the system's defaults."""
         self._binder_url = binder_url
         self._own_url = own_url
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -85,7 +76,7 @@ class Forwarder:
                 url + FORWARDED_SUFFIX,
                 data=args.to_json(),
                 headers={"Content-Type": "application/json"},
-                ssl=self._ssl,
+                ssl=self._client_ssl(),
             ) as response:
                 body = await response.read()
                 if response.status != 200:
@@ -98,6 +89,11 @@ class Forwarder:
             log.warning("forwarding bind failed", extra={"pod": pod, "binder": url, "error": str(exc)})
             reason = str(exc) or type(exc).__name__
             return ExtenderBindingResult(error=f"forwarding bind of {pod} to the binder at {url}: {reason}")
+
+    def _client_ssl(self) -> ssl.SSLContext | bool:
+        if self._ssl is None:
+            return True
+        return self._ssl if isinstance(self._ssl, ssl.SSLContext) else self._ssl()
 
     async def close(self) -> None:
         if self._session is not None:

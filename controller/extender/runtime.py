@@ -28,8 +28,9 @@ from controller.extender.answers import warm
 from controller.extender.bind import AlwaysSole, Binder, KubePodApi, SoleBinder
 from controller.extender.events import BindEvents
 from controller.extender.fastpath import LeanSite
-from controller.extender.forward import Forwarder, advertised_url, peer_ssl
+from controller.extender.forward import Forwarder, advertised_url
 from controller.extender.metrics import extender_metrics, register_model_collectors
+from controller.extender.peerauth import certificate_check, lean_admits
 from controller.extender.server import (
     ExtenderService,
     PreemptHook,
@@ -37,6 +38,7 @@ from controller.extender.server import (
     passthrough_preemption,
     verb_replies,
 )
+from controller.extender.tlsport import ExtenderTls, extender_tls, tls_metrics
 from controller.gpus.feed import ErrorTrends, GpuModel, ModelFeed, build_gpu_model
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.extender import ExtenderConfig
@@ -72,9 +74,14 @@ class Extender:
     """Freeze the long-lived cache (and the warmed answers) out of gen-2 GC scans once warmed (feed.py)."""
     owns_model: bool = True
     """`run` runs the model's feed and error trends; False when the controller runs a shared `GpuModel`."""
+    tls: ExtenderTls | None = None
+    """`extender.tls` with a certificate: the listener's context, kept current by `run`."""
 
     def mount(self, app: web.Application) -> None:
+        """The routes, and with client certificates required the check every request passes first."""
         add_extender_routes(app, self.service, self.prefix)
+        if self.tls is not None and self.tls.required:
+            app.middlewares.append(certificate_check(self.prefix, self.tls.metrics.refusals))
 
     def site(
         self,
@@ -86,7 +93,10 @@ class Extender:
         lean: bool = True,
     ) -> web.TCPSite:
         """The listener of `runner`'s app (on which `mount` put the routes): with `lean`, the scheduler's
-        requests are answered on the lean HTTP path (`fastpath.py`), everything else by aiohttp."""
+        requests are answered on the lean HTTP path (`fastpath.py`), everything else by aiohttp. TLS: the
+        extender's own (`tls`, rotated) when it has one, else `ssl_context`."""
+        if self.tls is not None:
+            ssl_context = self.tls.context
         if not lean:
             return web.TCPSite(runner, host, port, ssl_context=ssl_context)
         return LeanSite(
@@ -96,6 +106,7 @@ class Extender:
             routes=verb_replies(self.service, self.prefix),
             max_body_bytes=self.service.max_body_bytes,
             ssl_context=ssl_context,
+            admit=lean_admits if self.tls is not None and self.tls.required else None,
         )
 
     def ready(self) -> bool:
@@ -151,6 +162,8 @@ class Extender:
                     group.create_task(self.trends.run(), name="extender-error-trends")
                 if self.events is not None:
                     group.create_task(self.events.run(), name="extender-events")
+                if self.tls is not None:
+                    group.create_task(self.tls.run(), name="extender-certificates")
         except BaseExceptionGroup as failed:  # the first failure; the rest are usually its consequences
             raise failed.exceptions[0] from failed
         finally:
@@ -180,7 +193,7 @@ def binder_advertisement(cfg: ExtenderConfig) -> dict[str, str]:
 
 
 def _sole_binding(
-    cfg: ExtenderConfig, elector: LeaderElector | None
+    cfg: ExtenderConfig, elector: LeaderElector | None, tls: ExtenderTls | None
 ) -> tuple[SoleBinder | None, Forwarder | None]:
     """The leader bind protocol's parts: who may bind here (the fenced Lease holder; without an election,
     this one replica) and where a follower forwards bind to. (None, None) under the claim protocol."""
@@ -196,7 +209,7 @@ def _sole_binding(
         binder_url,
         own_url=advertised_url(cfg),
         timeout=cfg.forward_timeout_seconds,
-        ssl_context=peer_ssl(cfg.tls.cert_file),
+        ssl_context=tls.client_context if tls is not None else None,  # plain HTTP without a pair
     )
     return elector, forwarder
 
@@ -244,7 +257,8 @@ def build_extender(
         events=events,
         fleet=gpus.settings,
     )
-    sole, forwarder = _sole_binding(cfg, elector)
+    tls = extender_tls(cfg.tls, tls_metrics(registry))
+    sole, forwarder = _sole_binding(cfg, elector, tls)
     service.binder = Binder(
         KubePodApi(kube),
         model,
@@ -271,4 +285,5 @@ def build_extender(
         events,
         warm_gpu_counts=tuple(cfg.warm_gpu_counts),
         owns_model=owns_model,
+        tls=tls,
     )

@@ -15,11 +15,17 @@ every decoded field (tests/unit/test_podproto.py, and the e2e comparison against
 field a reader starts to read must be added here and in podpb/pod.proto: tests/unit/test_podproto.py
 records the paths each reader reads and fails on one this module does not decode.
 
-It must not interpret anything (that is the readers' job). Pure: no I/O.
+A string that is not UTF-8 (the API server stores what a protobuf client sent; its JSON writes each
+invalid byte as U+FFFD) is written as its JSON would be, so one odd annotation cannot make the pod
+unreadable - and the watch with it. Found by tests/unit/test_fuzz_podproto.py, which mutates pods' bytes.
+
+It must not interpret anything (that is the readers' job), nor raise anything but `PodDecodeError` on
+bytes it cannot read. Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import codecs
 import time
 from typing import Any
 
@@ -40,6 +46,33 @@ class PodDecodeError(ValueError):
     """The bytes are not a v1.Pod message."""
 
 
+def _go_json_replace(error: UnicodeError) -> tuple[str, int]:
+    assert isinstance(error, UnicodeDecodeError)
+    return "\ufffd" * (error.end - error.start), error.end  # one per byte, as Go's utf8.DecodeRune steps
+
+
+codecs.register_error("gpuwarden-go-json", _go_json_replace)
+
+
+def _text(value: str | bytes) -> str:
+    """A string field as the API server's JSON writes it: the protobuf runtime hands a string that is not
+    UTF-8 over as bytes (proto2 does not check), and Go's encoding/json writes each invalid byte as U+FFFD."""
+    if type(value) is str:
+        return value
+    assert isinstance(value, bytes)
+    return value.decode("utf-8", "gpuwarden-go-json")
+
+
+def _strings(value: Any) -> dict[str, str]:
+    """A map<string, string> field as JSON writes it (values as `_text`; a key that is not UTF-8 raises
+    `UnicodeDecodeError` in the runtime: keys are validated names, so such a pod is refused)."""
+    out = dict(value)
+    for text in out.values():
+        if type(text) is not str:
+            return {k: _text(v) for k, v in out.items()}
+    return out
+
+
 def _time(value: Time) -> str | None:
     """As metav1.Time marshals to JSON: RFC 3339 in UTC to the second; the zero Time (an empty message on
     the wire) as null."""
@@ -51,41 +84,43 @@ def _time(value: Time) -> str | None:
 def _resources(value: ResourceRequirements) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if value.limits:
-        out["limits"] = {name: quantity.string for name, quantity in value.limits.items()}
+        out["limits"] = {name: _text(quantity.string) for name, quantity in value.limits.items()}
     if value.requests:
-        out["requests"] = {name: quantity.string for name, quantity in value.requests.items()}
+        out["requests"] = {name: _text(quantity.string) for name, quantity in value.requests.items()}
     return out
 
 
 def _container(value: Container) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": value.name}
+    out: dict[str, Any] = {"name": _text(value.name)}
     if value.HasField("resources"):
         out["resources"] = _resources(value.resources)
     if value.restartPolicy:
-        out["restartPolicy"] = value.restartPolicy
+        out["restartPolicy"] = _text(value.restartPolicy)
     return out
 
 
 def _metadata(m: ObjectMeta) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        name: value for name in ("name", "namespace", "uid", "resourceVersion") if (value := getattr(m, name))
+        name: _text(value)
+        for name in ("name", "namespace", "uid", "resourceVersion")
+        if (value := getattr(m, name))
     }
     if m.HasField("creationTimestamp") and m.creationTimestamp.seconds:  # `omitzero` in JSON
         meta["creationTimestamp"] = _time(m.creationTimestamp)
     if m.HasField("deletionTimestamp"):
         meta["deletionTimestamp"] = _time(m.deletionTimestamp)
     if m.labels:
-        meta["labels"] = dict(m.labels)
+        meta["labels"] = _strings(m.labels)
     if m.annotations:
-        meta["annotations"] = dict(m.annotations)
+        meta["annotations"] = _strings(m.annotations)
     if m.ownerReferences:
         owners = []
         for ref in m.ownerReferences:
             owner: dict[str, Any] = {
-                "apiVersion": ref.apiVersion,
-                "kind": ref.kind,
-                "name": ref.name,
-                "uid": ref.uid,
+                "apiVersion": _text(ref.apiVersion),
+                "kind": _text(ref.kind),
+                "name": _text(ref.name),
+                "uid": _text(ref.uid),
             }
             if ref.HasField("controller"):
                 owner["controller"] = ref.controller
@@ -101,16 +136,18 @@ def _spec(s: PodSpec) -> dict[str, Any]:
     if s.initContainers:
         spec["initContainers"] = [_container(c) for c in s.initContainers]
     if s.nodeName:
-        spec["nodeName"] = s.nodeName
+        spec["nodeName"] = _text(s.nodeName)
     if s.HasField("priority"):
         spec["priority"] = s.priority
     if s.nodeSelector:
-        spec["nodeSelector"] = dict(s.nodeSelector)
+        spec["nodeSelector"] = _strings(s.nodeSelector)
     if s.tolerations:
         tolerations = []
         for t in s.tolerations:
             toleration: dict[str, Any] = {
-                name: value for name in ("key", "operator", "value", "effect") if (value := getattr(t, name))
+                name: _text(value)
+                for name in ("key", "operator", "value", "effect")
+                if (value := getattr(t, name))
             }
             if t.HasField("tolerationSeconds"):
                 toleration["tolerationSeconds"] = t.tolerationSeconds
@@ -119,11 +156,11 @@ def _spec(s: PodSpec) -> dict[str, Any]:
     if s.resourceClaims:
         claims = []
         for c in s.resourceClaims:
-            claim: dict[str, Any] = {"name": c.name}
+            claim: dict[str, Any] = {"name": _text(c.name)}
             if c.HasField("resourceClaimName"):
-                claim["resourceClaimName"] = c.resourceClaimName
+                claim["resourceClaimName"] = _text(c.resourceClaimName)
             if c.HasField("resourceClaimTemplateName"):
-                claim["resourceClaimTemplateName"] = c.resourceClaimTemplateName
+                claim["resourceClaimTemplateName"] = _text(c.resourceClaimTemplateName)
             claims.append(claim)
         spec["resourceClaims"] = claims
     return spec
@@ -132,37 +169,37 @@ def _spec(s: PodSpec) -> dict[str, Any]:
 def _status(st: PodStatus) -> dict[str, Any]:
     status: dict[str, Any] = {}
     if st.phase:
-        status["phase"] = st.phase
+        status["phase"] = _text(st.phase)
     if st.conditions:
         conditions = []
         for c in st.conditions:
             # type and status are always in JSON, lastTransitionTime too (a zero Time as null)
             condition: dict[str, Any] = {
-                "type": c.type,
-                "status": c.status,
+                "type": _text(c.type),
+                "status": _text(c.status),
                 "lastTransitionTime": _time(c.lastTransitionTime),
             }
             if c.reason:
-                condition["reason"] = c.reason
+                condition["reason"] = _text(c.reason)
             if c.message:
-                condition["message"] = c.message
+                condition["message"] = _text(c.message)
             conditions.append(condition)
         status["conditions"] = conditions
     if st.HasField("startTime"):
         status["startTime"] = _time(st.startTime)
     if st.nominatedNodeName:
-        status["nominatedNodeName"] = st.nominatedNodeName
+        status["nominatedNodeName"] = _text(st.nominatedNodeName)
     if st.resourceClaimStatuses:
         statuses = []
         for c in st.resourceClaimStatuses:
-            claim: dict[str, Any] = {"name": c.name}
+            claim: dict[str, Any] = {"name": _text(c.name)}
             if c.HasField("resourceClaimName"):
-                claim["resourceClaimName"] = c.resourceClaimName
+                claim["resourceClaimName"] = _text(c.resourceClaimName)
             statuses.append(claim)
         status["resourceClaimStatuses"] = statuses
     if st.HasField("extendedResourceClaimStatus"):
         status["extendedResourceClaimStatus"] = {
-            "resourceClaimName": st.extendedResourceClaimStatus.resourceClaimName
+            "resourceClaimName": _text(st.extendedResourceClaimStatus.resourceClaimName)
         }
     return status
 
@@ -177,11 +214,13 @@ def pod_object(raw: bytes) -> dict[str, Any]:
     pod = Pod()
     try:
         pod.ParseFromString(raw)
+        obj: dict[str, Any] = {"metadata": _metadata(pod.metadata)}
+        if pod.HasField("spec"):
+            obj["spec"] = _spec(pod.spec)
+        if pod.HasField("status"):
+            obj["status"] = _status(pod.status)
     except DecodeError as exc:
         raise PodDecodeError(f"not a v1.Pod message: {exc}") from None
-    obj: dict[str, Any] = {"metadata": _metadata(pod.metadata)}
-    if pod.HasField("spec"):
-        obj["spec"] = _spec(pod.spec)
-    if pod.HasField("status"):
-        obj["status"] = _status(pod.status)
+    except UnicodeDecodeError as exc:  # a map key that is not UTF-8 (the runtime decodes keys when iterated)
+        raise PodDecodeError(f"a v1.Pod string that is not UTF-8: {exc}") from None
     return obj

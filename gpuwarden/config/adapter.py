@@ -153,11 +153,14 @@ class Authentication(Section):
     requestheader_allowed_names: list[str] | None = Field(
         default=None,
         description="Common names allowed to assert a user via headers. null: from the same ConfigMap "
-        "(usually ['front-proxy-client']); an empty list allows any name signed by the CA.",
+        "(usually ['front-proxy-client']); an empty list allows any name signed by the CA. A certificate "
+        "whose subject has other than one CN matches no name.",
     )
     client_ca_file: Path | None = Field(
         default=None,
-        description="CA for ordinary client certificates. null: client-ca-file from the same ConfigMap. "
+        description="CA for ordinary client certificates (CN = the user, O = the groups; a subject with "
+        "no CN or several names nobody: Kubernetes takes the last CN and other readers the first, so such "
+        "a certificate is refused rather than read one way). null: client-ca-file from the same ConfigMap. "
         "Reloaded from the file or the ConfigMap like requestheader_client_ca_file.",
     )
     token_review: bool = Field(

@@ -19,21 +19,56 @@ TopologyPolicy = Literal["single-numa", "prefer-numa", "single-pcie", "none"]
 
 
 class ExtenderTLS(Section):
-    """HTTPS for the webhook. Without a certificate it serves plain HTTP (kube-scheduler's default)."""
+    """HTTPS for the webhook, and who may call its verbs. Without a certificate it serves plain HTTP
+    (kube-scheduler's default); with `client_ca_file` the verbs need a client certificate signed by it
+    (kube-scheduler's extender `tlsConfig.certFile`/`keyFile`), while the probes and /metrics on the same
+    port answer without one."""
 
     cert_file: Path | None = Field(
         default=None,
         description="PEM serving certificate. null: plain HTTP, for a scheduler on the same pod network "
-        "(set enableHTTPS: false in the scheduler's extender config).",
+        "(set enableHTTPS: false in the scheduler's extender config). With client_ca_file it is also this "
+        "replica's client certificate when it forwards bind to the binder (leader bind protocol): issue it "
+        "for server and client auth. Re-read every reload_interval_seconds: a rotated pair is served to new "
+        "connections without a restart.",
     )
     key_file: Path | None = Field(default=None, description="PEM private key of cert_file.")
+    client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM bundle of the CAs whose client certificates may call the verbs (filter, "
+        "prioritize, preempt, bind, and bind/forwarded between replicas): kube-scheduler's extender "
+        "tlsConfig certFile/keyFile must be issued by one of them. Asked for in the TLS handshake but not "
+        "required there (the kubelet's probes and Prometheus present none); a certificate presented must "
+        "verify. Re-read with the pair. null: no client authentication - anyone who can reach the port can "
+        "call bind; keep the NetworkPolicy of deploy/ then.",
+    )
+    require_client_certificate: bool = Field(
+        default=True,
+        description="With client_ca_file: the verbs answer 403 to a caller without a verified client "
+        "certificate. false: a certificate is checked when presented but not needed - a step for rolling "
+        "certificates out to the scheduler before requiring them. Without client_ca_file it has no effect.",
+    )
+    reload_interval_seconds: Seconds = Field(
+        default=10.0,
+        description="Seconds between looks at cert_file, key_file and client_ca_file for a rotation "
+        "(cert-manager and the kubelet rewrite mounted Secrets in place). 10, as the adapter.",
+    )
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> ExtenderTLS:
         if (self.cert_file is None) != (self.key_file is None):
             missing = "key_file" if self.key_file is None else "cert_file"
             raise FieldError(missing, "cert_file and key_file must be set together (or both left null)")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise FieldError(
+                "client_ca_file",
+                "client certificates are asked for in the TLS handshake: set cert_file and key_file too",
+            )
         return self
+
+    def client_auth_required(self) -> bool:
+        """Whether the verbs need a verified client certificate."""
+        return self.client_ca_file is not None and self.require_client_certificate
 
 
 class Scoring(Section):

@@ -36,7 +36,15 @@ ACCEPT = f"{PROTOBUF}, application/json"
 WATCH_CONTENT_TYPE = f"{PROTOBUF};stream=watch"
 
 ObjectDecoder = Callable[[bytes], dict[str, Any]]
-"""An object's message bytes (the envelope's `raw`) → the JSON-shaped dict its reader needs."""
+"""An object's message bytes (the envelope's `raw`) → the JSON-shaped dict its reader needs; `ValueError`
+for bytes that are not such an object (a `KubeError` for the caller, as any other invalid answer)."""
+
+
+def _decoded(decode: ObjectDecoder, raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        return decode(raw)
+    except ValueError as exc:
+        raise KubeError(f"{where}: {exc}") from None
 
 
 def is_protobuf(body: bytes) -> bool:
@@ -106,7 +114,7 @@ def decode_list(body: bytes, decode: ObjectDecoder, api_version: str, kind: str)
     )
     items = []
     for raw in listed.items:
-        item = decode(raw)
+        item = _decoded(decode, raw, "API server listed an object that cannot be decoded")
         item["apiVersion"], item["kind"] = api_version, kind
         items.append(item)
     meta = {"resourceVersion": listed.metadata.resourceVersion}
@@ -125,28 +133,37 @@ def watch_event(frame: bytes, decode: ObjectDecoder) -> dict[str, Any]:
     if envelope.typeMeta.kind == "Status":
         obj = status_object(envelope.raw)
     else:
-        obj = decode(envelope.raw)
+        obj = _decoded(decode, envelope.raw, "watch stream carried an object that cannot be decoded")
         obj["apiVersion"], obj["kind"] = envelope.typeMeta.apiVersion, envelope.typeMeta.kind
     return {"type": event.type, "object": obj}
 
 
 _LENGTH = struct.Struct(">I")
+MAX_FRAME_BYTES = 16 << 20
+"""The largest watch frame taken, as client-go's streaming decoder (`maxBytes`, 16 MiB): a length above
+it is refused as soon as it is read, before its bytes are buffered (a length field may ask for 4 GiB)."""
 
 
 class Frames:
     """Splits a length-delimited stream (4-byte big-endian length, then that many bytes) into frames, fed
-    with the chunks as they arrive."""
+    with the chunks as they arrive; a frame longer than `max_bytes` is a `KubeError`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buffer = bytearray()
+        self._max = max_bytes
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        """The frames completed by `chunk`, in order."""
+        """The frames completed by `chunk`, in order; `KubeError` at a frame over the limit (once the
+        frames before it have been returned)."""
         self._buffer += chunk
         frames: list[bytes] = []
         start, end = 0, len(self._buffer)
         while end - start >= 4:
             (length,) = _LENGTH.unpack_from(self._buffer, start)
+            if length > self._max:
+                if frames:  # hand out the frames before it first; the next call refuses it
+                    break
+                raise KubeError(f"watch stream frame of {length} bytes is over the {self._max}-byte limit")
             if end - start - 4 < length:
                 break
             frames.append(bytes(self._buffer[start + 4 : start + 4 + length]))

@@ -219,9 +219,17 @@ class AsyncWatchStream:
                 if not chunk:
                     self._eof = True
                     if self._frames.pending:
+                        try:
+                            self._frames.feed(b"")  # a frame over the limit is the error to report
+                        except KubeError as exc:
+                            raise await self._fail(exc) from None
                         raise await self._fail(KubeError("watch stream ended inside a protobuf frame"))
                     continue
-                self._ready.extend(reversed(self._frames.feed(chunk)))  # popped from the end
+                try:
+                    frames = self._frames.feed(chunk)
+                except KubeError as exc:  # a frame over the limit: the stream cannot be followed further
+                    raise await self._fail(exc) from None
+                self._ready.extend(reversed(frames))  # popped from the end
                 continue
             if not chunk:
                 self._eof = True

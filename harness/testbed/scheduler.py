@@ -9,7 +9,7 @@ seconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,9 @@ class ExtenderSpec:
     ignored_by_scheduler: bool = False
     """Whether the in-tree NodeResourcesFit plugin ignores ``managed_resources`` (extender-only resources)."""
     enable_https: bool = False
+    tls_config: Mapping[str, Any] | None = None
+    """``tlsConfig`` (``caFile``, ``certFile``, ``keyFile``, ...): the CA the scheduler trusts for the
+    extender's serving certificate and the client certificate it presents."""
 
     def to_dict(self) -> dict[str, Any]:
         """The extender as it appears in the YAML document."""
@@ -45,6 +48,8 @@ class ExtenderSpec:
             "ignorable": self.ignorable,
             "httpTimeout": self.http_timeout,
         }
+        if self.tls_config is not None:
+            doc["tlsConfig"] = dict(self.tls_config)
         for key, verb in (
             ("filterVerb", self.filter_verb),
             ("prioritizeVerb", self.prioritize_verb),

@@ -76,7 +76,14 @@ EQUIVALENT = {
     "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
     "overlays/keda": ["keda.enabled=true"],
     "overlays/leader-bind": ["controller.bindProtocol=leader"],
+    "overlays/extender-mtls": [
+        "scheduler.enabled=true",
+        "controller.extenderTLS.enabled=true",
+        "controller.extenderTLS.secretName=gpuwarden-extender-tls",
+        "controller.extenderTLS.schedulerSecretName=gpuwarden-scheduler-extender",
+    ],
 }
+EXTENDER_MTLS = ["scheduler.enabled=true", "controller.extenderTLS.enabled=true"]
 GPUWARDEN_CONFIGS = {"gpuwarden-config", "gpuwarden-node-agent"}
 # Labels only one side sets: kustomize's managed-by, Helm's release bookkeeping.
 TOOL_LABELS = {
@@ -134,11 +141,14 @@ def normalized(obj: Obj) -> Obj:
 
 
 # ------------------------------------------------------------------------------------------------ lint
-@pytest.mark.parametrize("case", ["defaults", "prometheus-adapter", "all-on"])
+@pytest.mark.parametrize("case", ["defaults", "prometheus-adapter", "all-on", "extender-mtls"])
 def test_helm_lint_is_clean(case: str) -> None:
-    args = {"defaults": [], "prometheus-adapter": ["-f", str(PA_DEFAULTS)], "all-on": values_args(ALL_ON)}[
-        case
-    ]
+    args = {
+        "defaults": [],
+        "prometheus-adapter": ["-f", str(PA_DEFAULTS)],
+        "all-on": values_args(ALL_ON),
+        "extender-mtls": values_args([*ALL_ON, *EXTENDER_MTLS]),
+    }[case]
     done = helm("lint", "--strict", str(CHART), *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 chart(s) failed" in done.stdout
@@ -155,6 +165,34 @@ def test_chart_renders_the_objects_of_the_kustomize_overlay(overlay: str) -> Non
     assert sorted(charted) == sorted(kustomized)
     for key, obj in kustomized.items():
         assert normalized(charted[key]) == normalized(obj), key
+
+
+def test_the_chart_makes_one_ca_for_the_extenders_two_pairs() -> None:
+    """controller.extenderTLS without Secrets of the user's: one CA, the controller's pair for its Service
+    name (server and client auth), the scheduler's client pair; the ServiceMonitor verifies with the CA."""
+    from cryptography import x509
+
+    objects = template([*EXTENDER_MTLS, "monitoring.serviceMonitors.enabled=true"])
+    secrets = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "Secret"}
+    server, client = secrets["gpuwarden-extender-tls"], secrets["gpuwarden-scheduler-extender"]
+    assert server["ca.crt"] == client["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(server["ca.crt"]))
+    for data in (server, client):
+        cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+        cert.verify_directly_issued_by(ca)
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert x509.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    cert = x509.load_pem_x509_certificate(base64.b64decode(server["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gpuwarden-controller.gpuwarden.svc" in names.get_values_for_type(x509.DNSName)
+    monitor = next(
+        o
+        for o in objects
+        if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "gpuwarden-controller"
+    )
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpuwarden-extender-tls", "key": "ca.crt"}
 
 
 def test_chart_copies_of_rules_and_dashboards_are_current() -> None:

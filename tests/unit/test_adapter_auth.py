@@ -23,8 +23,8 @@ from adapter import auth, certjudge, tls
 from adapter.app import Adapter
 from adapter.routing import route
 from adapter.server import AdapterState, Security, build_app
-from adapter.x509lite import Certificate
 from gpuwarden.config.root import Config
+from gpuwarden.x509lite import Certificate
 from harness.localprom import find_free_port
 from harness.testbed.pki import KeyPair, issue, make_ca
 
@@ -130,8 +130,8 @@ class CountingJudge:
         if self.fail:
             raise OSError("the child died")
         front, by_client = certjudge.verdict(cert_der, [c.der for c in rh], [c.der for c in client])
-        common_name, organizations = certjudge.subject(cert_der)
-        return auth.Verdict(front, by_client, common_name, tuple(organizations))
+        common_names, organizations = certjudge.subject(cert_der)
+        return auth.Verdict(front, by_client, tuple(common_names), tuple(organizations))
 
 
 async def test_concurrent_requests_with_one_certificate_wait_for_one_check() -> None:
@@ -145,12 +145,17 @@ async def test_concurrent_requests_with_one_certificate_wait_for_one_check() -> 
     assert all(u is not None and u.name == HPA for u in users)
 
 
-async def test_a_failed_check_counts_as_no_trusted_ca_and_is_not_remembered() -> None:
+async def test_a_failed_check_counts_as_no_trusted_ca_and_is_tried_again_only_after_a_while() -> None:
     judge = CountingJudge(fail=True)
     judge.gate.set()
-    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None, judge)
+    now = [1000.0]
+    authenticator = auth.Authenticator(RH, (cert(CLIENT_CA),), None, judge, clock=lambda: now[0])
     assert await authenticator.authenticate(der(FRONT), HEADERS) is None
     judge.fail = False
+    now[0] += auth.JUDGE_RETRY_SECONDS - 1
+    assert await authenticator.authenticate(der(FRONT), HEADERS) is None  # not a child per request
+    assert judge.calls == 1
+    now[0] += 2
     assert await authenticator.authenticate(der(FRONT), HEADERS) is not None
     assert judge.calls == 2
 

@@ -18,13 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from adapter import auth, tls
 from adapter.app import Adapter
-from adapter.certreload import CaSets, CertificateReloader, Outcome, decide_cas
 from adapter.selfmetrics import new_metrics
 from adapter.server import Security
-from adapter.x509lite import Certificate
+from gpuwarden.certreload import CaSets, CertificateReloader, Outcome, decide_cas
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError
 from gpuwarden.kube import KubeClient
+from gpuwarden.x509lite import Certificate
 from harness.testbed import pki
 from tests.unit.test_adapter_certreload import client_context, handshake, reloads
 
@@ -208,7 +208,7 @@ async def test_an_invalid_ca_file_keeps_the_old_cas(
 ) -> None:
     s = Setup(tmp_path)
     s.rotate(bad)
-    with caplog.at_level(logging.ERROR, logger="adapter.certreload"):
+    with caplog.at_level(logging.ERROR, logger="gpuwarden.certreload"):
         assert s.reloader.poll() is Outcome.INVALID
         assert s.reloader.poll() is Outcome.UNCHANGED  # reported once per content
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -327,7 +327,7 @@ async def test_an_unreadable_configmap_keeps_the_previous_cas(
         fetched.error = KubeError("the server is currently unable to handle the request", status=503)
     else:
         fetched.pem = {}
-    with caplog.at_level(logging.WARNING, logger="adapter.certreload"):
+    with caplog.at_level(logging.WARNING, logger="gpuwarden.certreload"):
         for _ in range(3):
             await s.reloader.fetch()
             assert s.reloader.poll() is Outcome.UNCHANGED
@@ -348,7 +348,7 @@ async def test_invalid_cas_in_the_configmap_are_reported_with_their_source(
     fetched = Fetched()
     s = Setup(tmp_path, fetched)
     fetched.pem["requestheader"] = b"garbage"
-    with caplog.at_level(logging.ERROR, logger="adapter.certreload"):
+    with caplog.at_level(logging.ERROR, logger="gpuwarden.certreload"):
         await s.reloader.fetch()
         assert s.reloader.poll() is Outcome.INVALID
         await s.reloader.fetch()

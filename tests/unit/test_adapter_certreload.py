@@ -24,9 +24,9 @@ from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
 from adapter import tls
-from adapter.certreload import CertificateReloader, Outcome, decide, digest_of
 from adapter.selfmetrics import new_metrics
-from adapter.x509lite import Certificate
+from gpuwarden.certreload import CertificateReloader, Outcome, decide, digest_of
+from gpuwarden.x509lite import Certificate
 from harness.testbed import pki
 
 A = tls.self_signed(["a.test"])
@@ -178,7 +178,7 @@ def test_bad_swaps_keep_the_old_pair_and_are_counted_once(
 ) -> None:
     reloader, files, registry = reloader_for(tmp_path)
     files.write(b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
-    with caplog.at_level(logging.ERROR, logger="adapter.certreload"):
+    with caplog.at_level(logging.ERROR, logger="gpuwarden.certreload"):
         assert reloader.poll() is Outcome.INVALID
         assert reloader.poll() is Outcome.UNCHANGED  # the same bad content is reported once
     assert [r.__dict__["outcome"] for r in caplog.records] == ["invalid"]

@@ -30,6 +30,7 @@ OVERLAYS = (
     "overlays/resource-metrics",
     "overlays/keda",
     "overlays/leader-bind",
+    "overlays/extender-mtls",
 )
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
 Obj = dict[str, Any]

@@ -26,7 +26,15 @@ from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeError, KubeGone, KubeUnreachable
 from gpuwarden.kube import PODS, Informer, KubeClient, ProtobufSource
 from gpuwarden.kube.k8spb.runtime_pb2 import RawList, Status, Unknown, WatchEvent
-from gpuwarden.kube.protobuf import MAGIC, PROTOBUF, Frames, decode_list, status_body, watch_event
+from gpuwarden.kube.protobuf import (
+    MAGIC,
+    MAX_FRAME_BYTES,
+    PROTOBUF,
+    Frames,
+    decode_list,
+    status_body,
+    watch_event,
+)
 from gpuwarden.kube.status import error_from_status
 from gpuwarden.promclient import PrometheusClient
 from tests.unit.test_kube_client import kubeconfig, serving
@@ -85,6 +93,35 @@ def test_frames_are_cut_back_out_of_any_chunking(size: int) -> None:
         out.extend(frames.feed(STREAM[i : i + size]))
     assert out == [f[4:] for f in FRAMES]
     assert frames.pending == 0
+
+
+def test_a_frame_over_16_mib_is_refused_as_soon_as_its_length_is_read() -> None:
+    """client-go's streaming decoder refuses frames over 16 MiB; before the cap a length field alone made
+    the stream buffer up to 4 GiB (issue 44)."""
+    assert Frames().feed(struct.pack(">I", MAX_FRAME_BYTES)) == []  # the limit itself: waited for
+    with pytest.raises(KubeError, match="over the 16777216-byte limit"):
+        Frames().feed(struct.pack(">I", MAX_FRAME_BYTES + 1) + b"x")
+    frames = Frames()  # a good frame, then one over the limit, in one chunk: the good one first
+    assert frames.feed(FRAMES[0] + struct.pack(">I", 0xFFFFFFFF)) == [FRAMES[0][4:]]
+    with pytest.raises(KubeError):
+        frames.feed(b"")
+
+
+def test_an_object_the_decoder_refuses_is_a_kube_error() -> None:
+    """A decoder's `ValueError` (podproto's `PodDecodeError`) escaped the watch stream and the list, which
+    handle `KubeError` only (issue 44)."""
+    raw = Pod().SerializeToString()
+    event = WatchEvent(type="ADDED")
+    event.object.raw = envelope("Pod", raw)
+
+    def refuse(data: bytes) -> dict[str, Any]:
+        raise ValueError("not a pod")
+
+    with pytest.raises(KubeError, match="not a pod"):
+        watch_event(event.SerializeToString(), refuse)
+    listed = RawList(items=[raw])
+    with pytest.raises(KubeError, match="not a pod"):
+        decode_list(envelope("PodList", listed.SerializeToString()), refuse, "v1", "Pod")
 
 
 def test_a_stream_cut_inside_a_frame_leaves_bytes_pending() -> None:
@@ -309,6 +346,22 @@ async def test_a_watch_cut_inside_a_frame_is_an_error(client_for: Callable[[str]
             stream = client.watch(PODS, resource_version="10", protobuf=pod_object)
             assert (await anext(stream))["object"]["metadata"]["name"] == "c"
             with pytest.raises(KubeError, match="inside a protobuf frame"):
+                await anext(stream)
+        finally:
+            await client.aclose()
+
+
+async def test_a_watch_frame_over_the_limit_ends_the_watch_with_an_error(
+    client_for: Callable[[str], KubeClient],
+) -> None:
+    good = frame("ADDED", envelope("Pod", pod_message("c", "11")))
+    api = ProtobufApi([good + struct.pack(">I", MAX_FRAME_BYTES + 1) + b"\0" * 64])
+    async with serving(api.handle) as url:
+        client = client_for(url)
+        try:
+            stream = client.watch(PODS, resource_version="10", protobuf=pod_object)
+            assert (await anext(stream))["object"]["metadata"]["name"] == "c"
+            with pytest.raises(KubeError, match="over the"):
                 await anext(stream)
         finally:
             await client.aclose()

@@ -15,7 +15,7 @@ from controller.gpus.podpb.pod_pb2 import Pod
 from controller.gpus.podproto import PodDecodeError, pod_object
 from gpuwarden.wellknown import GPU_IDS, GPU_RESERVED_UNTIL, IDLE_ACK_UNTIL, IDLE_RECLAIMABLE
 from tests.unit.extender_support import RESOURCE, pod
-from tests.unit.podproto_support import pod_bytes
+from tests.unit.podproto_support import field, pod_bytes
 
 
 def with_init(obj: dict[str, Any], *containers: tuple[int, str | None]) -> dict[str, Any]:
@@ -98,3 +98,30 @@ def test_a_bookmark_is_metadata_only() -> None:
 def test_bytes_that_are_not_a_pod_are_an_error() -> None:
     with pytest.raises(PodDecodeError):
         pod_object(b"\x0a\xff\xff")  # field 1, a length running past the end
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        pytest.param(b"n\xad", "n\ufffd", id="one-invalid-byte"),
+        pytest.param(b"\xe2\x82", "\ufffd\ufffd", id="a-cut-sequence-one-per-byte"),
+        pytest.param(b"\xed\xa0\x80", "\ufffd" * 3, id="a-surrogate"),
+        pytest.param("caf\u00e9".encode(), "caf\u00e9", id="valid"),
+    ],
+)
+def test_a_string_that_is_not_utf8_reads_as_the_api_servers_json_writes_it(raw: bytes, value: str) -> None:
+    """Found by the differential fuzzer (tests/unit/test_fuzz_podproto.py): the protobuf runtime hands a
+    non-UTF-8 string over as bytes (and a map's as `UnicodeDecodeError`); Go's JSON writes U+FFFD per
+    invalid byte (issue 44)."""
+    # Pod.metadata (1): ObjectMeta.name (1) and annotations (12: a map entry of key 1, value 2)
+    message = field(1, field(1, raw) + field(12, field(1, b"note") + field(2, raw)))
+    obj = pod_object(message)
+    assert obj["metadata"]["name"] == value
+    assert obj["metadata"]["annotations"] == {"note": value}
+
+
+def test_a_map_key_that_is_not_utf8_is_a_decode_error() -> None:
+    good = Pod()
+    good.metadata.labels["ab"] = "v"
+    with pytest.raises(PodDecodeError):
+        pod_object(good.SerializeToString().replace(b"ab", b"a\xad"))

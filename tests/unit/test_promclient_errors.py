@@ -25,6 +25,13 @@ from gpuwarden.errors import (
 from tests.unit.test_promclient import BASE, FakeTime, golden, make_client, ok
 
 QUERY = f"{BASE}/api/v1/query"
+DEEP = '{"status":"success","data":' + "[" * 100_000 + "]" * 100_000 + "}"
+"""Nested deeper than `json.loads` recurses: its `RecursionError` escaped the error mapping (issue 44, P1)."""
+OVERFLOW = (
+    '{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1%s,"1"]}]}}'
+    % ("0" * 400)
+)
+"""A timestamp beyond a float's range: its `OverflowError` escaped the error mapping (issue 44, P1)."""
 
 
 @pytest.fixture
@@ -60,11 +67,14 @@ def text(status: int, body: str, **headers: str) -> httpx.Response:
          PrometheusServerError, {}),
         (httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []},
                                    "warnings": "oops"}), PrometheusServerError, {}),
+        (text(200, DEEP), PrometheusServerError, {"status": 200}),
+        (text(200, OVERFLOW), PrometheusServerError, {}),
     ],
     ids=[
         "400-bad-data", "422-execution", "422-victoriametrics", "503-prometheus-timeout", "500-internal",
         "502-html-proxy", "429-retry-after", "503-retry-after-capped", "404-wrong-prefix", "401-auth",
         "200-truncated-json", "200-not-json", "200-no-data", "200-result-not-list", "200-bad-warnings",
+        "200-nested-too-deep", "200-timestamp-overflow",
     ],
 )  # fmt: skip
 async def test_error_mapping(
@@ -194,6 +204,16 @@ async def test_self_metrics_count_every_attempt_by_outcome(router: respx.MockRou
         )
         == 0
     )  # pre-initialised, so rate() sees the first failure
+
+
+async def test_an_answer_nested_too_deep_is_counted_as_a_server_error(router: respx.MockRouter) -> None:
+    registry = CollectorRegistry()
+    router.post(QUERY).mock(return_value=text(200, DEEP))
+    async with make_client(router, registry=registry, retries=0) as prom:
+        with pytest.raises(PrometheusServerError):
+            await prom.query("1")
+    labels = {"endpoint": "query", "outcome": "server_error"}
+    assert registry.get_sample_value("gpuwarden_prometheus_requests_total", labels) == 1
 
 
 def test_two_clients_can_share_a_registry(router: respx.MockRouter) -> None:

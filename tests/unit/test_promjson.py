@@ -33,12 +33,36 @@ def vector(n: int, sep: str = ",", tail: str = "") -> str:
         '{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}',  # not a vector: whole
         '{"data":{"result":[],"resultType":"vector"},"status":"success"}',  # other field order: whole
         '{"status":"error","errorType":"bad_data","error":"parse error"}',
+        # issue 44 (P1): a repeated key after the items replaces them in json.loads
+        promjson.VECTOR_HEAD + ITEM % (1, 1) + '],"result":[]}}',
+        promjson.VECTOR_HEAD + ITEM % (1, 1) + ']},"data":{"resultType":"vector","result":[]}}',
+        promjson.VECTOR_HEAD + ITEM % (1, 1) + ']},"status":"error"}',
+        promjson.VECTOR_HEAD + '{"metric":{},"value":[1%s,"1"]}]}}' % ("0" * 400),  # timestamp overflow
     ],
 )
 def test_decodes_as_json_loads_does(text: str) -> None:
     expected = json.loads(text, object_hook=sample_hook)
     got = asyncio.run(promjson.loads(text.encode(), large=0, slice_items=3))
     assert got == expected
+
+
+def test_surrogate_bytes_decode_as_json_loads_decodes_them() -> None:
+    """json.loads reads bytes with `surrogatepass` (issue 44, P1: the sliced path refused them)."""
+    content = (
+        (promjson.VECTOR_HEAD + '{"metric":{"a":"').encode() + b"\xed\xa0\x80" + b'"},"value":[1,"2"]}]}}'
+    )
+    expected = json.loads(content, object_hook=sample_hook)
+    assert asyncio.run(promjson.loads(content, large=0)) == expected
+
+
+@pytest.mark.parametrize("large", [0, promjson.LARGE_BYTES])
+def test_nesting_too_deep_is_a_value_error(large: int) -> None:
+    """json.loads raises RecursionError, which no caller maps; this raises a ValueError (TooDeep)."""
+    content = (promjson.VECTOR_HEAD + "[" * 100_000 + "]" * 100_000 + "]}}").encode()
+    with pytest.raises(RecursionError):
+        json.loads(content, object_hook=sample_hook)
+    with pytest.raises(promjson.TooDeep):
+        asyncio.run(promjson.loads(content, large=large))
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The adapter's own X.509 reader (adapter/x509lite.py) reads what `cryptography` reads — the subject's CN
+"""The adapter's own X.509 reader (gpuwarden/x509lite.py) reads what `cryptography` reads — the subject's CN
 and O, the issuer and subject names, notAfter, the fingerprint — for ECDSA and RSA leaves, CAs, client
 certificates and every CA of the system bundle; and refuses what is not a certificate. The signature checks
 and the self-signed pair, done in child processes, agree with `cryptography` in this process."""
@@ -16,8 +16,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
-from adapter import auth, certjudge, tls, x509lite
-from adapter.x509lite import Certificate
+from adapter import auth, certjudge, tls
+from gpuwarden import x509lite
+from gpuwarden.x509lite import Certificate
 from harness.testbed import pki
 
 CA = pki.make_ca("front-proxy-ca")
@@ -47,7 +48,8 @@ def test_reads_what_cryptography_reads(pem: bytes) -> None:
     for c, lite in zip(theirs, ours, strict=True):
         names = [str(a.value) for a in c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
         orgs = tuple(str(a.value) for a in c.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
-        assert lite.common_name == (names[0] if names else "")
+        assert lite.common_names == tuple(names)
+        assert lite.common_name == (names[-1] if names else "")  # Go's pkix: the last CN
         assert lite.organizations == orgs
         assert lite.not_after == c.not_valid_after_utc
         assert lite.issuer == c.issuer.public_bytes() and lite.subject == c.subject.public_bytes()
@@ -113,7 +115,7 @@ def test_judge_in_child_checks_signatures_like_cryptography(
     assert certjudge.verdict(der, [c.der for c in rh], [c.der for c in client]) == expected
     lite = x509lite.parse(der)
     assert asyncio.run(auth.judge_in_child(der, rh, client)) == auth.Verdict(
-        *expected, lite.common_name, lite.organizations
+        *expected, lite.common_names, lite.organizations
     )
 
 
@@ -131,18 +133,19 @@ class Judged:
 
 
 @pytest.mark.parametrize(
-    ("common_name", "organizations", "user"),
+    ("common_names", "organizations", "user"),
     [
-        pytest.param("bob", (), auth.UserInfo("bob", ()), id="readers-agree"),
-        pytest.param("mallory", (), None, id="common-name-differs"),
-        pytest.param("bob", ("system:masters",), None, id="organizations-differ"),
+        pytest.param(("bob",), (), auth.UserInfo("bob", ()), id="readers-agree"),
+        pytest.param(("mallory",), (), None, id="common-name-differs"),
+        pytest.param(("bob", "mallory"), (), None, id="common-names-differ"),
+        pytest.param(("bob",), ("system:masters",), None, id="organizations-differ"),
     ],
 )
 def test_an_identity_is_taken_only_when_both_readers_agree(
-    common_name: str, organizations: tuple[str, ...], user: auth.UserInfo | None
+    common_names: tuple[str, ...], organizations: tuple[str, ...], user: auth.UserInfo | None
 ) -> None:
     bob = der_of(pki.issue(OTHER_CA, "bob", client=True).cert_pem)
-    judge = Judged(auth.Verdict(False, True, common_name, organizations))
+    judge = Judged(auth.Verdict(False, True, common_names, organizations))
     authn = auth.Authenticator(None, tuple(x509lite.load_pem(OTHER_CA.cert_pem)), None, judge=judge)
     assert asyncio.run(authn.authenticate(bob, {})) == user
 

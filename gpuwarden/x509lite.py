@@ -1,12 +1,20 @@
-"""What the serving adapter reads from X.509 certificates, without the `cryptography` package.
+"""What the serving processes read from X.509 certificates, without the `cryptography` package.
+
+In the kernel because certificate rotation (`gpuwarden.certreload`) reads certificates for both the adapter
+and the controller's extender port; the adapter's reasons for not importing `cryptography` are these:
 
 Why: `cryptography` costs the adapter ~7.5 MiB of RSS for the life of the process (its Rust library's pages
 and the x509 modules), while a serving adapter only reads a few fields of a few certificates — the trusted
 client CAs (to hand OpenSSL as PEM, to compare across reloads, to log fingerprints), the serving certificate's
-expiry, a client certificate's common name and organizations. This reads exactly those from the DER
+expiry, a client certificate's common names and organizations. This reads exactly those from the DER
 encoding. Everything that needs cryptography proper — checking which CA signed a client certificate,
 generating the self-signed serving pair — runs in a short child process (`adapter.certjudge`,
 `adapter.selfsigned`), and OpenSSL itself (through `ssl`) verifies the TLS handshake and matches keys.
+
+Which CN is "the" common name: Kubernetes' authenticators take `chain[0].Subject.CommonName`, and Go's
+`pkix.Name.FillFromRDNSequence` assigns every CN attribute in turn, so the *last* one wins; `common_name` is
+that one. A subject with several CNs (or none) gives no identity at all (`adapter.auth.sole_common_name`):
+a certificate whose readers could disagree on who it names is refused rather than read one way.
 
 What it must not do: accept what it cannot read (malformed DER is a `ValueError`, as `cryptography`'s loader
 raises), or judge trust: nothing here checks a signature.
@@ -30,7 +38,7 @@ _STRINGS = {
     0x0C: "utf-8",  # UTF8String
     0x13: "ascii",  # PrintableString
     0x16: "ascii",  # IA5String
-    0x14: "latin-1",  # TeletexString (as OpenSSL shows it)
+    0x14: "ascii",  # TeletexString: ASCII only (readers disagree on the rest: Latin-1, UTF-8, T.61)
     0x1E: "utf-16-be",  # BMPString
     0x1C: "utf-32-be",  # UniversalString
 }
@@ -44,7 +52,8 @@ class Certificate:
     der: bytes
     issuer: bytes  # the DER of the issuer Name, for comparisons
     subject: bytes  # the DER of the subject Name
-    common_name: str  # the first CN of the subject, "" when it has none
+    common_name: str  # the last CN of the subject, as Go's pkix reads it; "" when it has none
+    common_names: tuple[str, ...]  # every CN of the subject, in order
     organizations: tuple[str, ...]  # every O of the subject, in order
     not_after: datetime.datetime  # UTC
 
@@ -147,7 +156,8 @@ def parse(der: bytes) -> Certificate:
         der=der,
         issuer=der[issuer_at:issuer_end],
         subject=der[subject_at:subject_end],
-        common_name=common_names[0] if common_names else "",
+        common_name=common_names[-1] if common_names else "",
+        common_names=common_names,
         organizations=_attributes(der, subject_start, subject_end, ORGANIZATION),
         not_after=_time(after_tag, der[after_start:after_end]),
     )

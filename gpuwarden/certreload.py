@@ -2,6 +2,8 @@
 
 Why: cert-manager and kubelet rotate certificates by rewriting the mounted files; prometheus-adapter
 (k8s.io/apiserver's dynamiccertificates) notices and serves the new pair, so a drop-in replacement must too.
+Both listeners that serve mounted certificates use it - the adapter's HTTPS port and the controller's
+extender port - which is why it is the kernel's: one rotation logic, one set of outcomes.
 Every `interval` the two files are read and hashed (they are a few KiB; reading beats trusting mtime on
 filesystems with coarse timestamps). A new digest is judged by `decide` — pure, table-tested — and only a
 parseable pair whose key matches the certificate is built into a NEW `ssl.SSLContext` (by the factory the
@@ -15,11 +17,13 @@ keeps its place in the socket; its `sni_callback` — which OpenSSL calls on eve
 without SNI — moves each new connection onto the newest context before a certificate is chosen.
 
 A bad pair (half-written during a rotation, corrupt, mismatched) is logged, counted in
-`gpuwarden_adapter_certificate_reloads_total{outcome}` and otherwise ignored: the old pair keeps serving,
+the caller's reload counter (`gpuwarden_adapter_certificate_reloads_total{outcome}`,
+`gpuwarden_extender_certificate_reloads_total{outcome}`) and otherwise ignored: the old pair keeps serving,
 and the same bad content is not retried until the files change again. The loaded bytes are the validated
 bytes (through a private temporary copy), never a second read that could race the rotation.
 
-The trusted client CA files (front-proxy `requestheader_client_ca_file`, `client_ca_file`) are watched on the
+The trusted client CA files (the adapter's front-proxy `requestheader_client_ca_file` and `client_ca_file`,
+the extender's `tls.client_ca_file`) are watched on the
 same interval, as dynamiccertificates does: a file whose certificates changed (judged by `decide_cas`: it
 must hold at least one PEM certificate) goes into the next serving context, so the TLS layer verifies
 client certificates against it, and `on_cas` hands the same sets to the authenticator — both in one step
@@ -43,11 +47,14 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from adapter import tls, x509lite
-from adapter.selfmetrics import AdapterMetrics
-from adapter.x509lite import Certificate
+from gpuwarden import x509lite
+from gpuwarden.tlscontext import load_pair
+from gpuwarden.x509lite import Certificate
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,17 @@ class ContextFactory(Protocol):
     def __call__(
         self, cert_pem: bytes, key_pem: bytes, /, *, client_cas: Sequence[Certificate]
     ) -> ssl.SSLContext: ...
+
+
+class ReloadMetrics(Protocol):
+    """What a reloader counts into: reloads by `outcome` and the served pair's expiry (unix seconds).
+    Each deployable names its own series (`gpuwarden_adapter_...`, `gpuwarden_extender_...`)."""
+
+    @property
+    def certificate_reloads(self) -> Counter: ...
+
+    @property
+    def certificate_expiry(self) -> Gauge: ...
 
 
 CaSets = Mapping[str, tuple[Certificate, ...]]
@@ -107,7 +125,7 @@ def key_problem(leaf_pem: str, key_pem: bytes) -> tuple[Outcome, str] | None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
     try:
-        tls.load_pair(ctx, leaf_pem.encode(), key_pem, password=_no_password)
+        load_pair(ctx, leaf_pem.encode(), key_pem, password=_no_password)
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             return Outcome.MISMATCHED, "the private key does not belong to the certificate"
@@ -194,7 +212,7 @@ class CertificateReloader:
         key_file: Path | None,
         *,
         loaded: tuple[bytes, bytes],
-        metrics: AdapterMetrics,
+        metrics: ReloadMetrics,
         make_context: ContextFactory,
         interval: float = DEFAULT_INTERVAL,
         client_cas: CaSets | None = None,
@@ -202,6 +220,7 @@ class CertificateReloader:
         on_cas: Callable[[CaSets], None] | None = None,
         ca_fetch: CaFetch | None = None,
         ca_fetch_source: str = "",
+        on_pair: Callable[[bytes, bytes], None] | None = None,
     ) -> None:
         """`ctx`: the listener's context, serving `loaded` (the (cert, key) PEM in it, so the first poll
         does not reload them); its `sni_callback` is taken over. `cert_file`/`key_file` None: the pair is
@@ -209,7 +228,8 @@ class CertificateReloader:
         settings. `client_cas`: the CAs `ctx` trusts, by kind; `ca_files`: the kinds read from a file, to
         watch; `on_cas` is told every new CA set (all kinds) as it goes into the serving context.
         `ca_fetch` reads the kinds that come from elsewhere (`ca_fetch_source` names it in logs), once per
-        interval before the files are looked at (`fetch`).
+        interval before the files are looked at (`fetch`). `on_pair` is told each new (cert, key) PEM as
+        it goes into the serving context (a client presenting the same pair follows it).
         `interval` is not bounded here: tests poll faster than the config allows."""
         self.ctx = ctx
         self.current = ctx  # what new connections are served; replaced whole, never modified
@@ -223,6 +243,7 @@ class CertificateReloader:
         self._ca_files = dict(ca_files or {})
         self._ca_judged: dict[str, str] = {}  # kind -> digest of the CA file content last looked at
         self._on_cas = on_cas
+        self._on_pair = on_pair
         self._ca_fetch = ca_fetch
         self._ca_fetch_source = ca_fetch_source
         self._ca_fetched: dict[str, bytes] = {}  # kind -> PEM as last read through `ca_fetch`
@@ -350,6 +371,8 @@ class CertificateReloader:
         if pair_decision is not None:
             self._pair = pair
             self._judged = pair_decision.digest
+            if self._on_pair is not None:
+                self._on_pair(*pair)
             self._metrics.certificate_reloads.labels(Outcome.SUCCESS.value).inc()
             assert pair_decision.not_after is not None
             self._metrics.certificate_expiry.set(pair_decision.not_after.timestamp())
