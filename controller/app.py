@@ -609,7 +609,8 @@ class ControllerPlan:
             lines.append(f"gate closed: {why}")
         for node in self.drain.get("nodes") or []:
             state = "held: " + node["held"] if node["held"] else "done" if node["done"] else "draining"
-            lines.append(f"{node['node']} ({node['scope']} scope, {state})")
+            note = f": {node['scope_note']}" if node.get("scope_note") else ""
+            lines.append(f"{node['node']} ({node['scope']} scope{note}, {state})")
             for pod in node["pods"]:
                 lines.append(f"  {pod['verdict']:<16} {pod['pod']:<40} {pod['mode']:<17} {pod['reason']}")
         return lines
