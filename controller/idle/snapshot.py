@@ -182,20 +182,17 @@ class NodeGpus:
     migs: Mapping[str, MigPlace] = field(default_factory=dict)
 
 
-def node_gpus(obj: Obj, resource: str) -> NodeGpus:
-    """A Node's sharing (GFD labels, capacity) and published MIG devices (none if its topology is
-    unreadable)."""
+def node_gpus(obj: Obj, resource: str, *, migs: bool = True) -> NodeGpus:
+    """A Node's sharing (GFD labels, capacity) and, with `migs`, its published MIG devices (none if its
+    topology is unreadable). The topology is parsed only for `migs`: the sharing mode needs no GPU count."""
     meta = obj.get("metadata") or {}
-    text = (meta.get("annotations") or {}).get(GPU_TOPOLOGY)
+    text = (meta.get("annotations") or {}).get(GPU_TOPOLOGY) if migs else None
     try:
         topo = parse_annotation(text) if text else None
     except TopologyError:
         topo = None
     sharing = node_sharing(
-        meta.get("labels") or {},
-        (obj.get("status") or {}).get("capacity") or {},
-        resource,
-        topology_gpus=len(topo.gpus) if topo is not None else None,
+        meta.get("labels") or {}, (obj.get("status") or {}).get("capacity") or {}, resource
     )
     return NodeGpus(sharing, mig_places(topo))
 
@@ -305,8 +302,10 @@ def build_snapshot(
 
 
 def _resolved(pods: tuple[IdlePod, ...], nodes: Iterable[Obj] | None, resource: str) -> tuple[IdlePod, ...]:
-    """Pods with their sets resolved (`holdings`), each node read only if one of its pods has a set."""
+    """Pods with their sets resolved (`holdings`), each node read only if one of its pods has a set, and
+    its topology only if one holds a MIG device."""
     by_name = {str((n.get("metadata") or {}).get("name", "")): n for n in nodes or ()}
+    mig_nodes = {p.node for p in pods if any(i.startswith("MIG-") for i in p.gpu_ids or ())}
     read: dict[str, NodeGpus] = {}
     out: list[IdlePod] = []
     for pod in pods:
@@ -315,7 +314,9 @@ def _resolved(pods: tuple[IdlePod, ...], nodes: Iterable[Obj] | None, resource: 
             continue
         if pod.node not in read:
             obj = by_name.get(pod.node)
-            read[pod.node] = node_gpus(obj, resource) if obj is not None else NodeGpus()
+            read[pod.node] = (
+                node_gpus(obj, resource, migs=pod.node in mig_nodes) if obj is not None else NodeGpus()
+            )
         out.append(replace(pod, held=holdings(pod, read[pod.node])))
     return tuple(out)
 
