@@ -106,7 +106,9 @@ def _count(value: Any) -> int | None:
 def is_gpu_resource(name: str, resource: str = "nvidia.com/gpu") -> bool:
     """Whether an extended resource hands out (a share of) a GPU: the GPU resource, its `.shared` rename, or
     a MIG-mixed `nvidia.com/mig-<profile>` (and its `.shared` rename)."""
-    return name in (resource, resource + SHARED_SUFFIX) or name.startswith(MIG_RESOURCE_PREFIX)
+    if name == resource or name.startswith(MIG_RESOURCE_PREFIX):
+        return True
+    return name.endswith(SHARED_SUFFIX) and name[: -len(SHARED_SUFFIX)] == resource
 
 
 def is_gpu_uuid(text: str) -> bool:

@@ -45,8 +45,14 @@ def _amount(container: Mapping[str, Any], resource: str) -> int:
 def _shares(container: Mapping[str, Any], resource: str) -> int:
     res = container.get("resources") or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
-    names = {n for n in (*limits, *requests) if isinstance(n, str) and is_gpu_resource(n, resource)}
-    return sum(_int(limits.get(n, requests.get(n, 0))) for n in names)
+    total = 0
+    for name, value in limits.items():
+        if isinstance(name, str) and is_gpu_resource(name, resource):
+            total += _int(value)
+    for name, value in requests.items():
+        if name not in limits and isinstance(name, str) and is_gpu_resource(name, resource):
+            total += _int(value)
+    return total
 
 
 def _effective(spec: Mapping[str, Any], amount: Callable[[Mapping[str, Any]], int]) -> int:

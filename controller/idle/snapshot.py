@@ -20,9 +20,10 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.gpus.objects import gpu_share_request
@@ -146,8 +147,12 @@ def _owner(meta: Obj) -> Owner | None:
     return None
 
 
-def idle_pod(obj: Obj, resource: str) -> IdlePod | None:
-    """A running, bound pod holding GPUs; None for anything else (pending, finished, terminating, no GPU)."""
+def idle_pod(
+    obj: Obj, resource: str, node_of: Callable[[str, bool], NodeGpus] | None = None
+) -> IdlePod | None:
+    """A running, bound pod holding GPUs; None for anything else (pending, finished, terminating, no GPU).
+    `node_of(name, migs)`: its node's GPUs (`migs`: its MIG devices are needed), to resolve its set
+    (`resolve_set`); None: every node is taken as whole GPUs."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     ann = meta.get("annotations") or {}
     gpus = gpu_share_request(spec, resource)
@@ -157,6 +162,11 @@ def idle_pod(obj: Obj, resource: str) -> IdlePod | None:
         return None
     if gpus <= 0 and ids is None:
         return None
+    actual = ann.get(GPU_IDS_SOURCE) == GPU_IDS_SOURCE_KUBELET
+    held = None
+    if ids is not None:
+        gpus_of = WHOLE_GPUS if node_of is None else node_of(node, any(i.startswith("MIG-") for i in ids))
+        held = resolve_set(ids, actual, gpus_of)
     return IdlePod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -170,7 +180,8 @@ def idle_pod(obj: Obj, resource: str) -> IdlePod | None:
         idle_since_text=ann.get(IDLE_SINCE),
         ack_until_text=ann.get(IDLE_ACK_UNTIL),
         reclaimable=IDLE_RECLAIMABLE in ann,
-        actual=ann.get(GPU_IDS_SOURCE) == GPU_IDS_SOURCE_KUBELET,
+        actual=actual,
+        held=held,
     )
 
 
@@ -180,6 +191,15 @@ class NodeGpus:
 
     sharing: GpuSharing = field(default_factory=GpuSharing)
     migs: Mapping[str, MigPlace] = field(default_factory=dict)
+
+    @property
+    def replicated(self) -> bool:
+        """Time-slicing or MPS: every GPU is held through replicas."""
+        return self.sharing.mode in (SharingMode.TIME_SLICING, SharingMode.MPS)
+
+
+WHOLE_GPUS = NodeGpus()
+"""A node of whole GPUs (also what a node not read is taken for)."""
 
 
 def node_gpus(obj: Obj, resource: str, *, migs: bool = True) -> NodeGpus:
@@ -194,17 +214,32 @@ def node_gpus(obj: Obj, resource: str, *, migs: bool = True) -> NodeGpus:
     sharing = node_sharing(
         meta.get("labels") or {}, (obj.get("status") or {}).get("capacity") or {}, resource
     )
+    if not sharing.shared and topo is None:
+        return WHOLE_GPUS  # the common node: recorded indices need no resolving
     return NodeGpus(sharing, mig_places(topo))
 
 
+@functools.lru_cache(maxsize=1024)
+def _index_holding(gpu: str) -> Holding:
+    """One shared (immutable) `Holding` per GPU index: tens of thousands of pods hold indices 0..7."""
+    return Holding(gpu)
+
+
 def holdings(pod: IdlePod, node: NodeGpus) -> tuple[Holding, ...] | None:
-    """The physical GPUs and MIG instances `pod`'s set names; None when the pod labels must join instead
-    (no set, a recorded set on a shared node, or a device that cannot be resolved)."""
-    if pod.gpu_ids is None or (node.sharing.shared and not pod.actual):
+    """`resolve_set` of a pod's set on `node`."""
+    return None if pod.gpu_ids is None else resolve_set(pod.gpu_ids, pod.actual, node)
+
+
+def resolve_set(ids: tuple[str, ...], actual: bool, node: NodeGpus) -> tuple[Holding, ...] | None:
+    """The physical GPUs and MIG instances a set names; None when the pod labels must join instead (a
+    recorded set on a shared node, or a device that cannot be resolved). `actual`: the kubelet's set."""
+    if node is WHOLE_GPUS and all(i.isdigit() for i in ids):
+        return tuple(_index_holding(i) for i in ids)  # the common case, recorded indices: nothing to resolve
+    if node.sharing.shared and not actual:
         return None
-    replicated = node.sharing.mode in (SharingMode.TIME_SLICING, SharingMode.MPS)
+    replicated = node.replicated
     out: dict[tuple[str, str], Holding] = {}
-    for device_id in pod.gpu_ids:
+    for device_id in ids:
         ref = device_ref(device_id)
         gpu, instance = ref.gpu, "" if ref.gi is None else str(ref.gi)
         if ref.mig:
@@ -238,41 +273,38 @@ def _merge(gpu: str, usages: Iterable[GpuUsage], conflict: str = "", shared: boo
     )
 
 
-def _held_readings(
-    pod: IdlePod,
-    held: tuple[Holding, ...],
-    by_index: Mapping[tuple[str, str, str], list[GpuUsage]],
-    by_uuid: Mapping[tuple[str, str, str], list[GpuUsage]],
-) -> list[GpuReading]:
-    readings: list[GpuReading] = []
-    for h in held:
-        series = (by_uuid if h.by_uuid else by_index).get((pod.node, h.gpu, h.instance), [])
-        if not series:
-            continue
-        # a replica's GPU is every sharer's: other pods named on its series are expected, not a conflict
-        others = [] if h.shared else sorted({f"{u.namespace}/{u.pod}" for u in series if u.pod} - {pod.key})
-        readings.append(_merge(h.name, series, others[0] if others else "", h.shared))
-    return readings
-
-
 def join(pods: Iterable[IdlePod], usage: Iterable[GpuUsage]) -> dict[str, tuple[GpuReading, ...]]:
-    """Each pod's GPU readings: by its resolved set (`IdlePod.held`, see `build_snapshot`) on its node, else
-    by the exporter's pod labels. Several series of one GPU (the pod label came and went, or the GPU is
-    shared) merge to the highest peak."""
+    """Each pod's GPU readings: by its resolved set (`IdlePod.held`) on its node, else by the exporter's pod
+    labels. Several series of one GPU (the pod label came and went, or the GPU is shared) merge to the
+    highest peak."""
+    pods = list(pods)
+    usage = list(usage)
     by_index: dict[tuple[str, str, str], list[GpuUsage]] = defaultdict(list)
-    by_uuid: dict[tuple[str, str, str], list[GpuUsage]] = defaultdict(list)
     by_pod: dict[tuple[str, str], list[GpuUsage]] = defaultdict(list)
     for u in usage:
         by_index[(u.node, u.gpu, u.instance)].append(u)
-        if u.uuid:
-            by_uuid[(u.node, u.uuid, u.instance)].append(u)
         if u.pod:
             by_pod[(u.namespace, u.pod)].append(u)
+    by_uuid: dict[tuple[str, str, str], list[GpuUsage]] = defaultdict(list)
+    if any(h.by_uuid for p in pods for h in p.held or ()):
+        for u in usage:
+            if u.uuid:
+                by_uuid[(u.node, u.uuid, u.instance)].append(u)
     out: dict[str, tuple[GpuReading, ...]] = {}
     for pod in pods:
         readings: list[GpuReading] = []
         if pod.held is not None:
-            readings = _held_readings(pod, pod.held, by_index, by_uuid)
+            for h in pod.held:
+                series = (by_uuid if h.by_uuid else by_index).get((pod.node, h.gpu, h.instance))
+                if not series:
+                    continue
+                # a replica's GPU is every sharer's: other pods named on its series are expected, no conflict
+                others = (
+                    ()
+                    if h.shared
+                    else sorted({f"{u.namespace}/{u.pod}" for u in series if u.pod} - {pod.key})
+                )
+                readings.append(_merge(h.name, series, others[0] if others else "", h.shared))
         else:
             per_gpu: dict[tuple[str, str], list[GpuUsage]] = defaultdict(list)
             for u in by_pod.get((pod.namespace, pod.name), []):
@@ -295,30 +327,28 @@ def build_snapshot(
 ) -> IdleSnapshot:
     """The pass's snapshot; `usage` None means the query failed (telemetry unknown). `nodes`: the Node
     objects (sharing, published MIG devices); None: not read, every node taken as whole GPUs."""
-    pods = tuple(p for p in (idle_pod(o, resource) for o in pod_objects) if p is not None)
-    pods = _resolved(pods, nodes, resource)
+    node_of = _NodeReader(nodes, resource) if nodes is not None else None
+    pods = tuple(p for p in (idle_pod(o, resource, node_of) for o in pod_objects) if p is not None)
     readings = join(pods, usage) if usage is not None else {}
     return IdleSnapshot(pods, readings, telemetry=usage is not None)
 
 
-def _resolved(pods: tuple[IdlePod, ...], nodes: Iterable[Obj] | None, resource: str) -> tuple[IdlePod, ...]:
-    """Pods with their sets resolved (`holdings`), each node read only if one of its pods has a set, and
-    its topology only if one holds a MIG device."""
-    by_name = {str((n.get("metadata") or {}).get("name", "")): n for n in nodes or ()}
-    mig_nodes = {p.node for p in pods if any(i.startswith("MIG-") for i in p.gpu_ids or ())}
-    read: dict[str, NodeGpus] = {}
-    out: list[IdlePod] = []
-    for pod in pods:
-        if pod.gpu_ids is None:
-            out.append(pod)
-            continue
-        if pod.node not in read:
-            obj = by_name.get(pod.node)
-            read[pod.node] = (
-                node_gpus(obj, resource, migs=pod.node in mig_nodes) if obj is not None else NodeGpus()
-            )
-        out.append(replace(pod, held=holdings(pod, read[pod.node])))
-    return tuple(out)
+class _NodeReader:
+    """`node_of` for `idle_pod`: each node read once, and its topology only once a pod holds a MIG device."""
+
+    def __init__(self, nodes: Iterable[Obj], resource: str) -> None:
+        self.objects = {str((n.get("metadata") or {}).get("name", "")): n for n in nodes}
+        self.resource = resource
+        self.read: dict[str, tuple[NodeGpus, bool]] = {}
+
+    def __call__(self, name: str, migs: bool) -> NodeGpus:
+        got = self.read.get(name)
+        if got is not None and (got[1] or not migs):
+            return got[0]
+        obj = self.objects.get(name)
+        gpus = node_gpus(obj, self.resource, migs=migs) if obj is not None else WHOLE_GPUS
+        self.read[name] = (gpus, migs)
+        return gpus
 
 
 def recent_actions(events: Iterable[Obj], now: float, window: float, *, on_pods: bool) -> int:
