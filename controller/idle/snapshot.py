@@ -99,7 +99,7 @@ class IdlePod:
     actual: bool = False
     """`gpu_ids` is the kubelet's word (the node agent reconciled it from PodResources), not a record."""
     held: tuple[Holding, ...] | None = None
-    """Its set resolved to physical GPUs and MIG instances (`holdings`); None: joined by pod labels."""
+    """Its set resolved to physical GPUs and MIG instances (`resolve_set`); None: joined by pod labels."""
 
     @property
     def key(self) -> str:
