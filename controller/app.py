@@ -389,7 +389,9 @@ def _build_loops(
         model=gpus.model,
         settings=gpus.settings,
     )
-    idle = IdleLoop(config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods)
+    idle = IdleLoop(
+        config, prom, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods, nodes=nodes
+    )
     drain = DrainLoop(
         config, kube, registry=registry, dry_run=dry_run, instance=identity, pods=pods, nodes=nodes
     )
@@ -550,7 +552,7 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     nominations = nominations_plan(config, pods, nodes, model=gpus.model, settings=gpus.settings(), now=now)
     drain = drain_plan(config, nodes, pods, now=now)
     room = room_plan(config, nodes, pods, pdbs, gpus=gpus, now=now, namespaces=namespaces, quotas=quotas)
-    idle = idle_plan(config, pods, usage, now=now).to_dict() if config.idle.enabled else {}
+    idle = idle_plan(config, pods, usage, now=now, nodes=nodes).to_dict() if config.idle.enabled else {}
     return ControllerPlan(
         quarantine.to_dict(),
         quarantine.render_table(),
@@ -615,7 +617,8 @@ class ControllerPlan:
             lines.append(f"gate closed: {why}")
         for node in self.drain.get("nodes") or []:
             state = "held: " + node["held"] if node["held"] else "done" if node["done"] else "draining"
-            lines.append(f"{node['node']} ({node['scope']} scope, {state})")
+            note = f": {node['scope_note']}" if node.get("scope_note") else ""
+            lines.append(f"{node['node']} ({node['scope']} scope{note}, {state})")
             for pod in node["pods"]:
                 lines.append(f"  {pod['verdict']:<16} {pod['pod']:<40} {pod['mode']:<17} {pod['reason']}")
         return lines

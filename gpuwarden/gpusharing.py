@@ -41,6 +41,7 @@ SHARED_SUFFIX = ".shared"
 
 _REPLICA = re.compile(r"^(?P<id>.+)::(?P<n>\d+)$")
 _LEGACY_MIG = re.compile(r"^MIG-(?P<parent>GPU-[^/]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
+_GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
 class SharingMode(StrEnum):
@@ -100,6 +101,20 @@ def _count(value: Any) -> int | None:
         return value if value >= 0 else None
     text = str(value).strip() if value is not None else ""
     return int(text) if text.isdigit() else None
+
+
+def is_gpu_resource(name: str, resource: str = "nvidia.com/gpu") -> bool:
+    """Whether an extended resource hands out (a share of) a GPU: the GPU resource, its `.shared` rename, or
+    a MIG-mixed `nvidia.com/mig-<profile>` (and its `.shared` rename)."""
+    if name == resource or name.startswith(MIG_RESOURCE_PREFIX):
+        return True
+    return name.endswith(SHARED_SUFFIX) and name[: -len(SHARED_SUFFIX)] == resource
+
+
+def is_gpu_uuid(text: str) -> bool:
+    """An NVML GPU UUID (`GPU-` and 8-4-4-4-12 hex digits): an exact identity, unlike an index, a MIG UUID
+    or a peer's compound ID (HAMi's `<uuid>-<i>`), which only name a GPU through something else."""
+    return _GPU_UUID.match(text) is not None
 
 
 def mig_profile(product: str) -> str:

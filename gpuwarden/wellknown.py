@@ -50,7 +50,8 @@ VALIDATION_NODE = "gpuwarden.io/validation-node"
 
 # --- nodes: GPU topology ------------------------------------------------------------------------------------
 GPU_TOPOLOGY = "gpuwarden.io/gpu-topology"
-"""Node annotation, JSON: GPU id -> {numa, pcie, nvlink, uuid} (written by the node agent)."""
+"""Node annotation, JSON: GPU id -> {numa, pcie, nvlink, uuid, mig: [{uuid, gi, ci, profile}]} (written by the
+node agent; `mig` lists a MIG-enabled GPU's MIG devices)."""
 NRT_GPU_IDS_ATTRIBUTE = "gpuwarden.io/gpu-ids"
 """NodeResourceTopology zone attribute listing the zone's GPU ids (else they are numbered in NUMA order)."""
 

@@ -132,6 +132,8 @@ class DrainActuator:
                 return DrainState(started=now, scope=plan.scope, done=now, evictions=carried)
             state = DrainState(started=now, scope=plan.scope, evictions=carried)
             what = "pods on the faulty GPUs" if plan.scope == "gpu" else "GPU pods of the node"
+            if plan.scope_note:
+                what += f" ({plan.scope_note})"
             moving = (
                 ", ".join(a.pod.key for a in plan.actions if a.verdict is not DrainVerdict.REPORT) or "none"
             )

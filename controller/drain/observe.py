@@ -17,17 +17,19 @@ from controller.drain.plan import DrainNode, DrainPod, Eviction
 from controller.drain.state import DrainState, decode
 from controller.gpus.devices import claim_names, pod_devices
 from controller.gpus.dra import dra_class_for_node
-from controller.gpus.objects import gpu_request
+from controller.gpus.objects import gpu_share_request
+from controller.gpus.physical import mig_places
 from controller.gpus.topology import TopologyError, parse_annotation, uuid_map
+from gpuwarden.gpusharing import is_gpu_resource, node_sharing
 from gpuwarden.quarantine import decode as decode_record
 from gpuwarden.quarantine import node_quarantine
 from gpuwarden.wellknown import DRAIN as DRAIN_ANNOTATION
 from gpuwarden.wellknown import DRAIN_PAUSE as PAUSE_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
+from gpuwarden.wellknown import GPU_IDS_SOURCE, GPU_IDS_SOURCE_KUBELET, parse_gpu_ids
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
-from gpuwarden.wellknown import parse_gpu_ids
 
 QUARANTINE_TAINT = TAINT_KEY
 QUARANTINE_ANNOTATION = RECORD_ANNOTATION
@@ -72,7 +74,7 @@ def drain_pod(obj: Obj, resource: str, claims: Mapping[tuple[str, str], Obj] | N
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         gpu_ids=parse_gpu_ids(ids),
-        gpus=gpu_request(obj.get("spec") or {}, resource),
+        gpus=gpu_share_request(obj.get("spec") or {}, resource),
         owner_kinds=tuple(str(o.get("kind", "")) for o in meta.get("ownerReferences") or []),
         mirror=MIRROR_ANNOTATION in ann,
         phase=str(status.get("phase", "")),
@@ -80,14 +82,20 @@ def drain_pod(obj: Obj, resource: str, claims: Mapping[tuple[str, str], Obj] | N
         labels=dict(meta.get("labels") or {}),
         claims=claim_names(obj) != (),
         devices=pod_devices(obj, claims) if claims is not None else None,
+        actual=ann.get(GPU_IDS_SOURCE) == GPU_IDS_SOURCE_KUBELET,
     )
 
 
 def _allocatable(node: Obj, resource: str) -> int:
-    try:
-        return int(((node.get("status") or {}).get("allocatable") or {}).get(resource) or 0)
-    except (TypeError, ValueError):
-        return 0
+    """What the node offers of GPUs or shares of one (replicas, MIG devices count as the GPUs they are on)."""
+    total = 0
+    for name, value in ((node.get("status") or {}).get("allocatable") or {}).items():
+        if isinstance(name, str) and is_gpu_resource(name, resource):
+            try:
+                total += int(value or 0)
+            except (TypeError, ValueError):
+                continue
+    return total
 
 
 def _schedulable(node: Obj) -> bool:
@@ -190,6 +198,13 @@ def build_snapshot(
             problems.append(f"{name}: {exc}")
             topo = None
         uuid_to_id = uuid_map(topo)
+        meta = node.get("metadata") or {}
+        sharing = node_sharing(
+            meta.get("labels") or {},
+            (node.get("status") or {}).get("capacity") or {},
+            resource,
+            topology_gpus=len(topo.gpus) if topo is not None else None,
+        )
         if state is not None:
             states[name] = state
         drain = state if state is not None and state.cancelled is None else None  # cancelled: not begun
@@ -206,6 +221,8 @@ def build_snapshot(
                 finished=drain is not None and drain.done is not None,
                 evictions=state.evictions if state is not None else (),
                 quarantined_at=record.quarantined_at,
+                migs=mig_places(topo),
+                sharing=sharing,
             )
         )
     return DrainSnapshot(

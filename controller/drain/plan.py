@@ -6,8 +6,12 @@ the node's quarantine record (which GPUs, by UUID), the topology (UUID -> the id
 to the node with their recorded or actual GPU set, the per-workload modes, the drain state already on the
 Node, the clock and the fleet's eviction history. The shell only evicts what this returns.
 
-Scope: a GPU-level fault moves only the pods holding one of the faulty GPUs; a node-level fault (no GPU
-named) or a GPU that cannot be mapped to an id moves every GPU pod of the node. Never moved: DaemonSet pods,
+Scope: a GPU-level fault moves only the pods holding one of the faulty GPUs - on a shared node, the pods
+holding a replica (`<uuid>::<n>`) or a MIG device of it, each device ID resolved to its physical GPU by the
+GPU model (`controller.gpus.physical`); a node-level fault (no GPU named), a GPU that cannot be mapped, or a
+pod whose devices cannot be resolved moves every GPU pod of the node (unknown never narrows). On a shared
+node only the kubelet's set counts (the node agent's reconciled `gpu-ids`): no device plugin of ours
+honours a recorded set there, so a set the extender recorded is a wish. Never moved: DaemonSet pods,
 mirror (static) pods, finished pods, pods already terminating, excluded namespaces and labels (reported).
 The gate: at most N nodes draining, at most M evictions per minute fleet-wide (counted from the eviction
 ledgers on the Nodes, so a new leader inherits the count), no new drain while too few GPU nodes accept pods.
@@ -22,7 +26,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from controller.gpus.devices import holds_any
+from controller.gpus.physical import MigPlace, physical_gpus
 from gpuwarden.config.drain import DrainConfig, DrainMode
+from gpuwarden.gpusharing import GpuSharing
 from gpuwarden.quarantine import DeviceRef
 
 
@@ -42,8 +48,10 @@ class DrainPod:
     name: str
     uid: str
     gpu_ids: tuple[str, ...] | None
-    """The actual set when the node agent reconciled it, else the recorded one; None when unknown."""
+    """The actual set when the node agent reconciled it, else the recorded one; None when unknown. Device
+    IDs as the kubelet gives them: ids, GPU UUIDs, replicas `<uuid>::<n>`, MIG UUIDs."""
     gpus: int
+    """GPUs or shares of one it requests (the GPU resource, its `.shared` rename, MIG-mixed resources)."""
     owner_kinds: tuple[str, ...] = ()
     mirror: bool = False
     phase: str = "Running"
@@ -55,6 +63,8 @@ class DrainPod:
     devices: frozenset[DeviceRef] | None = None
     """The DRA devices its claims are allocated (`controller.gpus.devices.pod_devices`); None when unknown
     or not read (only read on nodes whose quarantine is device-scoped)."""
+    actual: bool = False
+    """`gpu_ids` is the kubelet's word (the node agent reconciled it from PodResources), not a record."""
 
     @property
     def key(self) -> str:
@@ -133,6 +143,10 @@ class DrainNode:
     """The node's eviction ledger (from its drain state)."""
     quarantined_at: float | None = None
     """When the quarantine being drained began (its record): names the drain's Events, so they are once."""
+    migs: Mapping[str, MigPlace] = field(default_factory=dict)
+    """Topology: MIG UUID -> the physical GPU it lives on (the node agent's published MIG devices)."""
+    sharing: GpuSharing = field(default_factory=GpuSharing)
+    """How the node shares its GPUs (`gpuwarden.gpusharing.node_sharing`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +163,8 @@ class NodePlan:
     node: str
     scope: str  # "gpu" | "node"
     actions: tuple[PodAction, ...]
+    scope_note: str = ""
+    """Why a GPU-level fault widened to the node (for Events and `gpuwarden plan`), empty otherwise."""
     start: bool = False
     """The drain begins in this pass (the gate let it)."""
     done: bool = False
@@ -186,24 +202,59 @@ def _rule(policy: DrainConfig, name: str) -> tuple[float | None, float]:
     return None, 3600.0
 
 
-def in_scope(node: DrainNode, pods: Iterable[DrainPod]) -> tuple[str, list[DrainPod]]:
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What a fault concerns: `gpu` (the holders of the faulty GPUs) or `node` (every GPU pod), the pods,
+    and why the scope is the node's when the fault named GPUs."""
+
+    scope: str
+    pods: list[DrainPod]
+    note: str = ""
+
+
+def _gpu_scope(node: DrainNode, gpu_pods: list[DrainPod]) -> Scope:
+    """A device-plugin node whose quarantine names GPUs: each pod's devices resolved to physical GPUs."""
+    faulty = node.fault_gpus
+    unmapped = sorted(faulty - node.uuid_to_id.keys())
+    moved: list[DrainPod] = []
+    for p in gpu_pods:
+        if p.gpu_ids is None:
+            return Scope("node", gpu_pods, f"{p.key} holds GPUs no set names")
+        if node.sharing.shared and not p.actual:
+            # no device plugin of ours honours a recorded set on a shared node: only the kubelet's word counts
+            return Scope("node", gpu_pods, f"{p.key}: no kubelet-reported set on a {node.sharing.mode} node")
+        held = physical_gpus(p.gpu_ids, node.uuid_to_id, node.migs)
+        if held.unknown:
+            return Scope("node", gpu_pods, f"{p.key} holds {held.unknown[0]}")
+        if unmapped and held.via_id:
+            return Scope("node", gpu_pods, f"faulty GPU {unmapped[0]} is not in the node's topology")
+        if held.gpus & faulty:
+            moved.append(p)
+    if unmapped and not gpu_pods:
+        return Scope("node", [], f"faulty GPU {unmapped[0]} is not in the node's topology")
+    return Scope("gpu", moved)
+
+
+def scope_of(node: DrainNode, pods: Iterable[DrainPod]) -> Scope:
     """The pods the fault concerns: holders of the faulty GPUs, or every GPU pod when that cannot be told."""
     if node.dra:
         holders = [p for p in pods if p.gpus > 0 or p.claims]
         if not node.fault_devices:
-            return "node", holders  # the node-level quarantine of a DRA-backed node
+            return Scope("node", holders)  # the node-level quarantine of a DRA-backed node
         if any(p.devices is None for p in holders):
-            return "node", holders  # a claim we could not read could hold the faulty device
-        return "gpu", [p for p in holders if holds_any(p.devices or (), node.fault_devices)]
+            # a claim we could not read could hold the faulty device
+            return Scope("node", holders, "a pod's claims could not be read")
+        return Scope("gpu", [p for p in holders if holds_any(p.devices or (), node.fault_devices)])
     gpu_pods = [p for p in pods if p.gpus > 0]
     if not node.fault_gpus:
-        return "node", gpu_pods
-    ids = {node.uuid_to_id.get(u) for u in node.fault_gpus}
-    if None in ids:
-        return "node", gpu_pods  # a faulty GPU the topology does not map: everything on the node
-    if any(p.gpu_ids is None for p in gpu_pods):
-        return "node", gpu_pods  # a GPU pod without a known set could hold the faulty GPU
-    return "gpu", [p for p in gpu_pods if set(p.gpu_ids or ()) & ids]
+        return Scope("node", gpu_pods)
+    return _gpu_scope(node, gpu_pods)
+
+
+def in_scope(node: DrainNode, pods: Iterable[DrainPod]) -> tuple[str, list[DrainPod]]:
+    """`scope_of` as (scope, pods)."""
+    got = scope_of(node, pods)
+    return got.scope, got.pods
 
 
 def _movable(pod: DrainPod) -> bool:
@@ -213,10 +264,15 @@ def _movable(pod: DrainPod) -> bool:
 def pod_actions(
     node: DrainNode, pods: Iterable[DrainPod], policy: DrainConfig, now: float
 ) -> tuple[str, list[PodAction]]:
-    scope, chosen = in_scope(node, pods)
+    scope = scope_of(node, pods)
+    return scope.scope, _actions(node, scope, policy, now)
+
+
+def _actions(node: DrainNode, chosen: Scope, policy: DrainConfig, now: float) -> list[PodAction]:
+    scope = chosen.scope
     out: list[PodAction] = []
     started = node.started if node.started is not None else now
-    for pod in sorted(chosen, key=lambda p: p.key):
+    for pod in sorted(chosen.pods, key=lambda p: p.key):
         if not _movable(pod):
             continue
         if pod.terminating:
@@ -259,7 +315,7 @@ def pod_actions(
                 pod, DrainVerdict.EVICT, mode, rule, "holds a faulty GPU" if scope == "gpu" else "node fault"
             )
         )
-    return scope, out
+    return out
 
 
 def plan_drains(
@@ -280,12 +336,13 @@ def plan_drains(
     budget = max(0, gate.max_evictions_per_minute - evictions_last_minute)
     plans: list[NodePlan] = []
     for node in sorted(nodes, key=lambda n: (n.started is None, n.started or 0.0, n.name)):
-        scope, actions = pod_actions(node, pods_by_node.get(node.name, ()), policy, now)
+        chosen = scope_of(node, pods_by_node.get(node.name, ()))
+        scope, note, actions = chosen.scope, chosen.note, _actions(node, chosen, policy, now)
         moving = [a for a in actions if a.verdict is not DrainVerdict.REPORT]
         if node.started is None:
             why = ""
             if not moving:
-                plans.append(NodePlan(node.name, scope, tuple(actions), done=True))
+                plans.append(NodePlan(node.name, scope, tuple(actions), note, done=True))
                 continue
             if policy.paused or node.paused:
                 why = "paused"
@@ -296,14 +353,16 @@ def plan_drains(
                        f"(min_schedulable_percent {gate.min_schedulable_percent:g})")  # fmt: skip
             if why:
                 held.append(f"{node.name}: {why}")
-                plans.append(NodePlan(node.name, scope, tuple(_hold(a) for a in actions), held=why))
+                plans.append(NodePlan(node.name, scope, tuple(_hold(a) for a in actions), note, held=why))
                 continue
             draining += 1
             start = True
         else:
             start = False
             if policy.paused or node.paused:
-                plans.append(NodePlan(node.name, scope, tuple(_hold(a) for a in actions), held="paused"))
+                plans.append(
+                    NodePlan(node.name, scope, tuple(_hold(a) for a in actions), note, held="paused")
+                )
                 continue
         limited: list[PodAction] = []
         for a in actions:
@@ -317,7 +376,7 @@ def plan_drains(
                     continue
                 budget -= 1
             limited.append(a)
-        plans.append(NodePlan(node.name, scope, tuple(limited), start=start, done=not moving))
+        plans.append(NodePlan(node.name, scope, tuple(limited), note, start=start, done=not moving))
     by_name = {n.name: n for n in nodes}
     plans = [
         replace(
@@ -344,6 +403,7 @@ def plan_to_dict(plan: DrainPlan) -> dict[str, object]:
             {
                 "node": n.node,
                 "scope": n.scope,
+                "scope_note": n.scope_note,
                 "start": n.start,
                 "done": n.done,
                 "held": n.held,

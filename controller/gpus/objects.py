@@ -10,12 +10,12 @@ unreadable topology is an error string, never a guess). No I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from controller.gpus.topology import NodeTopology, TopologyError, parse_annotation
-from gpuwarden.gpusharing import GpuSharing, SharingMode, node_sharing
+from gpuwarden.gpusharing import GpuSharing, SharingMode, is_gpu_resource, node_sharing
 from gpuwarden.quarantine import NodeQuarantine, node_quarantine
 from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
@@ -42,17 +42,40 @@ def _amount(container: Mapping[str, Any], resource: str) -> int:
     return _int(limits.get(resource, requests.get(resource, 0)))
 
 
-def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
-    """Effective GPU request of a pod: app containers + sidecars, or the largest init step if larger."""
-    app = sum(_amount(c, resource) for c in spec.get("containers") or [])
+def _shares(container: Mapping[str, Any], resource: str) -> int:
+    res = container.get("resources") or {}
+    limits, requests = res.get("limits") or {}, res.get("requests") or {}
+    total = 0
+    for name, value in limits.items():
+        if isinstance(name, str) and is_gpu_resource(name, resource):
+            total += _int(value)
+    for name, value in requests.items():
+        if name not in limits and isinstance(name, str) and is_gpu_resource(name, resource):
+            total += _int(value)
+    return total
+
+
+def _effective(spec: Mapping[str, Any], amount: Callable[[Mapping[str, Any]], int]) -> int:
+    app = sum(amount(c) for c in spec.get("containers") or [])
     sidecars = init_peak = 0
     for c in spec.get("initContainers") or []:
         if c.get("restartPolicy") == "Always":
-            sidecars += _amount(c, resource)
+            sidecars += amount(c)
             init_peak = max(init_peak, sidecars)
         else:
-            init_peak = max(init_peak, sidecars + _amount(c, resource))
+            init_peak = max(init_peak, sidecars + amount(c))
     return max(app + sidecars, init_peak)
+
+
+def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
+    """Effective GPU request of a pod: app containers + sidecars, or the largest init step if larger."""
+    return _effective(spec, lambda c: _amount(c, resource))
+
+
+def gpu_share_request(spec: Mapping[str, Any], resource: str) -> int:
+    """Effective request of anything that hands out a GPU or a share of one (`resource`, its `.shared`
+    rename, MIG-mixed `nvidia.com/mig-<profile>`): who may hold a physical GPU on a shared node."""
+    return _effective(spec, lambda c: _shares(c, resource))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,11 @@ NUMA nodes loses 15-50 % of its speed. Two sources describe the layout:
   GPU ids are numbered in NUMA order unless a zone attribute `gpuwarden.io/gpu-ids` lists them;
 * the node annotation `gpuwarden.io/gpu-topology`: JSON, GPU id -> attributes, e.g.
   `{"0": {"numa": 0, "pcie": "pci0", "nvlink": "nvl0", "uuid": "GPU-..."}, ...}`; a list of objects with an
-  `"id"` key, or either form under a top-level `"gpus"` key, is accepted too.
+  `"id"` key, or either form under a top-level `"gpus"` key, is accepted too. A MIG-enabled GPU may list its
+  MIG devices, `"mig": [{"uuid": "MIG-...", "gi": 1, "ci": 0, "profile": "1g.10gb"}, ...]`: modern MIG
+  UUIDs are opaque (nothing in `MIG-<uuid>` names the GPU it lives on), and the kubelet's PodResources name
+  a MIG pod's device by it, so this list is what ties a MIG device to its physical GPU (drain) and to
+  dcgm-exporter's per-instance series (`UUID` = the parent's, `GPU_I_ID` = `gi`; idle).
 
 The NRT object wins when it describes the GPU resource (docs/architecture.md). Parsing is pure and strict
 about types; an unreadable source yields a `TopologyError` whose message is shown to users in filter reasons.
@@ -38,6 +42,17 @@ class TopologyError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device of a GPU: its UUID (the device ID the device plugin hands to the kubelet), GPU
+    instance and compute instance ids (NVML's; `gi` is dcgm-exporter's `GPU_I_ID`), and its profile."""
+
+    uuid: str
+    gi: int | None = None
+    ci: int | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     """One GPU. `id` is what `gpuwarden.io/gpu-ids` lists (the device-plugin index, e.g. "3")."""
 
@@ -46,6 +61,8 @@ class Gpu:
     pcie: str | None = None
     nvlink: str | None = None
     uuid: str | None = None
+    mig: tuple[MigDevice, ...] = ()
+    """Its MIG devices, when the publisher listed them (empty: not MIG-enabled, or not published)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +86,17 @@ def uuid_map(*sources: NodeTopology | None) -> dict[str, str]:
         for gpu in source.gpus if source is not None else ():
             if gpu.uuid:
                 out.setdefault(gpu.uuid, gpu.id)
+    return out
+
+
+def mig_devices(*sources: NodeTopology | None) -> dict[str, tuple[Gpu, MigDevice]]:
+    """MIG UUID -> (the physical GPU it lives on, the MIG device), from whichever sources list MIG devices,
+    earlier sources first."""
+    out: dict[str, tuple[Gpu, MigDevice]] = {}
+    for source in sources:
+        for gpu in source.gpus if source is not None else ():
+            for mig in gpu.mig:
+                out.setdefault(mig.uuid, (gpu, mig))
     return out
 
 
@@ -102,7 +130,45 @@ def _gpu(gpu_id: Any, raw: Any) -> Gpu:
         pcie=None if pcie is None else str(pcie),
         nvlink=None if nvlink is None else str(nvlink),
         uuid=None if uuid is None else str(uuid),
+        mig=_mig_devices(gpu_id, raw.get("mig")),
     )
+
+
+def _instance_id(gpu_id: Any, raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TopologyError(f"GPU {gpu_id}: MIG {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _mig_devices(gpu_id: Any, raw: Any) -> tuple[MigDevice, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise TopologyError(f"GPU {gpu_id}: mig must be a list of MIG devices, got {type(raw).__name__}")
+    out: list[MigDevice] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not isinstance(item.get("uuid"), str) or not item["uuid"]:
+            raise TopologyError(f'GPU {gpu_id}: mig[{index}] needs a "uuid" string')
+        profile = item.get("profile")
+        if profile is not None and not isinstance(profile, str):
+            raise TopologyError(f"GPU {gpu_id}: mig[{index}] profile must be a string, got {profile!r}")
+        out.append(
+            MigDevice(
+                str(item["uuid"]),
+                _instance_id(gpu_id, item, "gi"),
+                _instance_id(gpu_id, item, "ci"),
+                profile,
+            )
+        )
+    uuids = [m.uuid for m in out]
+    if len(set(uuids)) != len(uuids):
+        raise TopologyError(f"GPU {gpu_id}: a MIG UUID is listed twice")
+    return tuple(out)
 
 
 def _sorted(gpus: list[Gpu], source: str) -> NodeTopology:
@@ -110,6 +176,10 @@ def _sorted(gpus: list[Gpu], source: str) -> NodeTopology:
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1}, key=gpu_sort_key)
         raise TopologyError(f"GPU id(s) listed twice: {', '.join(dup)}")
+    migs = [m.uuid for g in gpus for m in g.mig]
+    if len(set(migs)) != len(migs):
+        dup = sorted({m for m in migs if migs.count(m) > 1})
+        raise TopologyError(f"MIG device(s) listed under two GPUs: {', '.join(dup)}")
     return NodeTopology(tuple(sorted(gpus, key=lambda g: gpu_sort_key(g.id))), source)
 
 

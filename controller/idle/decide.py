@@ -4,6 +4,9 @@ Why it exists: "idle" must be decided one way, table-tested, and err toward *not
 
 * a pod is idle only when every GPU it holds has data covering the window and stayed under the threshold;
   one busy GPU makes it busy (a multi-GPU job with one GPU working is working);
+* a GPU held through a replica (time-slicing, MPS) is read whole (the snapshot's join): a sharer is idle
+  only when all of its GPU is, never while another sharer keeps it busy; a MIG device is judged on its own
+  instance's profiling field;
 * missing data (no series for a held GPU, too few samples, a NaN, a failed query) is **unknown**, never
   idle (docs/architecture.md, safety rule 1) — and unknown changes nothing: an `idle-since` stays;
 * young pods (inside `warmup_seconds`, or younger than the window) and opted-out pods (namespace glob,
@@ -175,18 +178,19 @@ def action_of(pod: IdlePod, config: IdleConfig) -> tuple[IdleAction, str]:
 def gpu_state(reading: GpuReading, config: IdleConfig) -> tuple[IdleVerdict, str]:
     """One GPU: busy (at or over the threshold), idle (under it, window covered) or unknown."""
     needed = config.window_seconds / config.scrape_interval_seconds * config.min_coverage_percent / 100
+    gpu = f"shared GPU {reading.gpu} (all sharers)" if reading.shared else f"GPU {reading.gpu}"
     if reading.conflict:
-        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} is reported for {reading.conflict}"
+        return IdleVerdict.UNKNOWN, f"{gpu} is reported for {reading.conflict}"
     if reading.max_percent is not None and reading.max_percent >= config.threshold_percent:
-        return IdleVerdict.BUSY, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
+        return IdleVerdict.BUSY, f"{gpu} peaked at {reading.max_percent:g}%"
     power = config.power_threshold_watts
     if power is not None and reading.max_watts is not None and reading.max_watts >= power:
-        return IdleVerdict.BUSY, f"GPU {reading.gpu} drew {reading.max_watts:g} W (>= {power:g} W)"
+        return IdleVerdict.BUSY, f"{gpu} drew {reading.max_watts:g} W (>= {power:g} W)"
     if power is not None and reading.max_watts is None:
-        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} has no power data (power corroboration is on)"
+        return IdleVerdict.UNKNOWN, f"{gpu} has no power data (power corroboration is on)"
     if reading.max_percent is None or reading.samples < needed:
-        return IdleVerdict.UNKNOWN, f"GPU {reading.gpu} has {reading.samples} samples, needs {needed:g}"
-    return IdleVerdict.IDLE, f"GPU {reading.gpu} peaked at {reading.max_percent:g}%"
+        return IdleVerdict.UNKNOWN, f"{gpu} has {reading.samples} samples, needs {needed:g}"
+    return IdleVerdict.IDLE, f"{gpu} peaked at {reading.max_percent:g}%"
 
 
 def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, now: float) -> Judgement:
@@ -209,12 +213,18 @@ def judge(pod: IdlePod, readings: tuple[GpuReading, ...], config: IdleConfig, no
     if busy:
         return Judgement(pod, IdleVerdict.BUSY, "; ".join(busy), rule)
     unknown = [why for v, why in states if v is IdleVerdict.UNKNOWN]
-    if len(readings) < pod.gpus:
-        unknown.append(f"{pod.gpus - len(readings)} of {pod.gpus} GPUs have no data")
+    expected = pod.expected
+    if len(readings) < expected:
+        unknown.append(f"{expected - len(readings)} of {expected} GPUs have no data")
     if unknown:
         return Judgement(pod, IdleVerdict.UNKNOWN, "; ".join(unknown), rule)
     ack = parse_time(pod.ack_until_text)
-    reason = (f"all {pod.gpus} GPUs under {config.threshold_percent:g}% for {config.window_seconds:g}s "
+    gpus = (
+        f"{expected} GPUs (shared GPUs: every sharer)"
+        if any(r.shared for r in readings)
+        else f"{expected} GPUs"
+    )
+    reason = (f"all {gpus} under {config.threshold_percent:g}% for {config.window_seconds:g}s "
               f"(peak {max((r.max_percent or 0.0) for r in readings):g}%)")  # fmt: skip
     return Judgement(
         pod, IdleVerdict.IDLE, reason, rule, acknowledged=ack is not None and ack > now, action=action

@@ -1,7 +1,8 @@
 """The idle-GPU loop: observe (one query) -> `plan_idle` -> act, every `loop_interval_seconds`, while leading.
 
 Why it exists: wiring. It reads the controller's shared live-pod informer (no watch of its own when one is
-given), queries Prometheus once per pass, keeps the clock, and remembers in memory what a dry-run pass
+given) and, when given, its node informer (how each node shares its GPUs, its published MIG devices),
+queries Prometheus once per pass, keeps the clock, and remembers in memory what a dry-run pass
 reported (nothing was written, so the next pass would report it again). `run_once()` is one pass (tests
 call it instead of sleeping); `plan_from()` is the same without acting, for `gpuwarden plan`. Passes are
 run by `controller.app.PassScheduler`, gated on leadership and on `ready()`.
@@ -61,6 +62,7 @@ class IdleLoop:
         clock: Callable[[], float] = time.time,
         pods: Informer | None = None,
         recorder: EventRecorder | None = None,
+        nodes: Informer | None = None,
     ) -> None:
         self.config = config
         self.policy: IdlePolicy = policy_from_config(config.idle, dry_run=dry_run)
@@ -74,6 +76,8 @@ class IdleLoop:
             )  # fmt: skip
             self._owned.append(pods)
         self.pods = pods
+        self.nodes = nodes
+        """Nodes (sharing, MIG devices); None: every node is taken as whole GPUs (recorded ids as today)."""
         self.metrics = IdleMetrics(registry, stale_after=3 * config.idle.loop_interval_seconds)
         recorder = recorder or EventRecorder(
             kube, component="idle", instance=instance or socket.gethostname()
@@ -100,7 +104,10 @@ class IdleLoop:
         self.metrics.loop_duration.labels("observe").observe(time.perf_counter() - started)
         started = time.perf_counter()
         snapshot = build_snapshot(
-            self.pods.objects(), usage, resource=self.config.kubernetes.gpu_resource_name
+            self.pods.objects(),
+            usage,
+            resource=self.config.kubernetes.gpu_resource_name,
+            nodes=self.nodes.objects() if self.nodes is not None else None,
         )
         self.evicted_at = [t for t in self.evicted_at if now - t < 3600]
         recent = len(self.evicted_at)
@@ -177,10 +184,12 @@ class IdleLoop:
         return self.config.idle.loop_interval_seconds if self.config.idle.enabled else None
 
     def ready(self) -> bool:
-        return self.pods.synced.is_set()
+        return self.pods.synced.is_set() and (self.nodes is None or self.nodes.synced.is_set())
 
     async def wait_ready(self) -> None:
         await self.pods.synced.wait()
+        if self.nodes is not None:
+            await self.nodes.synced.wait()
 
     def caches(self) -> list[Informer]:
         """The informers this loop created itself (none when the controller's shared one is injected)."""
@@ -193,8 +202,13 @@ async def usage_now(prom: Querier, config: Config, now: float) -> tuple[GpuUsage
 
 
 def plan_from(
-    config: Config, pods: Iterable[JsonObject], usage: Iterable[GpuUsage] | None, *, now: float
+    config: Config,
+    pods: Iterable[JsonObject],
+    usage: Iterable[GpuUsage] | None,
+    *,
+    now: float,
+    nodes: Iterable[JsonObject] | None = None,
 ) -> IdlePlan:
-    """The idle plan from listed pods and a usage answer, always dry-run (for `gpuwarden plan`)."""
-    snapshot = build_snapshot(pods, usage, resource=config.kubernetes.gpu_resource_name)
+    """The idle plan from listed pods (and nodes) and a usage answer, always dry-run (`gpuwarden plan`)."""
+    snapshot = build_snapshot(pods, usage, resource=config.kubernetes.gpu_resource_name, nodes=nodes)
     return plan_idle(snapshot, policy_from_config(config.idle, dry_run=True), now)

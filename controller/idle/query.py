@@ -7,6 +7,13 @@ and scaled to percent; a GPU without it falls back to `DCGM_FI_DEV_GPU_UTIL` (pe
 The answer carries a `stat` label: `max` (percent), `samples` (count over the window) and, when power
 corroboration is on, `power` (the highest `DCGM_FI_DEV_POWER_USAGE`, watts).
 
+Shared GPUs (docs/idle.md "Shared GPUs"): series are grouped by the GPU's UUID and MIG instance too, so the
+join can find every series of one physical GPU (whichever pod dcgm-exporter names on it) and each MIG
+instance's own. The fallback never reads `DCGM_FI_DEV_GPU_UTIL` on a MIG instance's series (NVML does not
+support utilization on MIG: a value there is not the instance's), nor dcgm-exporter's per-pod copies under
+`KUBERNETES_VIRTUAL_GPUS` (label `vgpu`): their utilization is a per-process sum that reads 0, not unknown,
+when the exporter cannot map processes to pods, and a sharer's 0 must not hide the GPU's other sharers.
+
 What it must not do: I/O, clocks, or decide anything. Pure.
 """
 
@@ -21,6 +28,8 @@ PROF_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 UTIL_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 POWER_METRIC = "DCGM_FI_DEV_POWER_USAGE"
 STAT_LABEL = "gpuwarden_stat"
+VGPU_LABEL = "vgpu"
+"""dcgm-exporter's label on the per-pod copies of a shared GPU's series (`KUBERNETES_VIRTUAL_GPUS`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +43,10 @@ class GpuUsage:
     max_percent: float | None
     samples: int
     max_watts: float | None = None
+    uuid: str = ""
+    """The physical GPU's UUID (the parent's on a MIG series); "" when the series has none."""
+    instance: str = ""
+    """The MIG GPU instance id of a per-instance series; "" for a whole GPU's."""
 
 
 def _stat(expr: str, value: str) -> str:
@@ -41,17 +54,17 @@ def _stat(expr: str, value: str) -> str:
 
 
 def idle_query(labels: IdleMetricLabels, window_seconds: float, *, power: bool = False) -> str:
-    """The pass's query: per (namespace, pod, node, gpu), the highest utilization and the sample count (and
-    with `power`, the highest power draw)."""
-    by = f"{labels.namespace}, {labels.pod}, {labels.node}, {labels.gpu}"
+    """The pass's query: per (namespace, pod, node, gpu, UUID, MIG instance), the highest utilization and the
+    sample count (and with `power`, the highest power draw)."""
+    by = ", ".join((labels.namespace, labels.pod, labels.node, labels.gpu, labels.uuid, labels.gpu_instance))
     w = f"{int(window_seconds)}s"
+    util = f'{UTIL_METRIC}{{{labels.gpu_instance}="", {VGPU_LABEL}=""}}'
     peak = (
         f"(max by ({by}) (max_over_time({PROF_METRIC}[{w}])) * 100)"
-        f" or max by ({by}) (max_over_time({UTIL_METRIC}[{w}]))"
+        f" or max by ({by}) (max_over_time({util}[{w}]))"
     )
     count = (
-        f"max by ({by}) (count_over_time({PROF_METRIC}[{w}]))"
-        f" or max by ({by}) (count_over_time({UTIL_METRIC}[{w}]))"
+        f"max by ({by}) (count_over_time({PROF_METRIC}[{w}])) or max by ({by}) (count_over_time({util}[{w}]))"
     )
     query = f"{_stat(f'({peak})', 'max')} or {_stat(f'({count})', 'samples')}"
     if power:
@@ -64,15 +77,18 @@ def read_usage(
 ) -> tuple[GpuUsage, ...]:
     """The query's answer (label set, value) as one `GpuUsage` per series group; series without a node or
     GPU label cannot be attributed and are dropped; a NaN peak is unknown."""
-    peaks: dict[tuple[str, str, str, str], float | None] = {}
-    counts: dict[tuple[str, str, str, str], int] = {}
-    watts: dict[tuple[str, str, str, str], float] = {}
+    Key = tuple[str, str, str, str, str, str]
+    peaks: dict[Key, float | None] = {}
+    counts: dict[Key, int] = {}
+    watts: dict[Key, float] = {}
     for metric, value in samples:
         key = (
             metric.get(labels.node, ""),
             metric.get(labels.gpu, ""),
             metric.get(labels.namespace, ""),
             metric.get(labels.pod, ""),
+            metric.get(labels.uuid, ""),
+            metric.get(labels.gpu_instance, ""),
         )
         if not key[0] or not key[1]:
             continue
@@ -84,7 +100,7 @@ def read_usage(
         elif stat == "power" and value == value:
             watts[key] = value
     return tuple(
-        GpuUsage(node, gpu, ns, pod, peaks.get(k), counts.get(k, 0), watts.get(k))
+        GpuUsage(node, gpu, ns, pod, peaks.get(k), counts.get(k, 0), watts.get(k), uuid, instance)
         for k in sorted(set(peaks) | set(counts))
-        for node, gpu, ns, pod in (k,)
+        for node, gpu, ns, pod, uuid, instance in (k,)
     )

@@ -54,6 +54,18 @@ class IdleMetricLabels(Section):
     namespace: LabelName = Field(default="namespace", description="The label naming the pod's namespace.")
     node: LabelName = Field(default="Hostname", description="The label naming the node (`hostname` on main).")
     gpu: LabelName = Field(default="gpu", description="The label holding the GPU index (the `gpu-ids` id).")
+    uuid: LabelName = Field(
+        default="UUID",
+        description="The label holding the physical GPU's UUID (the parent GPU's on MIG series): joins the "
+        "kubelet's device IDs (GPU UUIDs, time-slicing/MPS replicas `<uuid>::<n>`, MIG devices) to their "
+        "GPU.",
+    )
+    gpu_instance: LabelName = Field(
+        default="GPU_I_ID",
+        description="The label holding the MIG GPU instance id on per-instance series: a MIG device is "
+        "judged on its own instance's DCGM_FI_PROF_GR_ENGINE_ACTIVE (DCGM_FI_DEV_GPU_UTIL does not exist on "
+        "MIG).",
+    )
 
 
 class IdleConfig(Section):

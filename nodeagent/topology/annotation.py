@@ -2,7 +2,9 @@
 
 Why it exists: the scheduler extender (controller/gpus/topology.py `parse_annotation`) reads this
 annotation to keep a job's GPUs on one NUMA node, PCIe switch or NVLink domain. The format is theirs:
-`{"<id>": {"numa": 0, "pcie": "<switch id>", "nvlink": "nvl<k>", "uuid": "GPU-..."}, ...}`. The GPU id must
+`{"<id>": {"numa": 0, "pcie": "<switch id>", "nvlink": "nvl<k>", "uuid": "GPU-..."}, ...}`, and on a
+MIG-enabled GPU `"mig": [{"uuid": "MIG-...", "gi": 1, "ci": 0, "profile": "1g.10gb"}, ...]` (drain and idle
+tie the kubelet's opaque MIG device IDs to their GPU and instance with it). The GPU id must
 be the id the NVIDIA device plugin hands to kubelet (`--device-id-strategy`: the UUID by default, or the
 index), or the extender's claims would name GPUs that kubelet does not know.
 
@@ -13,7 +15,7 @@ value is left out, never filled in: the extender treats an absent key as "does n
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from nodeagent.topology.model import DiscoveredTopology, GpuDevice, TopologyReadError
 
@@ -52,7 +54,7 @@ def nvlink_domains(gpus: tuple[GpuDevice, ...]) -> dict[str, str]:
 def render(topo: DiscoveredTopology, id_strategy: IdStrategy) -> str:
     """The annotation value: compact JSON, GPUs in index order, attributes in a fixed order."""
     domains = nvlink_domains(topo.gpus)
-    doc: dict[str, dict[str, int | str]] = {}
+    doc: dict[str, dict[str, Any]] = {}
     for gpu in sorted(topo.gpus, key=lambda g: g.index):
         if id_strategy == "uuid":
             if gpu.uuid is None:
@@ -65,7 +67,7 @@ def render(topo: DiscoveredTopology, id_strategy: IdStrategy) -> str:
             key = str(gpu.index)
         if key in doc:
             raise TopologyReadError(f"GPU id {key!r} would appear twice in the annotation")
-        attrs: dict[str, int | str] = {}
+        attrs: dict[str, Any] = {}
         if gpu.numa is not None:
             attrs["numa"] = gpu.numa
         if gpu.pcie_switch is not None:
@@ -74,5 +76,10 @@ def render(topo: DiscoveredTopology, id_strategy: IdStrategy) -> str:
             attrs["nvlink"] = domains[gpu.pci_bus_id]
         if gpu.uuid is not None:
             attrs["uuid"] = gpu.uuid
+        if gpu.mig:
+            attrs["mig"] = [
+                {"uuid": m.uuid, "gi": m.gi, "ci": m.ci, **({"profile": m.profile} if m.profile else {})}
+                for m in gpu.mig
+            ]
         doc[key] = attrs
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=True)

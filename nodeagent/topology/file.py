@@ -8,11 +8,12 @@ Format (JSON is valid YAML, so one parser reads both):
 
     gpus:
       - {index: 0, uuid: GPU-..., pciBusId: "0000:3b:00.0", numa: 0, pcieSwitch: sw0,
-         nvlinkPeers: ["0000:3c:00.0"]}
+         nvlinkPeers: ["0000:3c:00.0"], mig: [{uuid: MIG-..., gi: 1, ci: 0, profile: 1g.10gb}]}
 
 `index` and `pciBusId` are required; `uuid`, `numa`, `pcieSwitch` may be omitted or null (unknown);
-`nvlinkPeers` may be omitted or null (no links). Quote bus ids in YAML: some (e.g. 0000:30:00.0) read as
-base-60 numbers.
+`nvlinkPeers` may be omitted or null (no links); `mig` (a simulated MIG-enabled GPU's MIG devices, as NVML
+would list them: `uuid`, `gi`, `ci` required, `profile` optional) may be omitted or null (MIG off). Quote
+bus ids in YAML: some (e.g. 0000:30:00.0) read as base-60 numbers.
 """
 
 from __future__ import annotations
@@ -26,18 +27,50 @@ import yaml
 from nodeagent.topology.model import (
     DiscoveredTopology,
     GpuDevice,
+    MigDevice,
     TopologyReadError,
     bus_id_sort_key,
     normalise_bus_id,
     sorted_topology,
 )
 
-FIELDS = ("index", "uuid", "pciBusId", "numa", "pcieSwitch", "nvlinkPeers")
+FIELDS = ("index", "uuid", "pciBusId", "numa", "pcieSwitch", "nvlinkPeers", "mig")
 REQUIRED = ("index", "pciBusId")
+MIG_FIELDS = ("uuid", "gi", "ci", "profile")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mig(where: str, raw: Any, problems: list[str]) -> tuple[MigDevice, ...]:
+    """A GPU's `mig` list (empty when absent), adding what is wrong with it to `problems`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.append(f"{where}: mig must be a list of MIG devices, got {type(raw).__name__}")
+        return ()
+    out: list[MigDevice] = []
+    for i, item in enumerate(raw):
+        at = f"{where} mig[{i}]"
+        if not isinstance(item, Mapping):
+            problems.append(f"{at}: expected a mapping, got {type(item).__name__}")
+            continue
+        bad = [
+            f"{at}: unknown field {k!r} (known: {', '.join(MIG_FIELDS)})" for k in item if k not in MIG_FIELDS
+        ]
+        uuid, gi, ci, profile = (item.get(k) for k in MIG_FIELDS)
+        if not isinstance(uuid, str) or not uuid:
+            bad.append(f"{at}: uuid must be a non-empty string, got {uuid!r}")
+        for key, value in (("gi", gi), ("ci", ci)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                bad.append(f"{at}: {key} must be a non-negative integer, got {value!r}")
+        if profile is not None and (not isinstance(profile, str) or not profile):
+            bad.append(f"{at}: profile must be a non-empty string or null, got {profile!r}")
+        problems.extend(bad)
+        if not bad and isinstance(uuid, str) and isinstance(gi, int) and isinstance(ci, int):
+            out.append(MigDevice(uuid, gi, ci, profile))
+    return tuple(out)
 
 
 def _gpu(where: str, raw: Any, problems: list[str]) -> GpuDevice | None:
@@ -68,6 +101,7 @@ def _gpu(where: str, raw: Any, problems: list[str]) -> GpuDevice | None:
         problems.append(f"{where}: pciBusId must be a string (quote it in YAML), got {bus_id!r}")
     if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
         problems.append(f"{where}: nvlinkPeers must be a list of PCI bus id strings, got {peers!r}")
+    mig = _mig(where, raw.get("mig"), problems)
     if len(problems) > before or not isinstance(bus_id, str) or not isinstance(index, int):
         return None
     try:
@@ -83,6 +117,7 @@ def _gpu(where: str, raw: Any, problems: list[str]) -> GpuDevice | None:
         numa=numa,
         pcie_switch=switch,
         nvlink_peers=tuple(peer_ids),
+        mig=mig,
     )
 
 

@@ -27,6 +27,18 @@ class TopologyReadError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device of a MIG-enabled GPU, as NVML names it: its UUID (the device ID NVIDIA's device plugin
+    hands to the kubelet, opaque on current drivers), its GPU and compute instance ids (dcgm-exporter's
+    `GPU_I_ID` is the former) and its profile (`1g.10gb`) when NVML's name says it."""
+
+    uuid: str
+    gi: int
+    ci: int
+    profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One GPU as the hardware describes it.
 
@@ -42,6 +54,8 @@ class GpuDevice:
     numa: int | None
     pcie_switch: str | None
     nvlink_peers: tuple[str, ...] = ()
+    mig: tuple[MigDevice, ...] = ()
+    """Its MIG devices when MIG is enabled on it (only NVML sees them), else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +105,8 @@ def validate(topo: DiscoveredTopology) -> None:
         problems.append(f"UUID listed twice: {', '.join(dup)}")
     if dup := _twice(g.pci_bus_id for g in topo.gpus):
         problems.append(f"PCI bus id listed twice: {', '.join(dup)}")
+    if dup := _twice(m.uuid for g in topo.gpus for m in g.mig):
+        problems.append(f"MIG UUID listed twice: {', '.join(dup)}")
     bus_ids = {g.pci_bus_id for g in topo.gpus}
     for gpu in topo.gpus:
         if gpu.index < 0:

@@ -1,7 +1,9 @@
 """Read GPU topology from NVML (libnvidia-ml through nvidia-ml-py's `pynvml`), the preferred source.
 
 Why it exists: only NVML sees NVLink (direct GPU-GPU links and NVSwitch fabrics) and gives the UUIDs the
-device plugin uses; it also answers "do these two GPUs share a PCIe switch" without walking sysfs.
+device plugin uses; it also answers "do these two GPUs share a PCIe switch" without walking sysfs. On a
+MIG-enabled GPU it lists the MIG devices (UUID, GPU and compute instance): a current driver's MIG UUID is
+opaque, so this is what ties the kubelet's `MIG-<uuid>` device IDs to their physical GPU for drain and idle.
 
 This module is the one choke point to NVML: `read_nvml` takes the module (or a recorded fake with the same
 function names), always balances `nvmlInit` with `nvmlShutdown`, and turns every NVML error into a
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 from nodeagent.topology.model import (
     DiscoveredTopology,
     GpuDevice,
+    MigDevice,
     TopologyReadError,
     bus_id_sort_key,
     normalise_bus_id,
@@ -35,12 +38,16 @@ NVML_TOPOLOGY_HOSTBRIDGE = 30
 NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_SYSTEM = 50
 NVML_FEATURE_ENABLED = 1
+NVML_DEVICE_MIG_ENABLE = 1
 # Used when the module has no NVML_NVLINK_MAX_LINKS of its own (nvidia-ml-py 13 defines 36).
 NVML_NVLINK_MAX_LINKS = 18
 
 # Errors meaning "this link (or NVLink itself) is not there", not "the read failed".
 _LINK_ABSENT = ("NVMLError_NotSupported", "NVMLError_InvalidArgument", "NVMLError_FunctionNotFound")
 _NUMA_UNKNOWN = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+# Errors meaning "no MIG here" (a GPU that is not MIG-capable, an old driver) or "no MIG device at this slot".
+_MIG_ABSENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+_MIG_SLOT_EMPTY = ("NVMLError_NotFound", "NVMLError_InvalidArgument")
 
 T = TypeVar("T")
 
@@ -78,6 +85,8 @@ class _Reader:
         self.error = _error_classes(nvml, ("NVMLError",))
         self.link_absent = _error_classes(nvml, _LINK_ABSENT)
         self.numa_unknown = _error_classes(nvml, _NUMA_UNKNOWN)
+        self.mig_absent = _error_classes(nvml, _MIG_ABSENT)
+        self.mig_slot_empty = _error_classes(nvml, _MIG_SLOT_EMPTY)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -140,6 +149,48 @@ class _Reader:
                     group[b] = a
         return {d.bus_id: f"pcie-{root(d.bus_id)}" for d in devices}
 
+    def mig_devices(self, device: _Device) -> tuple[MigDevice, ...]:
+        """The MIG devices of a MIG-enabled GPU, in slot order; empty when MIG is off or not supported."""
+        nvml = self.nvml
+        mode_fn = getattr(nvml, "nvmlDeviceGetMigMode", None)
+        if mode_fn is None:
+            return ()
+        try:
+            current = mode_fn(device.handle)[0]
+        except self.mig_absent:
+            return ()
+        except self.error as exc:
+            raise TopologyReadError(f"NVML nvmlDeviceGetMigMode(GPU {device.index}) failed: {exc}") from None
+        if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", NVML_DEVICE_MIG_ENABLE):
+            return ()
+        slots = self.call(
+            f"nvmlDeviceGetMaxMigDeviceCount(GPU {device.index})",
+            nvml.nvmlDeviceGetMaxMigDeviceCount,
+            device.handle,
+        )
+        out: list[MigDevice] = []
+        for slot in range(int(slots)):
+            where = f"GPU {device.index}, MIG slot {slot}"
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, slot)
+            except self.mig_slot_empty:
+                continue
+            except self.error as exc:
+                raise TopologyReadError(
+                    f"NVML nvmlDeviceGetMigDeviceHandleByIndex({where}) failed: {exc}"
+                ) from None
+            uuid = _text(self.call(f"nvmlDeviceGetUUID({where})", nvml.nvmlDeviceGetUUID, mig)).strip()
+            gi = int(self.call(f"nvmlDeviceGetGpuInstanceId({where})", nvml.nvmlDeviceGetGpuInstanceId, mig))
+            ci = int(
+                self.call(
+                    f"nvmlDeviceGetComputeInstanceId({where})", nvml.nvmlDeviceGetComputeInstanceId, mig
+                )
+            )
+            name = _text(self.call(f"nvmlDeviceGetName({where})", nvml.nvmlDeviceGetName, mig))
+            _, sep, profile = name.rpartition(" MIG ")
+            out.append(MigDevice(uuid, gi, ci, profile.strip() if sep and profile.strip() else None))
+        return tuple(out)
+
     def nvlink_remotes(self, device: _Device) -> set[str]:
         """Bus ids at the far end of this GPU's active NVLinks (GPUs or NVSwitches)."""
         nvml = self.nvml
@@ -199,6 +250,7 @@ def read_nvml(nvml: Any, *, sys_root: Path = Path("/sys")) -> DiscoveredTopology
                 numa=reader.numa(d),
                 pcie_switch=switches[d.bus_id],
                 nvlink_peers=peers[d.bus_id],
+                mig=reader.mig_devices(d),
             )
             for d in devices
         ]

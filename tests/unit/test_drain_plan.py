@@ -167,12 +167,25 @@ def test_plan_as_json_and_table() -> None:
                        gpu_nodes=4, schedulable_gpu_nodes=3)  # fmt: skip
     doc = plan_to_dict(plan)
     assert doc["nodes"] == [
-        {"node": "n1", "scope": "gpu", "start": True, "done": False, "held": "",
+        {"node": "n1", "scope": "gpu", "scope_note": "", "start": True, "done": False, "held": "",
          "pods": [{"pod": "train/a", "verdict": "evict", "mode": "immediate", "rule": "default",
                    "reason": "holds a faulty GPU"}]},
     ]  # fmt: skip
     table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, doc).render_table()
     assert "n1 (gpu scope, draining)" in table and "train/a" in table and "train/b" not in table
+
+
+def test_a_widened_scope_says_why_in_the_plan() -> None:
+    from controller.app import ControllerPlan
+    from controller.drain.plan import plan_to_dict
+
+    n = DrainNode("n1", frozenset({"GPU-2"}), UUIDS)
+    plan = plan_drains([n], {"n1": [pod("a", "2"), pod("b", None, gpus=1)]}, POLICY, NOW,
+                       evictions_last_minute=0, gpu_nodes=4, schedulable_gpu_nodes=3)  # fmt: skip
+    doc = plan_to_dict(plan)
+    assert doc["nodes"][0]["scope_note"] == "train/b holds GPUs no set names"  # type: ignore[index]
+    table = ControllerPlan({}, "", {"clear": [], "evict": [], "hold": []}, doc).render_table()
+    assert "n1 (node scope: train/b holds GPUs no set names, draining)" in table
 
 
 def test_finished_drains_do_not_count_against_the_limit() -> None:

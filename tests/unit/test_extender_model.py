@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from controller.gpus.model import Claim, ClusterModel, Holder, NodeView
-from controller.gpus.objects import gpu_request, pod_info
+from controller.gpus.objects import gpu_request, gpu_share_request, pod_info
 from controller.gpus.topology import count_only
 from gpuwarden.wellknown import parse_gpu_ids
 from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarantine_record, topology
@@ -40,6 +40,25 @@ from tests.unit.extender_support import RESOURCE, model, node, nrt, pod, quarant
 )
 def test_gpu_request(spec: dict[str, Any], gpus: int) -> None:
     assert gpu_request(spec, RESOURCE) == gpus
+
+
+@pytest.mark.parametrize(
+    ("spec", "shares"),
+    [
+        pytest.param({"containers": [{"resources": {"limits": {RESOURCE: "2"}}}]}, 2, id="whole-gpus"),
+        pytest.param({"containers": [{"resources": {"limits": {RESOURCE + ".shared": "1"}}}]}, 1,
+                     id="renamed-replica"),
+        pytest.param({"containers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}},
+                                     {"resources": {"requests": {"nvidia.com/mig-3g.40gb": 1}}}]}, 2,
+                     id="mig-mixed-profiles-add-up"),
+        pytest.param({"containers": [{}], "initContainers": [
+            {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "3"}}}]}, 3, id="init-peak"),
+        pytest.param({"containers": [{"resources": {"limits": {"nvidia.com/gpumem": "4000"}}}]}, 0,
+                     id="not-a-gpu-resource"),
+    ],
+)  # fmt: skip
+def test_gpu_share_request(spec: dict[str, Any], shares: int) -> None:
+    assert gpu_share_request(spec, RESOURCE) == shares
 
 
 def test_parse_gpu_ids() -> None:

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from controller.gpus.topology import Gpu, TopologyError, count_only, parse_annotation, parse_nrt
+from controller.gpus.topology import (
+    Gpu,
+    MigDevice,
+    TopologyError,
+    count_only,
+    mig_devices,
+    parse_annotation,
+    parse_nrt,
+)
 from tests.unit.extender_support import RESOURCE, nrt
 
 ANNOTATIONS = [
@@ -23,6 +31,20 @@ ANNOTATIONS = [
     ),
     ("gpus-wrapper", {"gpus": {"0": {"numa_node": "1", "pcie_switch": "s"}}}, (Gpu("0", 1, "s"),)),
     ("attributes-optional", {"0": {}, "1": {"numa": None}}, (Gpu("0"), Gpu("1"))),
+    (
+        "mig-devices",
+        {
+            "0": {
+                "uuid": "GPU-0",
+                "mig": [
+                    {"uuid": "MIG-a", "gi": 1, "ci": 0, "profile": "1g.10gb"},
+                    {"uuid": "MIG-b", "gi": "2"},
+                ],
+            }
+        },
+        (Gpu("0", uuid="GPU-0", mig=(MigDevice("MIG-a", 1, 0, "1g.10gb"), MigDevice("MIG-b", 2))),),
+    ),
+    ("mig-empty-list", {"0": {"mig": []}}, (Gpu("0"),)),
 ]
 
 
@@ -45,6 +67,16 @@ BAD_ANNOTATIONS = [
     ("list-entry-without-id", '[{"numa": 0}]', 'needs an "id"'),
     ("duplicate-ids", '[{"id": 1}, {"id": "1"}]', "listed twice: 1"),
     ("pcie-object", '{"0": {"pcie": {"a": 1}}}', "pcie must be a string"),
+    ("mig-not-list", '{"0": {"mig": {"uuid": "MIG-a"}}}', "mig must be a list"),
+    ("mig-without-uuid", '{"0": {"mig": [{"gi": 1}]}}', r'mig\[0\] needs a "uuid"'),
+    ("mig-negative-gi", '{"0": {"mig": [{"uuid": "MIG-a", "gi": -1}]}}', "MIG gi must be a non-negative"),
+    ("mig-profile-number", '{"0": {"mig": [{"uuid": "MIG-a", "profile": 1}]}}', "profile must be a string"),
+    ("mig-twice-on-a-gpu", '{"0": {"mig": [{"uuid": "MIG-a"}, {"uuid": "MIG-a"}]}}', "listed twice"),
+    (
+        "mig-under-two-gpus",
+        '{"0": {"mig": [{"uuid": "MIG-a"}]}, "1": {"mig": [{"uuid": "MIG-a"}]}}',
+        "listed under two GPUs: MIG-a",
+    ),
 ]
 
 
@@ -97,3 +129,10 @@ def test_count_only_stand_in() -> None:
     topo = count_only(3)
     assert [g.id for g in topo.gpus] == ["0", "1", "2"] and not topo.known
     assert count_only(-1).gpus == ()
+
+
+def test_mig_devices_name_their_gpu_earlier_source_first() -> None:
+    first = parse_annotation('{"0": {"uuid": "GPU-0", "mig": [{"uuid": "MIG-a", "gi": 3}]}}')
+    second = parse_annotation('{"5": {"mig": [{"uuid": "MIG-a"}, {"uuid": "MIG-b"}]}}')
+    got = mig_devices(first, None, second)
+    assert {k: (g.id, m.gi) for k, (g, m) in got.items()} == {"MIG-a": ("0", 3), "MIG-b": ("5", None)}

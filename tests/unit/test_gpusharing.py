@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.gpusharing import DeviceRef, SharingMode, device_ref, mig_profile, node_sharing, physical_gpu
+from gpuwarden.gpusharing import (
+    DeviceRef,
+    SharingMode,
+    device_ref,
+    is_gpu_resource,
+    is_gpu_uuid,
+    mig_profile,
+    node_sharing,
+    physical_gpu,
+)
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 COUNT, REPLICAS, STRATEGY = (
@@ -225,3 +234,35 @@ def test_physical_gpu_resolves_opaque_mig_through_known_parents() -> None:
     assert physical_gpu("MIG-2ce7f0::1", {"MIG-2ce7f0": "GPU-bbbb"}) == "GPU-bbbb"
     assert physical_gpu("MIG-2ce7f0") == ""
     assert physical_gpu("GPU-aaaa::0") == "GPU-aaaa"
+
+
+@pytest.mark.parametrize(
+    ("text", "exact"),
+    [
+        pytest.param("GPU-3b8e0c2d-5f4a-4e7b-9c1d-2a6f8e0b4c71", True, id="nvml-uuid"),
+        pytest.param("GPU-3B8E0C2D-5F4A-4E7B-9C1D-2A6F8E0B4C71", True, id="upper-case"),
+        pytest.param("GPU-3b8e0c2d-5f4a-4e7b-9c1d-2a6f8e0b4c71-2", False, id="hami-compound"),
+        pytest.param("GPU-3b8e0c2d-5f4a-4e7b-9c1d-2a6f8e0b4c71::2", False, id="replica-not-stripped"),
+        pytest.param("3", False, id="index"),
+        pytest.param("MIG-3b8e0c2d-5f4a-4e7b-9c1d-2a6f8e0b4c71", False, id="mig-uuid"),
+        pytest.param("GPU-0", False, id="short"),
+    ],
+)
+def test_is_gpu_uuid(text: str, exact: bool) -> None:
+    assert is_gpu_uuid(text) is exact
+
+
+@pytest.mark.parametrize(
+    ("name", "resource", "gpu"),
+    [
+        pytest.param("nvidia.com/gpu", "nvidia.com/gpu", True, id="gpu"),
+        pytest.param("nvidia.com/gpu.shared", "nvidia.com/gpu", True, id="renamed-shared"),
+        pytest.param("nvidia.com/mig-1g.10gb", "nvidia.com/gpu", True, id="mig-mixed"),
+        pytest.param("nvidia.com/mig-1g.10gb.shared", "nvidia.com/gpu", True, id="mig-mixed-shared"),
+        pytest.param("example.com/gpu", "example.com/gpu", True, id="configured-resource"),
+        pytest.param("nvidia.com/gpumem", "nvidia.com/gpu", False, id="hami-memory"),
+        pytest.param("cpu", "nvidia.com/gpu", False, id="cpu"),
+    ],
+)
+def test_is_gpu_resource(name: str, resource: str, gpu: bool) -> None:
+    assert is_gpu_resource(name, resource) is gpu

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 from controller.idle.decide import IdlePlan, judge, plan_idle, policy_from_config
 from controller.idle.decide import IdleVerdict as Verdict
 from controller.idle.query import STAT_LABEL, GpuUsage, idle_query, read_usage
-from controller.idle.snapshot import GpuReading, IdlePod, build_snapshot, join, parse_time
+from controller.idle.snapshot import GpuReading, IdlePod, NodeGpus, build_snapshot, holdings, join, parse_time
 from gpuwarden.config.idle import IdleConfig, IdleMetricLabels
 from gpuwarden.config.root import Config
 
@@ -23,7 +24,8 @@ FULL = 60
 def pod(name: str = "nb", *, ns: str = "ml", gpus: int = 1, ids: tuple[str, ...] | None = None,
         started: float | None = parse_time(OLD), labels: dict[str, str] | None = None,
         since: str | None = None, ack: str | None = None) -> IdlePod:  # fmt: skip
-    return IdlePod(ns, name, f"uid-{name}", "n1", gpus, ids, started, labels or {}, None, since, ack)
+    p = IdlePod(ns, name, f"uid-{name}", "n1", gpus, ids, started, labels or {}, None, since, ack)
+    return replace(p, held=holdings(p, NodeGpus()))  # a set resolved as on a node of whole GPUs
 
 
 def r(gpu: str, peak: float | None, samples: int = FULL, conflict: str = "") -> GpuReading:
@@ -178,10 +180,11 @@ def test_join(pod_: IdlePod, usage: list[GpuUsage], want: list[GpuReading]) -> N
 # --- the query and its answer ----------------------------------------------------------------------
 def test_query_is_one_grouped_expression_with_fallback() -> None:
     q = idle_query(IdleMetricLabels(pod="exported_pod", namespace="exported_namespace"), 1800)
-    assert (
-        q.count("DCGM_FI_PROF_GR_ENGINE_ACTIVE[1800s]") == 2 and q.count("DCGM_FI_DEV_GPU_UTIL[1800s]") == 2
-    )
-    assert "by (exported_namespace, exported_pod, Hostname, gpu)" in q
+    # the fallback never reads utilization on a MIG instance's series or on a per-pod vgpu copy
+    util = 'DCGM_FI_DEV_GPU_UTIL{GPU_I_ID="", vgpu=""}[1800s]'
+    assert q.count("DCGM_FI_PROF_GR_ENGINE_ACTIVE[1800s]") == 2 and q.count(util) == 2
+    assert q.count("DCGM_FI_DEV_GPU_UTIL") == 2
+    assert "by (exported_namespace, exported_pod, Hostname, gpu, UUID, GPU_I_ID)" in q
     assert "* 100" in q
 
 

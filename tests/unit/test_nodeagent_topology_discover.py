@@ -80,6 +80,25 @@ BAD_FILES = [
     ("peers-not-list", one({"nvlinkPeers": "0000:3c:00.0"}), r"nvlinkPeers must be a list"),
     ("peer-not-bus-id", one({"nvlinkPeers": ["gpu1"]}), r"nvlinkPeers: 'gpu1' is not a PCI bus id"),
     ("bus-id-malformed", one({"pciBusId": "3b:00.0"}), r"pciBusId: '3b:00.0' is not a PCI bus id"),
+    ("mig-not-list", one({"mig": {"uuid": "MIG-a"}}), r"gpus\[0\] \(index 0\): mig must be a list"),
+    ("mig-entry-not-mapping", one({"mig": ["MIG-a"]}), r"mig\[0\]: expected a mapping, got str"),
+    (
+        "mig-unknown-key",
+        one({"mig": [{"uuid": "MIG-a", "gi": 1, "ci": 0, "slot": 2}]}),
+        r"mig\[0\]: unknown field 'slot'",
+    ),
+    ("mig-uuid-missing", one({"mig": [{"gi": 1, "ci": 0}]}), r"mig\[0\]: uuid must be a non-empty string"),
+    (
+        "mig-gi-missing",
+        one({"mig": [{"uuid": "MIG-a", "ci": 0}]}),
+        r"gi must be a non-negative integer, got None",
+    ),
+    ("mig-ci-negative", one({"mig": [{"uuid": "MIG-a", "gi": 1, "ci": -1}]}), r"ci must be a non-negative"),
+    (
+        "mig-profile-empty",
+        one({"mig": [{"uuid": "MIG-a", "gi": 1, "ci": 0, "profile": ""}]}),
+        r"profile must be a non-empty string or null",
+    ),
     # YAML 1.1 reads an unquoted 0000:30:00.0 as a base-60 number: the message says to quote it.
     (
         "yaml-unquoted-bus-id",
@@ -93,6 +112,15 @@ BAD_FILES = [
 def test_bad_file_names_the_gpu_and_the_field(text: str, message: str) -> None:
     with pytest.raises(TopologyReadError, match=rf"^gpus.yaml: .*{message}"):
         parse_file(text, "gpus.yaml")
+
+
+def test_a_simulated_mig_gpu_lists_its_mig_devices() -> None:
+    from nodeagent.topology.model import MigDevice
+
+    mig = [{"uuid": "MIG-a", "gi": 1, "ci": 0, "profile": "1g.10gb"}, {"uuid": "MIG-b", "gi": 2, "ci": 0}]
+    topo = parse_file(one({"uuid": "GPU-0", "mig": mig}), "gpus.yaml")
+    assert topo.gpus[0].mig == (MigDevice("MIG-a", 1, 0, "1g.10gb"), MigDevice("MIG-b", 2, 0))
+    assert parse_file(one({"mig": None}), "gpus.yaml").gpus[0].mig == ()
 
 
 def test_every_problem_of_a_file_is_reported_at_once() -> None:

@@ -423,3 +423,109 @@ def test_load_nvml_with_a_broken_driver_is_an_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "pynvml", fake_module(NVMLError_DriverNotLoaded("Driver Not Loaded")))
     with pytest.raises(TopologyReadError, match=r"nvmlInit\(\) failed: Driver Not Loaded"):
         load_nvml()
+
+
+# --- MIG devices ---------------------------------------------------------------------------------------
+class NVMLError_NotFound(NVMLError):
+    pass
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    gpu: int
+    slot: int
+
+
+class MigNvml(FakeNvml):
+    """A pynvml with MIG: `mig` maps a GPU index to its slots (slot -> (uuid, gi, ci, name)); a GPU absent
+    from it is not MIG-capable (NotSupported); `disabled` GPUs are MIG-capable with MIG off."""
+
+    NVMLError_NotFound = NVMLError_NotFound
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self, gpus: list[Recorded], mig: dict[int, dict[int, tuple[str, int, int, str]]],
+                 disabled: tuple[int, ...] = ()) -> None:  # fmt: skip
+        super().__init__(gpus)
+        self.mig, self.disabled = mig, disabled
+
+    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
+        self._answer("nvmlDeviceGetMigMode")
+        if handle.index in self.disabled:
+            return [0, 0]
+        if handle.index not in self.mig:
+            raise NVMLError_NotSupported("Not Supported")
+        return [1, 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Handle) -> int:
+        self._answer("nvmlDeviceGetMaxMigDeviceCount")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Handle, slot: int) -> MigHandle:
+        self._answer("nvmlDeviceGetMigDeviceHandleByIndex")
+        if slot not in self.mig[handle.index]:
+            raise NVMLError_NotFound("Not Found")
+        return MigHandle(handle.index, slot)
+
+    def nvmlDeviceGetUUID(self, handle: Handle | MigHandle) -> str | bytes:  # type: ignore[override]
+        if isinstance(handle, MigHandle):
+            self._answer("nvmlDeviceGetUUID")
+            return self.mig[handle.gpu][handle.slot][0].encode()
+        return super().nvmlDeviceGetUUID(handle)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: MigHandle) -> int:
+        self._answer("nvmlDeviceGetGpuInstanceId")
+        return self.mig[handle.gpu][handle.slot][1]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: MigHandle) -> int:
+        self._answer("nvmlDeviceGetComputeInstanceId")
+        return self.mig[handle.gpu][handle.slot][2]
+
+    def nvmlDeviceGetName(self, handle: MigHandle) -> str:
+        self._answer("nvmlDeviceGetName")
+        return self.mig[handle.gpu][handle.slot][3]
+
+
+H100_MIG = {
+    0: {0: ("MIG-11111111-aaaa-5bbb-8ccc-000000000001", 7, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb"),
+        2: ("MIG-11111111-aaaa-5bbb-8ccc-000000000002", 8, 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb")},
+    2: {0: ("MIG-11111111-aaaa-5bbb-8ccc-000000000003", 1, 0, "NVIDIA H100 80GB HBM3")},  # no profile in name
+}  # fmt: skip
+
+
+def test_mig_devices_read_per_gpu_and_published_for_drain_and_idle(tmp_path: Path) -> None:
+    from controller.gpus.physical import MigPlace, mig_places
+    from controller.gpus.topology import parse_annotation
+    from nodeagent.topology.model import MigDevice
+
+    write_numa(tmp_path, SYSFS_NUMA)
+    nvml = MigNvml(pcie_box(0), H100_MIG, disabled=(1,))
+    topo = read_nvml(nvml, sys_root=tmp_path)
+    assert [g.mig for g in topo.gpus] == [
+        (MigDevice(H100_MIG[0][0][0], 7, 0, "1g.10gb"), MigDevice(H100_MIG[0][2][0], 8, 0, "3g.40gb")),
+        (),  # MIG-capable, MIG off
+        (MigDevice(H100_MIG[2][0][0], 1, 0, None),),
+        (),  # not MIG-capable
+    ]
+    assert nvml.calls.count("nvmlInit") == nvml.calls.count("nvmlShutdown") == 1
+    text = render(topo, "uuid")
+    assert (
+        '"mig":[{"uuid":"MIG-11111111-aaaa-5bbb-8ccc-000000000001","gi":7,"ci":0,"profile":"1g.10gb"}' in text
+    )
+    places = mig_places(parse_annotation(text))
+    assert places[H100_MIG[0][2][0]] == MigPlace("GPU-p0", 8)
+    assert places[H100_MIG[2][0][0]] == MigPlace("GPU-p2", 1)
+
+
+def test_nvml_without_mig_calls_lists_no_mig_devices(tmp_path: Path) -> None:
+    write_numa(tmp_path, SYSFS_NUMA)
+    topo = read_nvml(FakeNvml(pcie_box(0)), sys_root=tmp_path)
+    assert all(g.mig == () for g in topo.gpus)
+    assert '"mig"' not in render(topo, "index")
+
+
+def test_a_failing_mig_call_is_a_read_error_naming_it() -> None:
+    nvml = MigNvml(pcie_box(0), H100_MIG)
+    nvml.fail["nvmlDeviceGetGpuInstanceId"] = NVMLError_GpuIsLost("GPU is lost")
+    with pytest.raises(TopologyReadError, match=r"nvmlDeviceGetGpuInstanceId\(GPU 0, MIG slot 0\) failed"):
+        read_nvml(nvml)
+    assert nvml.calls[-1] == "nvmlShutdown"

@@ -6,6 +6,8 @@ back what the hardware said.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from controller.gpus.topology import Gpu, parse_annotation
@@ -13,6 +15,7 @@ from nodeagent.topology.annotation import IdStrategy, nvlink_domains, render
 from nodeagent.topology.model import (
     DiscoveredTopology,
     GpuDevice,
+    MigDevice,
     TopologyReadError,
     normalise_bus_id,
     validate,
@@ -180,6 +183,13 @@ INCONSISTENT = [
     ("peer-is-itself", topo(gpu(0, peers=(0,))), "lists itself as an NVLink peer"),
     ("negative-numa", topo(gpu(0, numa=-1)), "numa -1 is negative"),
     ("not-sorted", topo(gpu(1), gpu(0)), "not sorted by index"),
+    (
+        "mig-uuid-under-two-gpus",
+        topo(
+            replace(gpu(0), mig=(MigDevice("MIG-a", 1, 0),)), replace(gpu(1), mig=(MigDevice("MIG-a", 2, 0),))
+        ),
+        "MIG UUID listed twice: MIG-a",
+    ),
 ]
 
 
