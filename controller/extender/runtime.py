@@ -96,6 +96,7 @@ class Extender:
             routes=verb_replies(self.service, self.prefix),
             max_body_bytes=self.service.max_body_bytes,
             ssl_context=ssl_context,
+            rejected=self.service.metrics.reject,
         )
 
     def ready(self) -> bool:

@@ -114,4 +114,3 @@ class ResponseBody:
         """After the body was read to its end: may the connection carry another request? Not when the
         server closes, the framing was in doubt, or bytes nobody asked for already arrived."""
         return self.done and self.reusable and buffered(self._reader) == 0 and not self._reader.at_eof()
-

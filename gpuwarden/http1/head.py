@@ -52,6 +52,7 @@ STRICTER_THAN_H11 = frozenset(
         "head_too_large",
         "content_length",  # h11 allows "1, 1"
         "target",  # llhttp refuses some bytes h11's request-target allows
+        "request_line",  # a leading blank line (h11 skips it)
     }
 )
 """Reasons this room refuses a message h11 accepts (on purpose; the fuzz test checks that no other does)."""
@@ -242,6 +243,8 @@ def parse_request_head(head: bytes) -> RequestHead:
     except UnicodeDecodeError:
         raise FramingError("target") from None
     method = parser.get_method().decode("ascii")
+    if head[: head.find(b"\r\n")] != b"%s %s HTTP/1.%d" % (method.encode(), got.url, version[1]):
+        raise FramingError("request_line", "not exactly METHOD SP TARGET SP VERSION")  # llhttp allows more
     close = _connection_close(fields, version)
     return RequestHead(method, target, version, fields, length or 0, chunked, close, upgrade)
 

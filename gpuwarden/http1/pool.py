@@ -61,9 +61,7 @@ async def read_reply(reader: asyncio.StreamReader, method: str) -> tuple[Reply, 
 
 def _idle_usable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
     """An idle connection may be reused: open, nothing received since its last answer, no error."""
-    return not (
-        writer.is_closing() or reader.at_eof() or buffered(reader) or reader.exception() is not None
-    )
+    return not (writer.is_closing() or reader.at_eof() or buffered(reader) or reader.exception() is not None)
 
 
 class KeepAlivePool:
@@ -108,9 +106,7 @@ class KeepAlivePool:
                     writer.close()
                     if attempt == 1 and method in REPLAYABLE:
                         continue
-                    raise ConnectionResetError(
-                        "the server closed the connection before answering"
-                    ) from None
+                    raise ConnectionResetError("the server closed the connection before answering") from None
                 except BaseException:
                     writer.close()
                     raise

@@ -181,7 +181,9 @@ async def test_a_post_is_never_sent_twice() -> None:
             id="chunked-with-extension-and-trailer",
         ),
         pytest.param(
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz", b"z", True,
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz",
+            b"z",
+            True,
             id="1xx-skipped",
         ),
         pytest.param(
@@ -200,11 +202,13 @@ async def test_a_post_is_never_sent_twice() -> None:
             b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello", b"", False, id="K2-204-with-a-body"
         ),
         pytest.param(
-            b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n", b"", False,
+            b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"",
+            False,
             id="K2-304-chunked",
         ),
     ],
-)  # fmt: skip
+)
 async def test_read_reply_reads_exactly_one_answer(answer: bytes, body: bytes, keep: bool) -> None:
     reader = asyncio.StreamReader()
     reader.feed_data(answer)
@@ -222,7 +226,8 @@ async def test_read_reply_reads_exactly_one_answer(answer: bytes, body: bytes, k
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX", id="chunk-end"),
         # K2: conflicting or lenient framing is refused, never guessed
         pytest.param(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
             id="K2-length-and-chunked",
         ),
         pytest.param(
@@ -244,7 +249,7 @@ async def test_read_reply_reads_exactly_one_answer(answer: bytes, body: bytes, k
         ),
         pytest.param(b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n", id="bare-lf"),
     ],
-)  # fmt: skip
+)
 async def test_malformed_answers_are_value_errors(answer: bytes) -> None:
     reader = asyncio.StreamReader()
     reader.feed_data(answer)
@@ -328,7 +333,7 @@ async def test_K1_only_get_head_and_options_are_sent_again_on_a_stale_connection
 
 async def test_K2_unsolicited_bytes_on_an_idle_connection_never_become_the_next_answer() -> None:
     evil = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"
-    async with scripted(OK + b"|idle:" + evil, OK) as (port, received):
+    async with scripted(OK + b"|idle:" + evil, OK) as (port, _):
         p = pool(port)
         await p.request("GET", "/first", {}, None)
         await asyncio.sleep(0.2)  # the unasked answer arrives while the connection is idle

@@ -56,13 +56,17 @@ async def answering(answer: bytes) -> AsyncIterator[MiniTransport]:
     [
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: x1\r\n\r\n{}", id="M1-length-not-a-number"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", id="M1-plus-length"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", id="two-lengths"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n", id="0x-chunk"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", id="two-lengths"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n", id="0x-chunk"
+        ),
         pytest.param(b"SSH-2.0-OpenSSH\r\n\r\n", id="not-http"),
         pytest.param(b"HTTP/2 200\r\n\r\n", id="http2"),
         pytest.param(b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", id="header-without-colon"),
     ],
-)  # fmt: skip
+)
 async def test_M1_malformed_answers_are_kube_errors(answer: bytes) -> None:
     async with answering(answer) as transport:
         with pytest.raises(KubeError):
