@@ -45,9 +45,15 @@ async def read_head(reader: asyncio.StreamReader) -> ResponseHead:
             raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             raise FramingError("head_too_large", status=431) from None
+        except asyncio.IncompleteReadError as exc:  # cut short; or a head with bare LFs, ended by them
+            if exc.partial.count(b"\n") != exc.partial.count(b"\r\n"):
+                raise FramingError("line_ending", "bare LF") from None
+            raise
         head = parse_response_head(raw)
         if not 100 <= head.status <= 199 or head.status == 101:
             return head
+        if response_framing(head, "GET")[1]:
+            raise FramingError("no_body_allowed", f"{head.status} declares a body")
 
 
 class ResponseBody:

@@ -53,6 +53,9 @@ STRICTER_THAN_H11 = frozenset(
         "content_length",  # h11 allows "1, 1"
         "target",  # llhttp refuses some bytes h11's request-target allows
         "request_line",  # a leading blank line (h11 skips it)
+        "method",  # llhttp knows the registered methods only; h11 takes any token
+        "transfer_encoding",  # llhttp refuses a TAB after `chunked`
+        "no_body_allowed",  # a 1xx that declares a body
     }
 )
 """Reasons this room refuses a message h11 accepts (on purpose; the fuzz test checks that no other does)."""
@@ -161,7 +164,7 @@ _LLHTTP_REASONS = (
     ("status", "status_line"),
     ("method", "method"),
     ("URL", "target"),
-    ("char in url", "target"),
+    ("url", "target"),
 )
 
 
@@ -174,6 +177,8 @@ def _llhttp_reason(exc: Exception) -> str:
 
 
 def _check_lines(head: bytes) -> None:
+    if head.count(b"\n") != head.count(b"\r\n"):
+        raise FramingError("line_ending", "bare LF")
     if len(head) > MAX_HEAD:
         raise FramingError("head_too_large", status=431)
     if len(head) > MAX_LINE and max(map(len, head.split(b"\r\n"))) > MAX_LINE:
@@ -249,6 +254,9 @@ def parse_request_head(head: bytes) -> RequestHead:
     return RequestHead(method, target, version, fields, length or 0, chunked, close, upgrade)
 
 
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] [0-9]{3}(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
+
+
 def parse_response_head(head: bytes) -> ResponseHead:
     """A response head given whole, up to and including its blank line; `FramingError` when it is not
     strictly one."""
@@ -260,6 +268,8 @@ def parse_response_head(head: bytes) -> ResponseHead:
     if not got.done:
         raise FramingError("incomplete")
     version = _version(parser.get_http_version())
+    if _STATUS_LINE.fullmatch(head, 0, max(head.find(b"\r\n"), 0)) is None:
+        raise FramingError("status_line", "not exactly VERSION SP STATUS SP REASON")  # llhttp allows more
     fields = tuple(got.fields)
     reason = got.reason.decode("latin-1")
     return ResponseHead(parser.get_status_code(), reason, version, fields, _connection_close(fields, version))
