@@ -41,7 +41,7 @@ STRICTER_THAN_H11 = frozenset(
         "line_ending",  # h11 reads a lone LF as a line end
         "obs_fold",  # h11 unfolds continuation lines
         "header_value",  # h11 accepts controls other than NUL, CR, LF in values
-        "status_line",  # ... and in reason phrases
+        "status_line",  # ... and in reason phrases, and a status outside 100-599
         "conflicting_framing",  # h11 lets Transfer-Encoding win over Content-Length
         "repeated_content_length",  # h11 merges equal ones
         "repeated_host",
@@ -254,7 +254,7 @@ def parse_request_head(head: bytes) -> RequestHead:
     return RequestHead(method, target, version, fields, length or 0, chunked, close, upgrade)
 
 
-_STATUS_LINE = re.compile(rb"HTTP/1\.[01] [0-9]{3}(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5][0-9]{2}(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
 
 
 def parse_response_head(head: bytes) -> ResponseHead:
@@ -303,7 +303,9 @@ def response_framing(head: ResponseHead, method: str) -> tuple[int, bool]:
     return UNTIL_CLOSE, False
 
 
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
+"""A chunk-size line: no whitespace anywhere in the size or before its `;` (RFC 9112 allows BWS before the
+`;`; llhttp and h11 do not, and neither do we)."""
 _TRAILER_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n")
 
 
@@ -318,6 +320,8 @@ def chunk_size(line: bytes) -> int:
 
 def check_trailer(line: bytes) -> None:
     """A trailer field line (with its CRLF) is `token ":" value` without controls; `FramingError` else."""
+    if line.count(b"\n") != 1:
+        raise FramingError("line_ending", "bare LF")
     if _TRAILER_LINE.fullmatch(line) is None or line[:1] in (b" ", b"\t"):
         raise FramingError("trailer", repr(line[:40]))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -114,8 +115,14 @@ def responses(draw: st.DrawFn) -> tuple[bytes, str]:
         framing = "length"
     no_body = method == "HEAD" or status in (204, 304) or status < 200
     if framing == "length":
-        fields.append((b"Content-Length", b"%d" % (0 if status in (204,) or status < 200 else len(body))))
-        payload = b"" if no_body else body
+        declared = draw(st.booleans()) if status == 204 else False  # a server that sends one anyway
+        fields.append(
+            (
+                b"Content-Length",
+                b"%d" % (0 if status < 200 or (status == 204 and not declared) else len(body)),
+            )
+        )
+        payload = body if declared else b"" if no_body else body
     elif framing == "chunked" and not (status in (204, 304) or status < 200):
         fields.append((b"Transfer-Encoding", b"chunked"))
         trailer = draw(st.booleans())
@@ -142,12 +149,31 @@ INTERESTING = [
 ]
 
 
+def anchors(data: bytes) -> list[int]:
+    """Where framing lives: line starts and ends, and just after each colon (and its space)."""
+    found = [0, len(data)]
+    for sep, after in ((b"\r\n", 2), (b"\r\n", 0), (b":", 1), (b": ", 2)):
+        at = data.find(sep)
+        while at >= 0:
+            found.append(at + after)
+            at = data.find(sep, at + 1)
+    return sorted(set(found))
+
+
+def numbers(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each hex-digit run that starts a line or a field value: lengths and chunk sizes."""
+    found = []
+    for match in re.finditer(rb"(?:^|\r\n|[Ll]ength:[ \t]*)([0-9A-Fa-f]+)(?=[ \t]*\r\n|;)", data):
+        found.append((match.start(1), match.end(1)))
+    return found
+
+
 @st.composite
 def mutated(draw: st.DrawFn, messages: st.SearchStrategy[bytes]) -> bytes:
     data = bytearray(draw(messages))
     for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        kind = draw(st.sampled_from(["insert", "replace", "delete", "duplicate-line"]))
+        at = draw(st.one_of(st.integers(0, len(data)), st.sampled_from(anchors(bytes(data)))))
+        kind = draw(st.sampled_from(["insert", "replace", "delete", "duplicate-line", "number", "number"]))
         piece = draw(st.sampled_from(INTERESTING))
         if kind == "insert":
             data[at:at] = piece
@@ -155,7 +181,12 @@ def mutated(draw: st.DrawFn, messages: st.SearchStrategy[bytes]) -> bytes:
             data[at : at + len(piece)] = piece
         elif kind == "delete":
             del data[at : at + draw(st.integers(1, 4))]
-        else:
+        elif kind == "number" and (starts := numbers(bytes(data))):
+            # a length or chunk size made lenient: a sign, a 0x, a space, a leading zero, on either side
+            first, last = draw(st.sampled_from(starts))
+            where = draw(st.sampled_from([first, first, last]))
+            data[where:where] = draw(st.sampled_from([b"+", b"0x", b" ", b"-", b"\t", b"0", b"_"]))
+        elif kind == "duplicate-line":
             start = data.rfind(b"\r\n", 0, at) + 2 if data.rfind(b"\r\n", 0, at) >= 0 else 0
             end = data.find(b"\r\n", at)
             if end > start:
