@@ -50,14 +50,13 @@ def is_lean(head: RequestHead) -> bool:
         and head.version == (1, 1)
         and not head.chunked
         and not head.upgrade
-        and head.get(b"expect") is None
+        and head.expect is None
     )
 
 
 def _handler(route: Route) -> Handler:
     async def handle(_: RequestHead, body: bytes) -> Response:
-        status, payload, content_type = await route(body)
-        return Response(status, payload, content_type)
+        return Response(*await route(body))
 
     return handle
 

@@ -23,9 +23,9 @@ front and this parser disagree about where a message ends).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from http import HTTPStatus
+from typing import NamedTuple
 
 import httptools
 
@@ -75,10 +75,10 @@ Fields = tuple[tuple[bytes, bytes], ...]
 """(lower-case name, value without surrounding whitespace) in the order received."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHead:
+class RequestHead(NamedTuple):
     """A request head and its framing: `length` is the body's Content-Length (0 when none), `chunked` a
-    chunked body; `close` whether the connection ends after the answer; `upgrade` an Upgrade/CONNECT."""
+    chunked body; `close` whether the connection ends after the answer; `upgrade` an Upgrade/CONNECT;
+    `expect` the Expect field's value (lower case) when there is one."""
 
     method: str
     target: str
@@ -88,6 +88,7 @@ class RequestHead:
     chunked: bool
     close: bool
     upgrade: bool = False
+    expect: bytes | None = None
 
     def get(self, name: bytes) -> bytes | None:
         """The value of field `name` (lower case), the first one when repeated."""
@@ -99,8 +100,7 @@ class RequestHead:
         return self.target.split("?", 1)[0]
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
+class ResponseHead(NamedTuple):
     """A response head: status, reason phrase, fields and whether the server closes after it."""
 
     status: int
@@ -176,8 +176,8 @@ def _llhttp_reason(exc: Exception) -> str:
     return "malformed"
 
 
-def _check_lines(head: bytes) -> None:
-    if head.count(b"\n") != head.count(b"\r\n"):
+def _check_lines(head: bytes, scanned: bool = False) -> None:
+    if not scanned and head.count(b"\n") != head.count(b"\r\n"):
         raise FramingError("line_ending", "bare LF")
     if len(head) > MAX_HEAD:
         raise FramingError("head_too_large", status=431)
@@ -197,7 +197,9 @@ def _feed(parser: httptools.HttpRequestParser | httptools.HttpResponseParser, he
 
 
 def _version(text: str) -> tuple[int, int]:
-    if text not in ("1.0", "1.1"):
+    if text == "1.1":
+        return (1, 1)
+    if text != "1.0":
         raise FramingError("version", text, status=505)
     return (1, int(text[2]))
 
@@ -226,32 +228,45 @@ def _connection_close(fields: Fields, version: tuple[int, int]) -> bool:
     return version < (1, 1)
 
 
-def parse_request_head(head: bytes) -> RequestHead:
+def parse_request_head(head: bytes, *, scanned: bool = False) -> RequestHead:
     """A request head given whole, up to and including its blank line; `FramingError` when it is not
-    strictly one."""
-    _check_lines(head)
+    strictly one. `scanned`: the caller already refused bare LFs in it (`server.RequestFramer`)."""
+    _check_lines(head, scanned)
     got = _Head()
     parser = httptools.HttpRequestParser(got)
     upgrade = _feed(parser, head)
     if not got.done:
         raise FramingError("incomplete")
     version = _version(parser.get_http_version())
-    fields = tuple(got.fields)
-    hosts = sum(1 for name, _ in fields if name == b"host")
-    if hosts > 1:
-        raise FramingError("repeated_host")
-    if hosts == 0 and version == (1, 1):
-        raise FramingError("missing_host")
-    length, chunked = _body_fields(fields, version)
+    hosts, length, chunked, close, expect = 0, 0, False, version < (1, 1), None
+    for name, value in got.fields:  # one pass over what llhttp accepted
+        if name == b"host":
+            hosts += 1
+        elif name == b"content-length":
+            length = int(value)  # llhttp allows one plain decimal length, never with Transfer-Encoding
+        elif name == b"transfer-encoding":
+            if chunked or value.lower() != b"chunked":
+                raise FramingError("transfer_encoding", repr(value[:40]), status=501)
+            chunked = True
+        elif name == b"connection":
+            close = close or b"close" in (t.strip(b" \t").lower() for t in value.split(b","))
+        elif name == b"expect":
+            expect = value.lower()
+    if hosts != 1 and (hosts or version == (1, 1)):
+        raise FramingError("repeated_host" if hosts else "missing_host")
+    if chunked and version < (1, 1):
+        raise FramingError("transfer_encoding_http10")
+    method = parser.get_method()
+    if head[: head.find(b"\r\n")] != b"%s %s HTTP/1.%d" % (method, got.url, version[1]):
+        raise FramingError("request_line", "not exactly METHOD SP TARGET SP VERSION")  # llhttp allows more
     try:
         target = got.url.decode("ascii")
     except UnicodeDecodeError:
         raise FramingError("target") from None
-    method = parser.get_method().decode("ascii")
-    if head[: head.find(b"\r\n")] != b"%s %s HTTP/1.%d" % (method.encode(), got.url, version[1]):
-        raise FramingError("request_line", "not exactly METHOD SP TARGET SP VERSION")  # llhttp allows more
-    close = _connection_close(fields, version)
-    return RequestHead(method, target, version, fields, length or 0, chunked, close, upgrade)
+    fields = tuple(got.fields)
+    return RequestHead(
+        method.decode("ascii"), target, version, fields, length, chunked, close, upgrade, expect
+    )
 
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5][0-9]{2}(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")

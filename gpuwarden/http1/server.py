@@ -31,8 +31,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from email.utils import formatdate
+from typing import NamedTuple
 
 from gpuwarden.http1.head import (
     MAX_HEAD,
@@ -48,8 +48,7 @@ log = logging.getLogger(__name__)
 TEXT = "text/plain; charset=utf-8"
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
     """What a handler answers; `close` ends the connection after it."""
 
     status: int
@@ -63,8 +62,7 @@ Dispatch = Callable[[RequestHead], Handler | None]
 """Chooses the handler for a request head; None hands the connection to the fallback (or answers 404)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(NamedTuple):
     """A connection's bounds (every one documented in the module docstring)."""
 
     max_body: int = 1 << 20
@@ -72,6 +70,9 @@ class Limits:
     body_seconds: float = 10.0
     idle_seconds: float = 75.0
     max_buffer: int = MAX_HEAD
+
+
+DEFAULT_LIMITS = Limits()
 
 
 class RequestFramer:
@@ -95,9 +96,9 @@ class RequestFramer:
         if self._head is not None:
             return self._head
         buf, scanned = self.buf, self._scanned
-        end = buf.find(b"\r\n\r\n", max(scanned - 3, 0))
+        end = buf.find(b"\r\n\r\n", scanned - 3 if scanned > 3 else 0)
         stop = len(buf) if end < 0 else end + 4
-        if buf.count(b"\n", scanned, stop) != buf.count(b"\r\n", max(scanned - 1, 0), stop):
+        if buf.count(b"\n", scanned, stop) != buf.count(b"\r\n", scanned - 1 if scanned else 0, stop):
             raise FramingError("line_ending", "bare LF")
         if end < 0:
             self._scanned = stop
@@ -106,7 +107,8 @@ class RequestFramer:
             if stop - buf.rfind(b"\n") - 1 > MAX_LINE:
                 raise FramingError("line_too_long", status=431)
             return None
-        self._head = parse_request_head(bytes(buf[:stop]))
+        with memoryview(buf) as view:
+            self._head = parse_request_head(bytes(view[:stop]), scanned=True)
         self._start = stop
         return self._head
 
@@ -114,7 +116,10 @@ class RequestFramer:
         """The current request's body once it is all in (its head must be)."""
         assert self._head is not None
         end = self._start + self._head.length
-        return bytes(self.buf[self._start : end]) if len(self.buf) >= end else None
+        if len(self.buf) < end:
+            return None
+        with memoryview(self.buf) as view:
+            return bytes(view[self._start : end])
 
     def take(self) -> None:
         """Drop the current request (head and body) from the buffer."""
@@ -148,7 +153,7 @@ class LeanServer:
     def __init__(
         self,
         dispatch: Dispatch,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         *,
         fallback: Callable[[], asyncio.BaseProtocol] | None = None,
         rejected: Callable[[str], None] | None = None,
@@ -198,6 +203,7 @@ class ServerConnection(asyncio.Protocol):
         self._eof = False
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""
+        self._task: asyncio.Task[None] | None = None
 
     # asyncio's side
 
@@ -265,9 +271,8 @@ class ServerConnection(asyncio.Protocol):
         framer.take()
         self._set_timer("")
         self._busy = True
-        task = asyncio.get_running_loop().create_task(self._serve(handler, head, body))
-        self._server.tasks.add(task)
-        task.add_done_callback(self._server.tasks.discard)
+        self._task = asyncio.get_running_loop().create_task(self._serve(handler, head, body))
+        self._server.tasks.add(self._task)
 
     def _choose(self, head: RequestHead) -> bool:
         """Decide once per head: its handler (True), or a refusal / hand-off (False)."""
@@ -285,7 +290,7 @@ class ServerConnection(asyncio.Protocol):
             self._refuse(411, "chunked_request", "chunked request bodies are not read here")
             return False
         self._handler = handler
-        if head.length and head.get(b"expect") == b"100-continue" and self._transport is not None:
+        if head.length and head.expect == b"100-continue" and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return True
 
@@ -295,6 +300,8 @@ class ServerConnection(asyncio.Protocol):
         except Exception:  # handlers answer their own errors; this is a last resort
             log.exception("HTTP handler failed", extra={"path": head.path})
             response = Response(500, b"internal error\n", close=True)
+        finally:
+            self._server.tasks.discard(self._task)
         self._busy = False
         if self._transport is None:
             return
@@ -360,8 +367,13 @@ class ServerConnection(asyncio.Protocol):
             self._timer = None
         self._phase = phase
         if phase:
-            seconds = {"head": self._limits.head_seconds, "body": self._limits.body_seconds}.get(
-                phase, self._limits.idle_seconds
+            limits = self._limits
+            seconds = (
+                limits.idle_seconds
+                if phase == "idle"
+                else limits.head_seconds
+                if phase == "head"
+                else limits.body_seconds
             )
             self._timer = asyncio.get_running_loop().call_later(seconds, self._expired, phase)
 

@@ -159,9 +159,9 @@ def _count_head_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         name = "parse_head"
     real = getattr(module, name)
 
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, counted)
     return calls
