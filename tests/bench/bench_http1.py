@@ -26,7 +26,7 @@ from tests.bench.summary import record
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("http1_worker.py")
-ROUNDS = 3
+ROUNDS = int(os.environ.get("GPUWARDEN_BENCH_HTTP1_ROUNDS", "3"))
 BODY = b'{"Pod":{"metadata":{"name":"p","namespace":"default"}},"NodeNames":["gpu-node-00001"]}' * 8
 FILTER = (
     b"POST /gpu-extender/filter HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube-scheduler/v1.37.2\r\n"
