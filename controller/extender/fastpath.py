@@ -16,7 +16,8 @@ only says which requests are the extender's:
   connection, from that request on, to aiohttp's own protocol (the probes, `/metrics`);
 * a malformed request, a declared body over `extender.max_request_bytes` or a client too slow is refused by
   the core before aiohttp could see it (400/413/431/408 and a close, one warning line, counted in
-  `gpuwarden_http_requests_rejected_total`).
+  `gpuwarden_http_requests_rejected_total`); on a connection already handed over, aiohttp's own refusal
+  is logged the same way (`QuietBadRequests`) instead of at error with a traceback.
 
 TLS is below it (asyncio's SSL transport), so both paths serve HTTPS alike. `extender.lean_http: false`
 serves everything through aiohttp. It must not decide anything: the replies are `server.py`'s.
@@ -25,10 +26,14 @@ serves everything through aiohttp. It must not decide anything: the replies are 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from controller.extender.server import Reply
 from gpuwarden.http1.head import RequestHead
@@ -71,6 +76,39 @@ def lean_dispatch(routes: Mapping[str, Route]) -> Callable[[RequestHead], Handle
     return dispatch
 
 
+class QuietBadRequests(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's request handler logs a client's malformed request with `logger.exception` (a traceback
+    per bad request, at error); on a connection handed to aiohttp this logs it as the lean core does: one
+    warning line, no traceback, counted. Everything else goes through unchanged."""
+
+    def __init__(self, logger: logging.Logger, rejected: Callable[[str], None] | None) -> None:
+        super().__init__(logger, {})
+        self._rejected = rejected
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.logger.warning(
+                "refused an HTTP request", extra={"reason": "malformed", "detail": str(exc_info)[:200]}
+            )
+            if self._rejected is not None:
+                self._rejected("malformed")
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def quiet_fallback(
+    server: Callable[[], RequestHandler], rejected: Callable[[str], None] | None
+) -> Callable[[], asyncio.BaseProtocol]:
+    """aiohttp's protocol factory, its handlers logging malformed requests without tracebacks."""
+
+    def make() -> asyncio.BaseProtocol:
+        handler = server()
+        handler.logger = QuietBadRequests(handler.logger, rejected)  # type: ignore[assignment]
+        return handler
+
+    return make
+
+
 class LeanSite(web.TCPSite):
     """aiohttp's TCP site with the extender's verbs on the lean core: the controller's one listener (the
     extender, `/metrics`, the probes) as `web.TCPSite` serves it, only faster for the scheduler's requests.
@@ -104,7 +142,10 @@ class LeanSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         self.lean = LeanServer(
-            lean_dispatch(self._lean_routes), self._limits, fallback=server, rejected=self._rejected
+            lean_dispatch(self._lean_routes),
+            self._limits,
+            fallback=quiet_fallback(server, self._rejected),
+            rejected=self._rejected,
         )
         self._server = await asyncio.get_running_loop().create_server(
             self.lean,

@@ -253,3 +253,23 @@ async def test_a_malformed_request_is_logged_once_at_warning_without_a_traceback
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(records) == 1
     assert records[0].levelno == logging.WARNING and records[0].exc_info is None
+
+
+async def test_a_malformed_request_on_a_connection_handed_to_aiohttp_logs_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with extender() as (port, site, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(GET + b"\r\n")  # a probe: from here on the connection is aiohttp's
+        async with asyncio.timeout(3):
+            await reader.readuntil(b"ok")
+        caplog.clear()
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n")
+        async with asyncio.timeout(3):
+            status = await reader.readline()
+        writer.close()
+        assert site.lean is not None and site.lean.handed_off == 1
+    assert b" 400 " in status  # aiohttp's answer
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.exc_info) for r in records] == [(logging.WARNING, None)]
