@@ -33,8 +33,6 @@ MAX_LINE = 8 << 10
 """Bytes of one head line (request line, status line or field line) accepted (aiohttp's limit too)."""
 MAX_HEAD = 64 << 10
 """Bytes of a whole head accepted (start line, fields and the blank line)."""
-MAX_CHUNK_DIGITS = 16
-"""Hex digits of a chunk size accepted (fits 64 bits)."""
 
 STRICTER_THAN_H11 = frozenset(
     {
@@ -319,8 +317,8 @@ def response_framing(head: ResponseHead, method: str) -> tuple[int, bool]:
 
 
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
-"""A chunk-size line: no whitespace anywhere in the size or before its `;` (RFC 9112 allows BWS before the
-`;`; llhttp and h11 do not, and neither do we)."""
+"""A chunk-size line: at most 16 hex digits (64 bits), no whitespace in the size or before its `;` (RFC 9112
+allows BWS before the `;`; llhttp and h11 do not, and neither do we)."""
 _TRAILER_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n")
 
 
