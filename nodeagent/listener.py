@@ -62,7 +62,7 @@ class Listener:
         self._server: asyncio.Server | None = None
 
     def _dispatch(self, head: RequestHead) -> Handler:
-        async def handle(_: RequestHead, __: bytes) -> Response:
+        async def handle(_: bytes) -> Response:
             reply = answer(head.method, head.path, self.routes)
             return Response(reply.status, reply.body, reply.content_type)
 

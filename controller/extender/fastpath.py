@@ -37,7 +37,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from controller.extender.server import Reply
 from gpuwarden.http1.head import RequestHead
-from gpuwarden.http1.server import Handler, LeanServer, Limits, Response
+from gpuwarden.http1.server import Handler, LeanServer, Limits
 
 IDLE_SECONDS = 75.0
 """A keep-alive connection with no request for this long is closed (aiohttp's `keepalive_timeout`)."""
@@ -59,16 +59,10 @@ def is_lean(head: RequestHead) -> bool:
     )
 
 
-def _handler(route: Route) -> Handler:
-    async def handle(_: RequestHead, body: bytes) -> Response:
-        return Response(*await route(body))
-
-    return handle
-
-
 def lean_dispatch(routes: Mapping[str, Route]) -> Callable[[RequestHead], Handler | None]:
-    """The core's dispatcher: the route's handler for the extender's requests, None (aiohttp) else."""
-    handlers = {path: _handler(route) for path, route in routes.items()}
+    """The core's dispatcher: the route (a reply function of the body) for the extender's requests, None
+    (aiohttp) else."""
+    handlers: dict[str, Handler] = dict(routes)
 
     def dispatch(head: RequestHead) -> Handler | None:
         return handlers.get(head.target) if is_lean(head) else None

@@ -57,7 +57,10 @@ class Response(NamedTuple):
     close: bool = False
 
 
-Handler = Callable[[RequestHead, bytes], Awaitable[Response]]
+Answer = Response | tuple[int, bytes, str]
+"""A `Response`, or (status, body, content type) as the extender's reply functions give it."""
+Handler = Callable[[bytes], Awaitable[Answer]]
+"""Answers a request from its body (the dispatcher that chose it has seen the head)."""
 Dispatch = Callable[[RequestHead], Handler | None]
 """Chooses the handler for a request head; None hands the connection to the fallback (or answers 404)."""
 
@@ -203,6 +206,7 @@ class ServerConnection(asyncio.Protocol):
         self._eof = False
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""
+        self._deadline = 0.0
         self._task: asyncio.Task[None] | None = None
 
     # asyncio's side
@@ -217,7 +221,7 @@ class ServerConnection(asyncio.Protocol):
         # An answer being computed is not cancelled: it goes on (a bind), and `wait_closed` waits for it.
         self._server.connections.discard(self)
         self._transport = None
-        self._set_timer("")
+        self._stop_timer()
 
     def data_received(self, data: bytes) -> None:
         if self._transport is None:
@@ -295,8 +299,9 @@ class ServerConnection(asyncio.Protocol):
         return True
 
     async def _serve(self, handler: Handler, head: RequestHead, body: bytes) -> None:
+        response: Answer
         try:
-            response = await handler(head, body)
+            response = await handler(body)
         except Exception:  # handlers answer their own errors; this is a last resort
             log.exception("HTTP handler failed", extra={"path": head.path})
             response = Response(500, b"internal error\n", close=True)
@@ -312,11 +317,18 @@ class ServerConnection(asyncio.Protocol):
                 self._transport.resume_reading()
             self._advance()
 
-    def _answer(self, head: RequestHead, response: Response) -> None:
+    def _answer(self, head: RequestHead, response: Answer) -> None:
         transport = self._transport
         assert transport is not None
-        close = response.close or head.close or self._server.closing or self._eof
-        transport.write(encode(response, close=close, head_only=head.method == "HEAD"))
+        close = (
+            (isinstance(response, Response) and response.close)
+            or head.close
+            or self._server.closing
+            or self._eof
+        )
+        status, body, content_type = response[0], response[1], response[2]
+        head_bytes = response_head(status, content_type, len(body), close=close, date=_date())
+        transport.write(head_bytes if head.method == "HEAD" else head_bytes + body)
         if close:
             self._close(transport)
 
@@ -335,7 +347,7 @@ class ServerConnection(asyncio.Protocol):
         self._close(transport)
 
     def _close(self, transport: asyncio.Transport) -> None:
-        self._set_timer("")
+        self._stop_timer()
         self._transport = None
         self._server.connections.discard(self)
         transport.close()
@@ -346,7 +358,7 @@ class ServerConnection(asyncio.Protocol):
         assert transport is not None and fallback is not None
         self._server.connections.discard(self)
         self._server.handed_off += 1
-        self._set_timer("")
+        self._stop_timer()
         self._transport = None
         protocol = fallback()
         transport.set_protocol(protocol)
@@ -359,29 +371,49 @@ class ServerConnection(asyncio.Protocol):
     # deadlines
 
     def _set_timer(self, phase: str) -> None:
-        """Arm the deadline of `phase` (head, body, idle) unless it is already running; "" disarms."""
+        """Start the deadline of `phase` (head, body, idle) unless it is already running; "" stops it.
+
+        One timer per connection, re-armed lazily: a timer due before the new deadline is left to fire
+        and re-arm itself (`_expired`), so a keep-alive connection answering request after request does
+        not create and cancel a timer for each."""
         if phase == self._phase:
             return
+        self._phase = phase
+        if not phase:
+            return  # a pending timer finds nothing to do (`_expired`)
+        limits = self._limits
+        seconds = (
+            limits.idle_seconds
+            if phase == "idle"
+            else limits.head_seconds
+            if phase == "head"
+            else limits.body_seconds
+        )
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + seconds
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= self._deadline:
+                return
+            timer.cancel()
+        self._timer = loop.call_at(self._deadline, self._expired)
+
+    def _stop_timer(self) -> None:
+        self._phase = ""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._phase = phase
-        if phase:
-            limits = self._limits
-            seconds = (
-                limits.idle_seconds
-                if phase == "idle"
-                else limits.head_seconds
-                if phase == "head"
-                else limits.body_seconds
-            )
-            self._timer = asyncio.get_running_loop().call_later(seconds, self._expired, phase)
 
-    def _expired(self, phase: str) -> None:
-        self._timer, self._phase = None, ""
-        transport = self._transport
-        if transport is None or self._busy:
+    def _expired(self) -> None:
+        self._timer = None
+        transport, phase = self._transport, self._phase
+        if transport is None or self._busy or not phase:
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:  # an earlier phase's timer: wait for this one's deadline
+            self._timer = loop.call_at(self._deadline, self._expired)
+            return
+        self._phase = ""
         if phase == "idle":
             self._close(transport)
         else:

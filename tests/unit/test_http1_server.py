@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from controller.extender.fastpath import LeanSite
+from gpuwarden.http1.server import LeanServer, Limits, Response
 from nodeagent.listener import Listener, Reply
 
 Route = Callable[[bytes], Awaitable[tuple[int, bytes, str]]]
@@ -273,3 +274,50 @@ async def test_a_malformed_request_on_a_connection_handed_to_aiohttp_logs_no_tra
     assert b" 400 " in status  # aiohttp's answer
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [(r.levelno, r.exc_info) for r in records] == [(logging.WARNING, None)]
+
+
+@contextlib.asynccontextmanager
+async def core(limits: Limits) -> AsyncIterator[int]:
+    """The bare core answering every request with 200 "ok"."""
+
+    async def ok(_: bytes) -> Response:
+        return Response(200, b"ok")
+
+    lean = LeanServer(lambda _: ok, limits)
+    server = await asyncio.get_running_loop().create_server(lean, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        lean.close()
+        await lean.wait_closed(1)
+
+
+async def test_a_head_deadline_is_not_held_back_by_an_earlier_idle_timer() -> None:
+    async with core(Limits(idle_seconds=30, head_seconds=0.3)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(GET + b"\r\n")
+        async with asyncio.timeout(3):
+            await reader.readuntil(b"ok")  # now idle: a timer due in 30 s
+        writer.write(b"GET /healthz HTTP/1.1\r\nHo")
+        async with asyncio.timeout(3):
+            answer = await reader.read()
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_an_idle_deadline_counts_from_the_last_answer() -> None:
+    loop = asyncio.get_running_loop()
+    async with core(Limits(idle_seconds=0.4)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(3):  # each within the idle time of the one before
+            writer.write(GET + b"\r\n")
+            async with asyncio.timeout(3):
+                await reader.readuntil(b"ok")
+            last = loop.time()
+            await asyncio.sleep(0.25)
+        async with asyncio.timeout(3):
+            assert await reader.read() == b""
+        closed = loop.time() - last
+        writer.close()
+    assert 0.35 <= closed <= 1.5
