@@ -6,7 +6,8 @@ Prints numbers, asserts nothing. Ratios are same-run (lean ÷ aiohttp). With
 `GPUWARDEN_BENCH_HTTP1_BEFORE=/path/to/an/older/checkout` the same workers also run against that tree (the
 first entry of their PYTHONPATH), so "before" and "after" are measured in one run, on one machine state;
 `GPUWARDEN_BENCH_HTTP1_REQUESTS` sets the requests per measurement (default 3,000), each measured
-`ROUNDS` times, interleaved, reporting the median.
+`ROUNDS` times (`GPUWARDEN_BENCH_HTTP1_ROUNDS`), interleaved, reporting the median and the least (on a
+shared machine the least is the steadier figure: a neighbour only ever adds).
 
 Run: `python -m tests.bench http1`.
 """
@@ -157,12 +158,16 @@ async def amain() -> None:
           f"{time.monotonic() - started:.0f} s)")  # fmt: skip
     for name, _ in trees:
         got = {label: median(samples[(name, label)]) * 1e6 for label, *_ in cases}
+        low = {label: min(samples[(name, label)]) * 1e6 for label, *_ in cases}
         for label, value in got.items():
-            print(f"  {name:6} {label:34} {value:7.1f} µs   (rounds: "
+            print(f"  {name:6} {label:34} {value:7.1f} µs, least {low[label]:7.1f}   (rounds: "
                   f"{', '.join(f'{v * 1e6:.1f}' for v in samples[(name, label)])})")  # fmt: skip
-        server_ratio = got["extender server, lean path"] / got["extender server, aiohttp"]
-        client_ratio = got["API client, keep-alive pool"] / got["API client, aiohttp"]
-        print(f"  {name:6} lean ÷ aiohttp: server {server_ratio:.2f}, client {client_ratio:.2f}")
+        for which, figures in (("median", got), ("least", low)):
+            server_ratio = figures["extender server, lean path"] / figures["extender server, aiohttp"]
+            client_ratio = figures["API client, keep-alive pool"] / figures["API client, aiohttp"]
+            print(
+                f"  {name:6} lean ÷ aiohttp ({which}): server {server_ratio:.2f}, client {client_ratio:.2f}"
+            )
         if name == "after":
             lean, pool = got["extender server, lean path"], got["API client, keep-alive pool"]
             record(
