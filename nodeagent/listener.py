@@ -2,9 +2,9 @@
 
 Why not aiohttp.web (which the adapter and the controller use): the agent answers four GET paths to the
 kubelet's probes and to Prometheus, on every GPU node, and its idle memory is the cost (issue 29: ≤ 40 MiB).
-aiohttp's server and the client stack it drags in cost ~10 MiB of a process that otherwise waits on two
-sockets. The framing, deadlines and limits are `gpuwarden.http1.server`'s (the extender's lean path runs on
-the same core); this module only routes: a pure `answer` per (method, path).
+aiohttp's server and the client stack it drags in cost a large share of a process that otherwise waits on
+two sockets (docs/node-agent.md). The framing, deadlines and limits are `gpuwarden.http1.server`'s (the
+extender's lean path runs on the same core); this module only routes: a pure `answer` per (method, path).
 
 What it must not do: grow into a web framework. No request bodies (a declared one over `MAX_BODY` is
 refused from its head), GET and HEAD only.

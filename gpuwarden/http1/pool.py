@@ -2,7 +2,7 @@
 (GET, POST, PATCH, PUT, DELETE) for `gpuwarden/kube/transport.py`.
 
 Why it exists: the extender's bind path writes a Binding and an Event per pod, and aiohttp's client spends
-about twice the CPU of a plain request/response exchange on each (README, dependency table). The API
+more CPU on each than a plain request/response exchange (figures: README, dependency table). The API
 server's answers to unary requests are plain HTTP/1.1, so a pool of keep-alive connections that writes the
 request and reads exactly that answer (`client.py`) does the same work for less. Watches stay on aiohttp.
 

@@ -2,9 +2,9 @@
 with a handler chosen per request head, and keeps every phase of a connection bounded.
 
 Why it exists: the extender answers kube-scheduler's three requests per pod, and the node agent answers
-probes and scrapes on every GPU node; aiohttp's server costs the first about as much CPU as the answer and
-the second ~10 MiB of memory (README, dependency table). Both now share this core instead of two hand-made
-loops, so the rules below hold on both ports:
+probes and scrapes on every GPU node; aiohttp's server costs the first CPU on every request and the
+second memory it cannot spare (figures: README, docs/node-agent.md). Both now share this core instead of
+two hand-made loops, so the rules below hold on both ports:
 
 * each request's head is read once, by llhttp (`head.py`), as soon as its blank line arrives; a bare LF is
   refused as soon as it arrives (it would otherwise never end a head);
