@@ -90,6 +90,7 @@ class AgentMetrics:
     allocatable: Gauge = field(init=False)
     patch_errors: Counter = field(init=False)
     plugin_withheld: Gauge = field(init=False)
+    http_rejected: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -136,6 +137,13 @@ class AgentMetrics:
             "1 while enforce mode does not serve the device plugin because a DRA driver of "
             "device_plugin.dra_drivers owns this node's GPUs (nodeagent/draowner.py) or the node shares its "
             "GPUs: time-slicing, MPS or MIG (nodeagent/sharedgpus.py).",
+            registry=r,
+        )
+        self.http_rejected = Counter(
+            "gpuwarden_http_requests_rejected_total",
+            "HTTP requests refused before any route saw them (400 malformed, 413 body over the limit, "
+            "431 head or line too long, 408 too slow), by reason.",
+            ["reason"],
             registry=r,
         )
 
@@ -442,6 +450,9 @@ class NodeAgent:
     def ready(self) -> bool:
         return self.pods.synced.is_set() and self.last_read_ok
 
+    def reject_http(self, reason: str) -> None:
+        self.metrics.http_rejected.labels(reason).inc()
+
     def routes(self) -> dict[str, Route]:
         """The listener's paths: liveness, readiness (pod watch synced, PodResources answering), metrics."""
 
@@ -462,7 +473,7 @@ class NodeAgent:
 
     async def run(self) -> None:
         host, _, port = self.cfg.listen.rpartition(":")
-        listener = Listener(self.routes())
+        listener = Listener(self.routes(), rejected=self.reject_http)
         await listener.start(host, int(port))
         log.info(
             "node agent running",

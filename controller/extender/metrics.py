@@ -44,6 +44,12 @@ class ExtenderMetrics:
     """`gpuwarden_extender_bind_phase_seconds{phase}`: where a bind's time goes; phase: claim (the claim
     PATCH), verify (until the claim is known to be the only one: watch wait or LIST), binding (the Binding
     POST)."""
+    rejected: Counter
+    """`gpuwarden_http_requests_rejected_total{reason}`: requests the lean HTTP core refused (malformed,
+    over a limit, too slow; `gpuwarden/http1/server.py`), by reason."""
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
 
 
 def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
@@ -106,6 +112,13 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
             "claim is known to be the only one on its GPUs), binding (creating the Binding).",
             ["phase"],
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        rejected=Counter(
+            "gpuwarden_http_requests_rejected_total",
+            "HTTP requests refused before any handler saw them (400 malformed, 413 body over the limit, "
+            "431 head or line too long, 408 too slow), by reason.",
+            ["reason"],
             registry=registry,
         ),
     )

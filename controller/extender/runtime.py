@@ -107,6 +107,7 @@ class Extender:
             max_body_bytes=self.service.max_body_bytes,
             ssl_context=ssl_context,
             admit=lean_admits if self.tls is not None and self.tls.required else None,
+            rejected=self.service.metrics.reject,
         )
 
     def ready(self) -> bool:

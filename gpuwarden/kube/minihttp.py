@@ -9,7 +9,9 @@ path), costs ~8 MiB of a process whose idle goal is ≤ 40 MiB (issue 29). This 
 
 One connection per request (`Connection: close`): with this little traffic a pool would only hold idle
 sockets, and a stale pooled connection is the classic source of spurious failures. A watch holds its own
-connection until it is closed. Bodies come with `Content-Length`, chunked, or until the server closes.
+connection until it is closed. The HTTP/1.1 itself (request head, answer head, a body with
+`Content-Length`, chunked or until the server closes) is `gpuwarden/http1`'s; this module maps it to the
+Kubernetes contract: every failure, a malformed answer included, is a `KubeError`.
 
 What it must not do: retry (beyond one refused connection, when nothing was sent), follow redirects,
 decompress (it never asks for compression), talk to a proxy (`supports` says no and the client then keeps
@@ -27,96 +29,29 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from gpuwarden.errors import KubeError
+from gpuwarden.http1.client import ResponseBody, read_head
+from gpuwarden.http1.head import MAX_HEAD, request_head
 from gpuwarden.kube.status import error_from_status, error_from_transport
 from gpuwarden.kube.wire import Answer, Credentials, decode, request_body, request_headers, ssl_context
 
-MAX_HEAD = 64 << 10
-"""Bytes of status line + headers accepted from the server."""
-READ_SIZE = 64 << 10
-
-
-def request_head(
-    method: str, target: str, host: str, headers: dict[str, str], length: int | None, *, close: bool = True
-) -> bytes:
-    """The request line and headers (`Connection: close` unless the connection is kept, `keepalive.py`;
-    `Content-Length` when there is a body)."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"] + (["Connection: close"] if close else [])
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    if length is not None:
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
-    """(status, reason, headers with lower-case names) of a response head; ValueError when malformed."""
-    status_line, *header_lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-    version, _, rest = status_line.partition(" ")
-    code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"malformed header line: {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    return int(code), reason, headers
+TRANSPORT_ERRORS = (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError)
+"""What a failed exchange raises (`FramingError` is a ValueError); each becomes a `KubeUnreachable`."""
 
 
 class Body:
-    """A response body being received: `Content-Length`, chunked, or up to the server's close."""
+    """A response body being received (`http1.client.ResponseBody`), each read bounded by `read_timeout`
+    and every failure a `KubeError` (what `stream.StreamingBody` callers expect)."""
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        status: int,
-        headers: dict[str, str],
-        read_timeout: float | None,
-    ) -> None:
-        self.status = status
-        self._reader, self._writer = reader, writer
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        length = headers.get("content-length")
-        self._remaining: int | None = int(length) if length is not None and not self._chunked else None
-        self._timeout = read_timeout
-        self._done = self._remaining == 0
-
-    async def _read_chunk(self) -> bytes:
-        size_line = await self._reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            while (await self._reader.readuntil(b"\r\n")) != b"\r\n":
-                pass  # trailers
-            self._done = True
-            return b""
-        data = await self._reader.readexactly(size)
-        if await self._reader.readexactly(2) != b"\r\n":
-            raise ValueError("chunk not followed by CRLF")
-        return data
-
-    async def _read_some(self) -> bytes:
-        if self._chunked:
-            return await self._read_chunk()
-        if self._remaining is None:
-            data = await self._reader.read(READ_SIZE)
-            self._done = not data
-            return data
-        data = await self._reader.read(min(self._remaining, READ_SIZE))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", self._remaining)
-        self._remaining -= len(data)
-        self._done = self._remaining == 0
-        return data
+    def __init__(self, body: ResponseBody, writer: asyncio.StreamWriter, read_timeout: float | None) -> None:
+        self.status = body.head.status
+        self._body, self._writer, self._timeout = body, writer, read_timeout
 
     async def readany(self) -> bytes:
-        """The next bytes of the body (b"" at its end); failures as `KubeError` (`stream.StreamingBody`)."""
-        if self._done:
-            return b""
+        """The next bytes of the body (b"" at its end); failures as `KubeError`."""
         try:
             async with asyncio.timeout(self._timeout):
-                return await self._read_some()
-        except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError) as exc:
+                return await self._body.readany()
+        except TRANSPORT_ERRORS as exc:
             raise error_from_transport(exc) from None
 
     async def read(self) -> bytes:
@@ -127,7 +62,7 @@ class Body:
         return b"".join(parts)
 
     def close(self) -> None:
-        self._done = True
+        self._body.done = True
         self._writer.close()
 
 
@@ -187,21 +122,21 @@ class MiniTransport:
         """Connect, send, read the head; a 2xx `Body` (unread) or the mapped `KubeError`."""
         target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
         headers = {"User-Agent": self._user_agent, **headers}
-        head = request_head(
-            method, target, self._authority, headers, None if content is None else len(content)
-        )
+        length = None if content is None else len(content)
         writer: asyncio.StreamWriter | None = None
         try:
+            head = request_head(method, target, self._authority, headers, length)
             async with asyncio.timeout(self._timeout):
                 reader, writer = await self._connect()
                 writer.write(head + (content or b""))
                 await writer.drain()
-                status, reason, response_headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
-        except (TimeoutError, OSError, ValueError, EOFError, asyncio.LimitOverrunError) as exc:
+                response = await read_head(reader)
+                body = Body(ResponseBody(reader, response, method), writer, read_timeout)
+        except TRANSPORT_ERRORS as exc:
             if writer is not None:
                 writer.close()
             raise error_from_transport(exc) from None
-        body = Body(reader, writer, status, response_headers, read_timeout)
+        status = response.status
         if 200 <= status <= 299:
             return body
         try:
@@ -211,7 +146,7 @@ class MiniTransport:
             data = b""
         finally:
             body.close()
-        raise error_from_status(status, data, response_headers, http_reason=reason)
+        raise error_from_status(status, data, response.headers(), http_reason=response.reason)
 
     async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
         return await request_headers(self._credentials, accept, content_type)

@@ -1,5 +1,5 @@
-"""Native-async HTTP to the API server: unary requests on a keep-alive pool (`keepalive.py`), watches on an
-aiohttp `ClientSession`, both per event loop.
+"""Native-async HTTP to the API server: unary requests on a keep-alive pool (`gpuwarden/http1/pool.py`),
+watches on an aiohttp `ClientSession`, both per event loop.
 
 Why it exists: the `kubernetes` client is synchronous, so each request used to hold a pool thread for its
 whole round trip. Under load (the extender's bind path: a claim PATCH, a LIST and a Binding per pod, while
@@ -29,7 +29,7 @@ from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 
-from gpuwarden.kube.keepalive import KeepAlivePool
+from gpuwarden.http1.pool import KeepAlivePool
 from gpuwarden.kube.status import error_from_status, error_from_transport
 from gpuwarden.kube.wire import (
     INLINE_DECODE_BYTES,
@@ -74,7 +74,7 @@ class AsyncTransport:
         self._url = url
         self._prefix = url.path
         self._pools: dict[asyncio.AbstractEventLoop, KeepAlivePool] = {}
-        """Per running loop, the keep-alive pool of the unary requests (`keepalive.py`)."""
+        """Per running loop, the keep-alive pool of the unary requests (`gpuwarden/http1/pool.py`)."""
         self._sessions: dict[tuple[asyncio.AbstractEventLoop, str], aiohttp.ClientSession] = {}
         """Per running loop, one session for requests and one for watches: long-lived watches hold their
         connections, so they get their own pool and can never starve short requests (and vice versa)."""
@@ -131,7 +131,7 @@ class AsyncTransport:
         content_type: str | None,
         accept: str,
     ) -> Answer:
-        """One request on the keep-alive pool (`keepalive.py`); the raw 2xx body, else the mapped
+        """One request on the keep-alive pool (`gpuwarden/http1/pool.py`); the raw 2xx body, else the mapped
         `KubeError` (`status.py`), a transport failure or the timeout as `KubeUnreachable`."""
         content, content_type = request_body(body, content_type)
         headers = {"User-Agent": self._user_agent, **await self._headers(accept, content_type)}

@@ -14,12 +14,16 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from controller.extender.fastpath import LeanSite, parse_head
+from controller.extender.fastpath import LeanSite, lean_dispatch
 from controller.extender.server import ExtenderService, add_extender_routes, verb_replies
+from gpuwarden.http1.head import FramingError, parse_request_head
 from tests.pki import CA
 from tests.unit.test_extender_server import VERBS, build, golden
 
 PREFIX = "/gpu-extender"
+
+
+H = b"Host: a\r\n"
 
 
 @pytest.mark.parametrize(
@@ -27,34 +31,53 @@ PREFIX = "/gpu-extender"
     [
         (b"POST /x/filter HTTP/1.1\r\nHost: a\r\nContent-Length: 12", ("/x/filter", 12, False)),
         (
-            b"POST /x/bind HTTP/1.1\r\ncontent-length:  0 \r\nConnection: Keep-Alive, close",
+            b"POST /x/bind HTTP/1.1\r\n" + H + b"content-length:  0 \r\nConnection: Keep-Alive, close",
             ("/x/bind", 0, True),
         ),
-        (b"POST /x/bind HTTP/1.1\r\nCONTENT-LENGTH: 3\r\nconnection: keep-alive", ("/x/bind", 3, False)),
-        (b"GET /x/filter HTTP/1.1\r\nContent-Length: 1", None),  # not POST
-        (b"POST /x/filter HTTP/1.0\r\nContent-Length: 1", None),  # HTTP/1.0: aiohttp's
-        (b"POST /x/filter HTTP/1.1", None),  # no Content-Length
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1", None),  # repeated
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: -1", None),
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 1e3", None),
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 99999999999999999999", None),
-        (b"POST /x/filter HTTP/1.1\r\nTransfer-Encoding: chunked", None),
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue", None),
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 4\r\nConnection: Upgrade\r\nUpgrade: h2c", None),
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length : 4", None),  # space before the colon
-        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 4\r\n folded", None),  # obs-fold
-        (b"POST /x/filter HTTP/1.1\r\nno colon\r\nContent-Length: 4", None),
-        (b"POST  /x/filter HTTP/1.1\r\nContent-Length: 4", None),  # two spaces
-        (b"POST x/filter HTTP/1.1\r\nContent-Length: 4", None),  # not origin-form
-        (b"POST /x/\xff HTTP/1.1\r\nContent-Length: 4", None),
+        (
+            b"POST /x/bind HTTP/1.1\r\n" + H + b"CONTENT-LENGTH: 3\r\nconnection: keep-alive",
+            ("/x/bind", 3, False),
+        ),
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"X: 1", ("/x/filter", 0, False)),  # no body: the verb's 400
+        (b"GET /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 1", "aiohttp"),  # not POST
+        (b"POST /x/filter HTTP/1.0\r\nContent-Length: 1", "aiohttp"),  # HTTP/1.0: aiohttp's
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked", "aiohttp"),
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 4\r\nExpect: 100-continue", "aiohttp"),
+        (
+            b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 4\r\nConnection: Upgrade\r\nUpgrade: h2c",
+            "aiohttp",
+        ),
+        (
+            b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 1\r\nContent-Length: 1",
+            "refused",
+        ),  # repeated
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: -1", "refused"),
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 1e3", "refused"),
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 99999999999999999999", "refused"),
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length : 4", "refused"),  # space before the colon
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 4\r\n folded", "refused"),  # obs-fold
+        (b"POST /x/filter HTTP/1.1\r\n" + H + b"no colon\r\nContent-Length: 4", "refused"),
+        (b"POST  /x/filter HTTP/1.1\r\n" + H + b"Content-Length: 4", "refused"),  # two spaces
+        (b"POST /x/\xff HTTP/1.1\r\n" + H + b"Content-Length: 4", "refused"),
+        (b"POST /x/filter HTTP/1.1\r\nContent-Length: 4", "refused"),  # no Host
     ],
 )
-def test_parse_head(head: bytes, expected: tuple[str, int, bool] | None) -> None:
-    parsed = parse_head(head)
-    if expected is None:
-        assert parsed is None
+def test_which_requests_the_lean_path_answers(head: bytes, expected: tuple[str, int, bool] | str) -> None:
+    """Pure: a head is the lean path's (path, length, close), aiohttp's, or refused by the core."""
+    dispatch = lean_dispatch({"/x/filter": echo_route, "/x/bind": echo_route})
+    try:
+        parsed = parse_request_head(head + b"\r\n\r\n")
+    except FramingError:
+        assert expected == "refused"
+        return
+    if expected == "aiohttp":
+        assert dispatch(parsed) is None
     else:
-        assert parsed is not None and (parsed.path, parsed.length, parsed.close) == expected
+        assert dispatch(parsed) is not None and (parsed.path, parsed.length, parsed.close) == expected
+
+
+async def echo_route(raw: bytes) -> tuple[int, bytes, str]:
+    return 200, raw, "application/json"
 
 
 @dataclass
@@ -93,6 +116,7 @@ async def serve(
             max_body_bytes=max_body,
             ssl_context=ssl_context,
             idle_seconds=idle,
+            rejected=service.metrics.reject,
         )
     else:
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
@@ -237,14 +261,16 @@ async def test_requests_the_lean_path_does_not_read_are_answered_by_aiohttp(
     assert (answer.status, answer.body) == (200, golden("filter_result_cache.json"))
 
 
-async def test_a_body_over_the_limit_is_aiohttp_s_413() -> None:
+async def test_a_body_over_the_limit_is_refused_from_its_head_with_413() -> None:
     served = await serve(max_body=100)
     try:
         [answer] = await exchange(served.port, post(f"{PREFIX}/filter", golden("filter_args_cache.json")))
     finally:
         await served.runner.cleanup()
-    assert answer.status == 413
-    assert handed_off(served) == 1
+    assert (answer.status, answer.headers["connection"]) == (413, "close")
+    assert handed_off(served) == 0
+    sample = served.registry.get_sample_value
+    assert sample("gpuwarden_http_requests_rejected_total", {"reason": "body_too_large"}) == 1
 
 
 async def test_pipelined_requests_and_split_writes_are_answered_in_order(lean: Served) -> None:

@@ -1,4 +1,4 @@
-"""The node agent's listener: the pure request-line parse and routing, then the real server over a socket
+"""The node agent's listener: the pure routing, then the real server over a socket
 (urllib as the client, as a probe or a scrape would be)."""
 
 from __future__ import annotations
@@ -9,29 +9,14 @@ import urllib.request
 
 import pytest
 
-from nodeagent.listener import Listener, Reply, answer, encode, target
+from gpuwarden.http1.server import Response, encode
+from nodeagent.listener import Listener, Reply, answer
 
 ROUTES = {
     "/healthz": lambda: Reply.text("ok"),
     "/readyz": lambda: Reply.text("not yet", 503),
     "/metrics": lambda: Reply(200, b"m 1\n", "text/plain; version=0.0.4; charset=utf-8"),
 }
-
-
-@pytest.mark.parametrize(
-    ("line", "expect"),
-    [
-        pytest.param(b"GET /healthz HTTP/1.1\r\n", ("GET", "/healthz"), id="get"),
-        pytest.param(b"GET /metrics?name[]=x HTTP/1.0", ("GET", "/metrics"), id="query-dropped"),
-        pytest.param(b"HEAD /readyz HTTP/1.1", ("HEAD", "/readyz"), id="head"),
-        pytest.param(b"GET /healthz", None, id="no-version"),
-        pytest.param(b"GET healthz HTTP/1.1", None, id="not-a-path"),
-        pytest.param(b"\x16\x03\x01 tls hello", None, id="tls-on-plain-port"),
-        pytest.param(b"GET /healthz HTTP/2.0", None, id="http2"),
-    ],
-)
-def test_target(line: bytes, expect: tuple[str, str] | None) -> None:
-    assert target(line) == expect
 
 
 @pytest.mark.parametrize(
@@ -49,8 +34,8 @@ def test_answer(method: str, path: str, status: int, body: bytes) -> None:
 
 
 def test_encode_head_only_keeps_the_length_and_drops_the_body() -> None:
-    full = encode(Reply.text("ok"))
-    head = encode(Reply.text("ok"), head_only=True)
+    full = encode(Response(200, b"ok"), close=True)
+    head = encode(Response(200, b"ok"), close=True, head_only=True)
     assert full.startswith(b"HTTP/1.1 200 OK\r\n") and full.endswith(b"\r\n\r\nok")
     assert b"Content-Length: 2\r\n" in head and head.endswith(b"\r\n\r\n")
 

@@ -1,7 +1,8 @@
-"""The keep-alive pool of unary API requests (`gpuwarden/kube/keepalive.py`) against real local servers:
+"""The keep-alive pool of unary API requests (`gpuwarden/http1/pool.py`) against real local servers:
 connections reused, answers read to their exact end (length, chunked, close), servers that close idle
-connections, and no second send of a request the server may have acted on. `test_kube_client.py` runs the
-whole client (errors, TLS settings, credentials) over it."""
+connections, no second send of a request the server may have acted on (K1), and no connection kept after
+any framing doubt (K2). `test_kube_client.py` runs the whole client (errors, TLS settings, credentials)
+over it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gpuwarden.kube.keepalive import KeepAlivePool, read_reply
-from gpuwarden.kube.minihttp import request_head
+from gpuwarden.http1.head import request_head
+from gpuwarden.http1.pool import KeepAlivePool, read_reply
 
 
 def pool(port: int, limit: int = 4, idle: float = 15.0) -> KeepAlivePool:
@@ -171,23 +172,48 @@ async def test_a_post_is_never_sent_twice() -> None:
 @pytest.mark.parametrize(
     ("answer", "body", "keep"),
     [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA", b"abc", True),
-        (
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", b"abc", True, id="length"),
+        pytest.param(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n",
             b"abcde",
             True,
+            id="chunked-with-extension-and-trailer",
         ),
-        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz", b"z", True),
-        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nz", b"z", False),
-        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", b"until the end", False),
-        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", b"", True),
+        pytest.param(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz",
+            b"z",
+            True,
+            id="1xx-skipped",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nz", b"z", False, id="close"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", b"until the end", False, id="until-close"),
+        pytest.param(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", b"", True, id="304"),
+        # K2: framing doubts end the connection
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            b"abc",
+            False,
+            id="K2-unsolicited-bytes-after-the-answer",
+        ),
+        pytest.param(
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello", b"", False, id="K2-204-with-a-body"
+        ),
+        pytest.param(
+            b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"",
+            False,
+            id="K2-304-chunked",
+        ),
     ],
 )
 async def test_read_reply_reads_exactly_one_answer(answer: bytes, body: bytes, keep: bool) -> None:
     reader = asyncio.StreamReader()
     reader.feed_data(answer)
-    reader.feed_eof()
+    if b"until the end" in answer:
+        reader.feed_eof()
     reply, kept = await read_reply(reader, "GET")
     assert (reply.body, kept) == (body, keep)
 
@@ -195,16 +221,40 @@ async def test_read_reply_reads_exactly_one_answer(answer: bytes, body: bytes, k
 @pytest.mark.parametrize(
     "answer",
     [
-        b"HTTP/1.1 200 OK\r\nContent-Length: x1\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX",
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: x1\r\n\r\n", id="length-not-a-number"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", id="chunk-not-hex"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX", id="chunk-end"),
+        # K2: conflicting or lenient framing is refused, never guessed
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            id="K2-length-and-chunked",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde", id="K2-two-lengths"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", id="K2-two-equal-lengths"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length : 3\r\n\r\nabc", id="K2-space-before-colon"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\nabc", id="K2-plus-length"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n", id="K2-0x-chunk"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\nab\r\n0\r\n\r\n", id="K2-plus-chunk"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", id="unknown-coding"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n", id="bare-lf"),
     ],
 )
 async def test_malformed_answers_are_value_errors(answer: bytes) -> None:
     reader = asyncio.StreamReader()
     reader.feed_data(answer)
     reader.feed_eof()
-    with pytest.raises((ValueError, asyncio.IncompleteReadError)):
+    with pytest.raises(ValueError):
         await read_reply(reader, "GET")
 
 
@@ -214,3 +264,80 @@ async def test_a_truncated_answer_is_an_incomplete_read() -> None:
     reader.feed_eof()
     with pytest.raises(asyncio.IncompleteReadError):
         await read_reply(reader, "GET")
+
+
+@contextlib.asynccontextmanager
+async def scripted(*answers: bytes | None) -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A server whose Nth request (over all connections) gets answers[N] and then, when the script says
+    so, loses its connection: None closes without a byte; an answer ending in b"|close" is written
+    without that marker and the connection closed (part of an answer, then a reset); b"|idle:" + bytes
+    answers, then writes those bytes unasked while the connection is idle."""
+    received: list[bytes] = []
+    script = list(answers)
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while script:
+                head = await reader.readuntil(b"\r\n\r\n")
+                received.append(head.split(b"\r\n", 1)[0])
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        await reader.readexactly(int(line.split(b":")[1]))
+                answer = script.pop(0)
+                if answer is None:
+                    break
+                answer, _, unasked = answer.partition(b"|idle:")
+                answer, closing, _ = answer.partition(b"|close")
+                writer.write(answer)
+                await writer.drain()
+                if closing:
+                    break
+                if unasked:
+                    await asyncio.sleep(0.05)
+                    writer.write(unasked)
+        writer.close()
+
+    server = await asyncio.start_server(client, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], received
+    finally:
+        server.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize("method", ["DELETE", "PUT", "GET"])
+@pytest.mark.parametrize("body", [b"", b"abc"], ids=["head-only", "head-and-part-of-the-body"])
+async def test_K1_nothing_is_sent_again_after_part_of_its_answer_arrived(method: str, body: bytes) -> None:
+    partial = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n" + body + b"|close"
+    async with scripted(OK, partial, OK, OK) as (port, received):
+        p = pool(port)
+        await p.request("GET", "/first", {}, None)
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await p.request(method, "/lease", {}, b"{}" if method == "PUT" else None)
+        p.close()
+    assert received == [b"GET /first HTTP/1.1", f"{method} /lease HTTP/1.1".encode()]
+
+
+@pytest.mark.parametrize("method", ["DELETE", "PUT", "PATCH"])
+async def test_K1_only_get_head_and_options_are_sent_again_on_a_stale_connection(method: str) -> None:
+    async with scripted(OK, None, OK) as (port, received):
+        p = pool(port)
+        await p.request("GET", "/first", {}, None)
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await p.request(method, "/eviction", {}, b"{}")
+        p.close()
+    assert received == [b"GET /first HTTP/1.1", f"{method} /eviction HTTP/1.1".encode()]
+
+
+async def test_K2_unsolicited_bytes_on_an_idle_connection_never_become_the_next_answer() -> None:
+    evil = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"
+    async with scripted(OK + b"|idle:" + evil, OK) as (port, _):
+        p = pool(port)
+        await p.request("GET", "/first", {}, None)
+        await asyncio.sleep(0.2)  # the unasked answer arrives while the connection is idle
+        reply = await p.request("GET", "/second", {}, None)
+        p.close()
+    assert reply.body == b"ok"
+    assert p.opened == 2
