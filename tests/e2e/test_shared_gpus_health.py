@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from harness.localprom import LocalPrometheus, scrape_target
 from harness.simulator import RunningSimulator, parse_scenario, start
 from harness.testbed import Cluster, add_gpu_nodes, ensure_namespace, mig_single_node, time_sliced_node
 from harness.testbed.nodes import delete_nodes
+from tests.e2e.test_health_quarantine import passes_until
 
 pytestmark = pytest.mark.e2e
 
@@ -137,19 +137,6 @@ async def loop(env: Env) -> AsyncIterator[HealthLoop]:
             yield hl
         finally:
             watcher.cancel()
-
-
-async def passes_until(
-    hl: HealthLoop, done: Callable[[HealthPlan], bool], within: float = 40.0
-) -> HealthPlan:
-    deadline = time.monotonic() + within
-    while True:
-        plan = await hl.run_once()
-        if done(plan):
-            return plan
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not reached; last plan:\n{plan.render_table()}")
-        await asyncio.sleep(1.0)
 
 
 def judged_healthy(plan: HealthPlan) -> bool:
