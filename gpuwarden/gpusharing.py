@@ -241,13 +241,3 @@ def device_ref(device_id: str) -> DeviceRef:
     if text.startswith("MIG-"):
         return DeviceRef(device_id, "", replica, text)
     return DeviceRef(device_id, text, replica)
-
-
-def physical_gpu(device_id: str, mig_parents: Mapping[str, str] | None = None) -> str:
-    """The physical GPU (UUID or index) a device ID lives on, "" when it cannot be told.
-
-    `mig_parents`: MIG UUID -> parent GPU UUID, where the caller knows them (NVML, a recorded topology)."""
-    ref = device_ref(device_id)
-    if ref.gpu:
-        return ref.gpu
-    return (mig_parents or {}).get(ref.mig, "")

@@ -14,7 +14,6 @@ from gpuwarden.gpusharing import (
     is_gpu_uuid,
     mig_profile,
     node_sharing,
-    physical_gpu,
 )
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -228,12 +227,6 @@ def test_mig_profile(product: str, profile: str) -> None:
 )
 def test_device_ref(device_id: str, ref: DeviceRef) -> None:
     assert device_ref(device_id) == ref
-
-
-def test_physical_gpu_resolves_opaque_mig_through_known_parents() -> None:
-    assert physical_gpu("MIG-2ce7f0::1", {"MIG-2ce7f0": "GPU-bbbb"}) == "GPU-bbbb"
-    assert physical_gpu("MIG-2ce7f0") == ""
-    assert physical_gpu("GPU-aaaa::0") == "GPU-aaaa"
 
 
 @pytest.mark.parametrize(
