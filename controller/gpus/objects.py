@@ -17,12 +17,18 @@ from typing import Any
 from controller.gpus.topology import NodeTopology, TopologyError, parse_annotation
 from gpuwarden.gpusharing import GpuSharing, SharingMode, is_gpu_resource, node_sharing
 from gpuwarden.quarantine import NodeQuarantine, node_quarantine
+from gpuwarden.wellknown import (
+    EXPECTED_GPUS,
+    IDLE_ACK_UNTIL,
+    IDLE_RECLAIMABLE,
+    parse_gpu_ids,
+    parse_time_value,
+)
 from gpuwarden.wellknown import GPU_CLAIMED_AT as CLAIMED_AT_ANNOTATION
 from gpuwarden.wellknown import GPU_IDS as GPU_IDS_ANNOTATION
 from gpuwarden.wellknown import GPU_NODE as CLAIM_NODE_ANNOTATION
 from gpuwarden.wellknown import GPU_RESERVED_UNTIL as RESERVED_UNTIL_ANNOTATION
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
-from gpuwarden.wellknown import IDLE_ACK_UNTIL, IDLE_RECLAIMABLE, parse_gpu_ids, parse_time_value
 from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
 
 JsonObject = dict[str, Any]
@@ -194,6 +200,33 @@ class NodeInfo:
         return self.quarantine.reason if self.quarantine is not None else None
 
 
+def sharing_of(
+    obj: Mapping[str, Any],
+    resource: str,
+    topology: NodeTopology | None = None,
+    *,
+    expected_label: str = EXPECTED_GPUS,
+) -> GpuSharing:
+    """A v1.Node's sharing mode and physical GPU count (`gpuwarden.gpusharing`), with its published topology
+    (`topology`, else the node agent's annotation, read here) counting the physical GPUs where GFD does not
+    (MIG single). `expected_label=""` leaves the expected-GPUs override to the caller (health's is
+    configurable)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if topology is None:
+        raw = (meta.get("annotations") or {}).get(TOPOLOGY_ANNOTATION)
+        try:
+            topology = parse_annotation(str(raw)) if raw is not None else None
+        except TopologyError:
+            topology = None
+    return node_sharing(
+        meta.get("labels") or {},
+        status.get("capacity") or status.get("allocatable") or {},
+        resource,
+        expected_label=expected_label,
+        topology_gpus=len(topology.gpus) or None if topology is not None else None,
+    )
+
+
 def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
     """Parse a v1.Node (JSON)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
@@ -206,12 +239,7 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
         except TopologyError as exc:
             error = str(exc)
     quarantine = node_quarantine(spec.get("taints") or [], annotations)
-    sharing = node_sharing(
-        meta.get("labels") or {},
-        status.get("capacity") or status.get("allocatable") or {},
-        resource,
-        topology_gpus=len(topology.gpus) if topology is not None else None,
-    )
+    sharing = sharing_of(obj, resource, topology)
     return NodeInfo(
         str(meta.get("name", "")),
         allocatable,

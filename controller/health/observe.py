@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.gpus.dra import dra_class_for_node
-from controller.gpus.topology import TopologyError, parse_annotation
+from controller.gpus.objects import sharing_of
 from controller.health.snapshot import (
     BreakerEvent,
     BreakerState,
@@ -34,13 +34,11 @@ from controller.health.snapshot import (
 from controller.health.telemetry import Querier, Queries, Telemetry, build_queries, read_telemetry
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.errors import PrometheusError
-from gpuwarden.gpusharing import GpuSharing, node_sharing
 from gpuwarden.kube.resources import Resource
 from gpuwarden.quarantine import DeviceRef, decode, iso, parse_iso
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import GPU_DEGRADED_CONDITION as DEGRADED_CONDITION
 from gpuwarden.wellknown import GPU_HEALTHY_CONDITION as CONDITION_TYPE
-from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import VALIDATION_NODE as VALIDATION_NODE_LABEL
 
@@ -64,27 +62,6 @@ def _quantity(raw: object) -> int:
         return int(str(raw))
     except ValueError:
         return 0
-
-
-def sharing_of(obj: JsonObject, gpu_resource: str = "nvidia.com/gpu") -> GpuSharing:
-    """The node's sharing mode and physical GPU count (gpuwarden.gpusharing). The expected-GPUs label is
-    left to the policy (`findings.expected_gpus`, whose label key is configurable); the node agent's
-    topology annotation counts the physical GPUs where GFD does not (MIG single)."""
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    listed: int | None = None
-    if TOPOLOGY_ANNOTATION in annotations:
-        try:
-            listed = len(parse_annotation(str(annotations[TOPOLOGY_ANNOTATION])).gpus) or None
-        except TopologyError:
-            listed = None
-    return node_sharing(
-        meta.get("labels") or {},
-        status.get("capacity") or {},
-        gpu_resource,
-        expected_label="",
-        topology_gpus=listed,
-    )
 
 
 def node_state(obj: JsonObject, gpu_resource: str = "nvidia.com/gpu") -> NodeState:
@@ -111,7 +88,7 @@ def node_state(obj: JsonObject, gpu_resource: str = "nvidia.com/gpu") -> NodeSta
                                  str(cond.get("message", ""))) if cond else None,
         ready_since=ready_since(conditions),
         gpu_allocatable=None if allocatable is None else _quantity(allocatable),
-        sharing=sharing_of(obj, gpu_resource),
+        sharing=sharing_of(obj, gpu_resource, expected_label=""),
         degraded=ConditionState(str(degraded.get("status", "")), str(degraded.get("reason", "")),
                                 str(degraded.get("message", ""))) if degraded else None,
     )  # fmt: skip
