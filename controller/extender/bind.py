@@ -13,6 +13,12 @@ for another replica's overlapping claim (in the watch cache once the pod watch s
 consistent LIST), then the Binding. A failed bind withdraws its
 claim (only if the pod is still as we left it) so GPUs are not pinned.
 
+Every bind carries a deadline (admission.py: the scheduler's httpTimeout, less a margin): past it, the bind
+is cancelled before its next write - the claim PATCH or the Binding - its in-flight claim dropped and a
+written claim withdrawn, so its GPUs are free and no Binding is posted after the scheduler stopped waiting.
+A bind of a pod whose bind is still running joins that one; one that cannot finish in time at the current
+bind rate is refused at once (`BindOutcome.cause` deadline, shed).
+
 It decides nothing itself (`choose_gpus` does) and reports failures as `BindOutcome.error` text for the
 scheduler; `KubeError`s never escape. In dry-run it binds without writing the claim.
 
@@ -33,6 +39,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
+from controller.extender.admission import BindRate, admit, deadline_of
 from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.claims import (
     binding_annotations,
@@ -129,7 +136,9 @@ class BindOutcome:
     """`error` is "" on success; `kind` (for logs): bound, already_bound, rejected, conflict, error.
 
     `cause` says why a bind failed (pod_gone, pod_replaced, bound_elsewhere, no_fit, gpu_claimed,
-    pod_changed, api_error, not_synced); `policy` is the pod's effective topology policy once known."""
+    pod_changed, api_error, not_synced, deadline: cancelled before a write past its deadline, shed: refused
+    at once, too many binds ahead of it to finish in time); `policy` is the pod's effective topology policy
+    once known."""
 
     kind: str
     error: str = ""
@@ -175,8 +184,20 @@ class Binder:
         watch_timeout: float = 0.0,
         on_phase: Callable[[str, float], None] = lambda phase, seconds: None,
         sole: SoleBinder | None = None,
+        http_timeout: float = 5.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_overload: Callable[[str], None] = lambda action: None,
     ) -> None:
         self._api = api
+        self._http_timeout = http_timeout
+        """The scheduler's httpTimeout: each bind's deadline is `deadline_of` its arrival (admission.py)."""
+        self._monotonic = monotonic
+        self._on_overload = on_overload
+        """Told `cancelled` (a bind passed its deadline), `shed` (refused at once), `joined` (a retry
+        joined the running bind of its pod)."""
+        self._running: dict[str, tuple[str, asyncio.Future[BindOutcome]]] = {}
+        """Per pod UID: the node and task of the bind running for it (a retry joins it)."""
+        self._rate = BindRate()
         self._sole = sole
         """None: the claim protocol (any number of binders). Else bind only while `sole.fenced()`."""
         self._seen_rv = -1
@@ -316,12 +337,82 @@ class Binder:
             return None
         return pod
 
+    def running(self) -> int:
+        """Binds running now (joined retries not counted)."""
+        return len(self._running)
+
     async def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
+        """Bind as the scheduler asked, within the scheduler's patience: join the running bind of the same
+        pod, refuse what cannot finish in time, else bind with a deadline (see the module docstring)."""
+        now = self._monotonic()
+        deadline = deadline_of(now, self._http_timeout)
+        key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
+        running = self._running.get(key)
+        if running is not None:
+            joined = await self._join(args, running, deadline)
+            if joined is not None:
+                return joined
+            now = self._monotonic()
+        if not admit(len(self._running), self._rate.rate(now), deadline - now):
+            self._on_overload("shed")
+            return BindOutcome(
+                "error",
+                f"gpuwarden extender: too many binds in flight to bind {args.pod_namespace}/{args.pod_name} "
+                "before the scheduler's timeout; retry",
+                cause="shed",
+            )
+        self._rate.started(now, len(self._running))
+        task = asyncio.ensure_future(self._bind(args, deadline))
+        self._running[key] = (args.node, task)
+
+        def done(_: asyncio.Future[BindOutcome]) -> None:
+            if self._running.get(key, ("", None))[1] is task:
+                del self._running[key]
+            self._rate.finished(self._monotonic())
+
+        task.add_done_callback(done)
+        return await asyncio.shield(task)  # the scheduler hanging up does not cut a bind between its steps
+
+    async def _join(
+        self, args: ExtenderBindingArgs, running: tuple[str, asyncio.Future[BindOutcome]], deadline: float
+    ) -> BindOutcome | None:
+        """Wait for the running bind of the same pod (a retry of the scheduler, or another replica's
+        forward): its outcome for the same node (as `already_bound` when it bound, so the pod's Event and
+        placement are counted once), or None when this one must bind itself (it was cancelled, or it was
+        for another node and is over)."""
+        node, task = running
+        self._on_overload("joined")
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._monotonic())):
+                outcome = await asyncio.shield(task)
+        except TimeoutError:
+            return BindOutcome(
+                "error",
+                f"the bind of {args.pod_namespace}/{args.pod_name} to {node} is still running; retry",
+                cause="deadline",
+            )
+        if outcome.cause == "deadline" or node != args.node:
+            return None  # nothing written for it (cancelled), or the pod's state decides (bound_elsewhere)
+        return replace(outcome, kind="already_bound") if outcome.kind == "bound" else outcome
+
+    def _late(self, deadline: float) -> bool:
+        return self._monotonic() >= deadline
+
+    def _cancelled(self, key: str, node: str) -> BindOutcome:
+        self._on_overload("cancelled")
+        return BindOutcome(
+            "error",
+            f"bind of {key} to {node} passed its deadline ({self._http_timeout:g} s httpTimeout) before the "
+            "Binding: cancelled, its GPUs freed; retry",
+            cause="deadline",
+        )
+
+    async def _bind(self, args: ExtenderBindingArgs, deadline: float) -> BindOutcome:
         ns, name, node = args.pod_namespace, args.pod_name, args.node
         try:
             cached, tries = self._cached(args), 0
             while tries < self._attempts:
-                outcome = await self._attempt(args, cached)
+                outcome = await self._attempt(args, cached, deadline)
                 if outcome is not None:
                     return outcome
                 self._on_conflict("pod_changed")
@@ -339,7 +430,9 @@ class Binder:
                 "error", f"binding {ns}/{name} to {node} failed: {exc.message}", cause="api_error"
             )
 
-    async def _attempt(self, args: ExtenderBindingArgs, cached: PodInfo | None) -> BindOutcome | None:
+    async def _attempt(
+        self, args: ExtenderBindingArgs, cached: PodInfo | None, deadline: float
+    ) -> BindOutcome | None:
         """One try, from `cached` (see `_cached`) or a live GET; None means the pod changed under us (409)
         and the caller should start over."""
         ns, name, node = args.pod_namespace, args.pod_name, args.node
@@ -361,6 +454,8 @@ class Binder:
                     "error", f"pod {ns}/{name} is already bound to {pod.node_name}", cause="bound_elsewhere"
                 )
             if pod.gpus <= 0:
+                if self._late(deadline):
+                    return self._cancelled(pod.key, node)
                 await self._api.bind_pod(ns, name, pod.uid, node)
                 return BindOutcome("bound")
         view = self._model.view(node)
@@ -368,19 +463,21 @@ class Binder:
             # DRA has allocated the devices already (its PreBind runs before an extender's bind), or the
             # node shares its GPUs and its device plugin picks the replicas: a set chosen here would be
             # fiction, so none is recorded.
+            if self._late(deadline):
+                return self._cancelled(pod.key, node)
             await self._api.bind_pod(ns, name, pod.uid, node)
             return BindOutcome("bound", dra_class=view.dra_class, passthrough=view.passthrough)
         if cached is None and self._dry_run:
-            return await self._bind_dry(pod, node)
+            return await self._bind_dry(pod, node, deadline)
         if self._sole is not None:
-            return await self._bind_sole(pod, node, self._sole)
-        claimed = await self._claim(pod, node)
+            return await self._bind_sole(pod, node, self._sole, deadline)
+        claimed = await self._claim(pod, node, deadline)
         if not isinstance(claimed, tuple):
             return claimed
         choice, rv = claimed
-        return await self._finish(pod, node, choice, rv)
+        return await self._finish(pod, node, choice, rv, deadline)
 
-    async def _bind_dry(self, pod: PodInfo, node: str) -> BindOutcome:
+    async def _bind_dry(self, pod: PodInfo, node: str, deadline: float) -> BindOutcome:
         """Dry-run: decide as a real run would (a consistent read when the cache finds no set), write no
         claim, bind; what a real run would have refused is reported in `would_fail`."""
         chosen = self._choose(pod, node)
@@ -389,6 +486,8 @@ class Binder:
             fresh = await self._api.list_pods(claim_selector(node))
             chosen = self._choose(pod, node, [pod_info(o, self._model.resource) for o in fresh])
         ns, name = pod.key.split("/", 1)
+        if self._late(deadline):
+            return self._cancelled(pod.key, node)
         await self._api.bind_pod(ns, name, pod.uid, node)
         if chosen.choice is None:
             log.info("dry-run: would fail", extra={"pod": pod.key, "node": node, "error": chosen.error})
@@ -410,7 +509,7 @@ class Binder:
         pods = {p.key: p for p in (pod_info(o, self._model.resource) for o in [*bound, *claiming])}
         return list(pods.values())
 
-    async def _bind_sole(self, pod: PodInfo, node: str, sole: SoleBinder) -> BindOutcome:
+    async def _bind_sole(self, pod: PodInfo, node: str, sole: SoleBinder, deadline: float) -> BindOutcome:
         """The sole binder's bind: choose, then one write - the Binding carrying the set."""
         if not sole.fenced():
             self._on_conflict("not_binder")
@@ -455,6 +554,9 @@ class Binder:
                 f"this replica stopped being the binder while binding {pod.key}; retry",
                 cause="not_binder",
             )
+        if self._late(deadline):  # the safe point: nothing written yet
+            self._drop(node, mine, prior)
+            return self._cancelled(pod.key, node)
         ns, name = pod.key.split("/", 1)
         try:
             started = time.perf_counter()
@@ -535,7 +637,9 @@ class Binder:
         numa = tuple(sorted({g.numa for g in gpus if g.numa is not None}))
         return Choice(ids, numa, alignment(gpus) if len(gpus) == len(ids) else "unknown", 0)
 
-    async def _claim(self, pod: PodInfo, node: str) -> tuple[Choice, str] | BindOutcome | None:
+    async def _claim(
+        self, pod: PodInfo, node: str, deadline: float
+    ) -> tuple[Choice, str] | BindOutcome | None:
         """Write (or reuse) the claim and verify it; the claimed choice and the pod's new resourceVersion."""
         settings, now = self._settings(), self._clock()
         ids = reusable_claim(pod, node, now, settings.claim_ttl_seconds)
@@ -555,6 +659,9 @@ class Binder:
             if isinstance(picked, BindOutcome):
                 return picked
             choice, mine, prior = picked
+            if self._late(deadline):  # a safe point: nothing written yet
+                self._drop(node, mine, prior)
+                return self._cancelled(pod.key, node)
             try:
                 ns, name = pod.key.split("/", 1)
                 started = time.perf_counter()
@@ -588,8 +695,11 @@ class Binder:
             )
         return choice, rv
 
-    async def _finish(self, pod: PodInfo, node: str, choice: Choice, rv: str) -> BindOutcome:
+    async def _finish(self, pod: PodInfo, node: str, choice: Choice, rv: str, deadline: float) -> BindOutcome:
         ns, name = pod.key.split("/", 1)
+        if self._late(deadline):  # the safe point before the Binding: withdraw the claim, free the GPUs
+            await self._release(pod, node, rv)
+            return self._cancelled(pod.key, node)
         try:
             started = time.perf_counter()
             await self._api.bind_pod(ns, name, pod.uid, node)

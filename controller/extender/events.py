@@ -35,8 +35,11 @@ FAILED = "GPUBindFailed"
 ACTION = "Bind"
 QUEUE_CAPACITY = 256
 """Events waiting to be written; a burst of binds beyond this (the API server slow or down) drops events."""
-SILENT_CAUSES = frozenset({"pod_gone", "pod_replaced"})
-"""Failures about a pod that no longer exists as the scheduler meant it: there is no pod to tell."""
+SILENT_CAUSES = frozenset({"pod_gone", "pod_replaced", "deadline", "shed"})
+"""Failures about a pod that no longer exists as the scheduler meant it (there is no pod to tell), and
+binds cut to the scheduler's patience under load (deadline, shed: the scheduler retries the pod and
+records its own FailedScheduling Event; they are counted in gpuwarden_extender_bind_overload_total) -
+a Warning per pod there would add API writes exactly when the API server is the bottleneck."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,10 @@ class ExtenderMetrics:
     """`gpuwarden_extender_bind_phase_seconds{phase}`: where a bind's time goes; phase: claim (the claim
     PATCH), verify (until the claim is known to be the only one: watch wait or LIST), binding (the Binding
     POST)."""
+    bind_overload: Counter
+    """`gpuwarden_extender_bind_overload_total{action}`: binds kept inside the scheduler's httpTimeout;
+    action: cancelled (past its deadline, before a write; its GPUs freed), shed (refused at once: it could
+    not finish in time at the current bind rate), joined (a retry joined the running bind of its pod)."""
     rejected: Counter
     """`gpuwarden_http_requests_rejected_total{reason}`: requests the lean HTTP core refused (malformed,
     over a limit, too slow; `gpuwarden/http1/server.py`), by reason."""
@@ -112,6 +116,14 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
             "claim is known to be the only one on its GPUs), binding (creating the Binding).",
             ["phase"],
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        bind_overload=Counter(
+            "gpuwarden_extender_bind_overload_total",
+            "Binds kept inside the scheduler's httpTimeout, by action: cancelled (past the deadline, before "
+            "a write; GPUs freed), shed (refused at once: could not finish in time), joined (a retried bind "
+            "joined the running bind of its pod).",
+            ["action"],
             registry=registry,
         ),
         rejected=Counter(

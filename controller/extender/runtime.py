@@ -270,6 +270,8 @@ def build_extender(
         watch_timeout=cfg.claim_watch_timeout_seconds,
         on_phase=lambda phase, seconds: metrics.bind_phases.labels(phase).observe(seconds),
         sole=sole,
+        http_timeout=cfg.scheduler_http_timeout_seconds,
+        on_overload=lambda action: metrics.bind_overload.labels(action).inc(),
     )
     if sole is not None and forwarder is not None:
         service.forwarder, service.is_binder = forwarder, sole.fenced

@@ -172,6 +172,17 @@ class ExtenderConfig(Section):
         "LIST of the node's claims instead (one more API request per bind). 2: the watch normally delivers "
         "within milliseconds; a longer wait only delays binds when the API server is overloaded.",
     )
+    scheduler_http_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="kube-scheduler's httpTimeout for this extender (the chart renders both from "
+        "scheduler.extender.httpTimeout). A bind still running past it is answered by nobody: the scheduler "
+        "has given up and retries the pod. So each bind gets a deadline of 90 % of it: past the deadline it "
+        "is cancelled before its next write (the Binding is never posted late) and its GPUs are freed; a "
+        "retried bind of a pod whose bind is still running joins it; a bind that cannot finish in time at "
+        "the current bind rate is refused at once. 5: the scheduler's default.",
+    )
     warm_gpu_counts: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8],
         max_length=16,
