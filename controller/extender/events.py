@@ -7,22 +7,31 @@ get any; the scheduler's own `Scheduled` event names only the node. What happene
 What it must not do: slow or fail a bind. The verb only `offer()`s an event to `BindEvents`, the shared
 bounded `gpuwarden.kube.event_queue.EventQueue` (never blocking); its writer task (`run()`, started with the
 extender's feed) writes them through the `EventRecorder`, whose series mechanism turns a pod's repeated
-identical failures into one Event with a count. When the queue is full, or the writer has stopped
-(shutdown: `close()` lets it write what is queued first), the event is dropped and counted
-(`gpuwarden_extender_events_dropped_total`), never lost silently.
+identical failures into one Event with a count.
+
+Under load the Events summarize instead of being dropped: an event offered while the queue is full is
+counted into one summary per node, reason and type, written every `summary_interval` as one Event on the
+Node (`summary_note`: "GPUsAssigned for 37 pods on node n: ml/a, ml/b, ... and 30 more"). So the Events a
+user reads account for every bind - each pod's own, or its count in its node's summary - and the API
+server's writes stay bounded: one writer for the per-pod Events, at most one summary per node and interval.
+Only once the writer has stopped (shutdown: `close()` writes what is queued and summarized first) is an
+event dropped, and then counted (`gpuwarden_extender_events_dropped_total`), never lost silently.
 Preemption verdicts are not evented here: the throttle already writes `PreemptionThrottled`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.dra import passthrough_note
 from controller.gpus.fit import Choice, Policy
 from gpuwarden.kube import EventType, ObjectRef
+from gpuwarden.kube.events import NOTE_MAX_BYTES
 from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent
 
 log = logging.getLogger(__name__)
@@ -33,8 +42,11 @@ SHARED = "GPUsShared"
 """A pod bound to a node that shares its GPUs: the device plugin picks its replicas or MIG instances."""
 FAILED = "GPUBindFailed"
 ACTION = "Bind"
-QUEUE_CAPACITY = 256
-"""Events waiting to be written; a burst of binds beyond this (the API server slow or down) drops events."""
+QUEUE_CAPACITY = 128
+"""Per-pod Events waiting to be written; beyond it (a burst, the API server slow) they are summarized."""
+SUMMARY_INTERVAL = 5.0
+"""Seconds between two summaries of one node: the bound on the summary Events written under load."""
+SUMMARY_ACTION = "BindSummary"
 SILENT_CAUSES = frozenset({"pod_gone", "pod_replaced", "deadline", "shed"})
 """Failures about a pod that no longer exists as the scheduler meant it (there is no pod to tell), and
 binds cut to the scheduler's patience under load (deadline, shed: the scheduler retries the pod and
@@ -131,6 +143,36 @@ def bind_event(
     )
 
 
+@dataclass(slots=True)
+class Summary:
+    """Per-pod events of one node, reason and type not written one by one: how many, and which pods."""
+
+    count: int = 0
+    pods: list[str] = field(default_factory=list)
+
+
+SAMPLE_PODS = 64
+"""Pod names kept per summary (the note holds what fits in 1 KiB; the count is always exact)."""
+
+
+def summary_note(reason: str, node: str, count: int, pods: list[str]) -> str:
+    """The note of a summary Event: the count first (exact), then as many pod names as fit the note's
+    1 KiB limit, and how many more there were."""
+    head = f"{reason} for {count} pods on node {node} (summarized under load, no Event per pod): "
+    names: list[str] = []
+    size = len(head.encode())
+    for i, key in enumerate(pods):
+        more = count - i - 1
+        tail = f" and {more} more" if more else ""
+        piece = (", " if names else "") + key
+        if size + len((piece + tail).encode()) > NOTE_MAX_BYTES - 16:
+            break
+        names.append(key)
+        size += len(piece.encode())
+    rest = count - len(names)
+    return head + ", ".join(names) + (f" and {rest} more" if rest else "")
+
+
 class BindEvents(EventQueue):
     """The bind verb's `EventQueue` (`offer` from the verb, `run` beside); also takes `BindEvent`s."""
 
@@ -141,7 +183,9 @@ class BindEvents(EventQueue):
         capacity: int = QUEUE_CAPACITY,
         flush_interval: float = 30.0,
         on_drop: Callable[[], None] = lambda: None,
+        on_summarized: Callable[[], None] = lambda: None,
         dry_run: bool = False,
+        summary_interval: float = SUMMARY_INTERVAL,
     ) -> None:
         super().__init__(
             recorder,
@@ -152,9 +196,86 @@ class BindEvents(EventQueue):
         )
         self.dry_run = dry_run
         """The binder runs dry: GPUsAssigned notes say the claim was not written."""
+        self._summaries: dict[tuple[str, str, EventType], Summary] = {}
+        self._summary_interval = summary_interval
+        self._on_summarized = on_summarized
+        self.summarized = 0
+        """Events counted into a summary instead of written on their own (all time)."""
 
     def offer(self, event: PendingEvent | BindEvent | None) -> bool:
-        """Queue `event` without waiting; None (nothing to tell) is not a drop."""
+        """Queue `event` without waiting; when the queue is full, count it into its node's summary. None
+        (nothing to tell) is not a drop. False when it was not queued (summarized, or dropped: writer
+        stopped)."""
         if event is None:
             return False
-        return super().offer(event.pending() if isinstance(event, BindEvent) else event)
+        pending = event.pending() if isinstance(event, BindEvent) else event
+        if not self.closed and self._queue.full() and pending.related is not None:
+            self._summarize(pending)
+            return False
+        return super().offer(pending)
+
+    def _summarize(self, event: PendingEvent) -> None:
+        assert event.related is not None
+        key = (event.related.name, event.reason, event.type)
+        summary = self._summaries.setdefault(key, Summary())
+        summary.count += 1
+        if len(summary.pods) < SAMPLE_PODS:
+            summary.pods.append(f"{event.regarding.namespace}/{event.regarding.name}")
+        self.summarized += 1
+        self._on_summarized()
+
+    @property
+    def pending_summaries(self) -> int:
+        """Events counted into summaries not written yet."""
+        return sum(s.count for s in self._summaries.values())
+
+    async def write_summaries(self) -> int:
+        """Write one Event per node, reason and type for the events summarized since the last call; how
+        many Events that was. Cancelled mid-way, the summary being written is kept for the next call."""
+        written = 0
+        while self._summaries:
+            key = next(iter(self._summaries))
+            summary = self._summaries.pop(key)
+            node, reason, kind = key
+            note = summary_note(reason, node, summary.count, summary.pods)
+            try:
+                await self._write(
+                    PendingEvent(ObjectRef("v1", "Node", node), reason, note, SUMMARY_ACTION, kind)
+                )
+            except BaseException:
+                again = self._summaries.setdefault(key, Summary())
+                again.count += summary.count
+                again.pods[:0] = summary.pods[: SAMPLE_PODS - len(again.pods)]
+                raise
+            written += 1
+        return written
+
+    async def _summarizer(self) -> None:
+        while True:
+            await asyncio.sleep(self._summary_interval)
+            await self.write_summaries()
+
+    async def close(self, grace: float) -> None:
+        """Shutdown: the queued Events are written (`EventQueue.close`), then the summaries."""
+        await super().close(grace)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.write_summaries()
+
+    async def run(self) -> None:
+        """The per-pod writer (`EventQueue.run`) and, beside it, the summaries every `summary_interval`;
+        on the way out what is summarized gets the same short last chance, then counts as dropped."""
+        summaries = asyncio.ensure_future(self._summarizer())
+        try:
+            await super().run()
+        finally:
+            summaries.cancel()
+            await asyncio.gather(summaries, return_exceptions=True)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(2.0):
+                    await self.write_summaries()
+            for (node, reason, kind), summary in self._summaries.items():
+                event = PendingEvent(ObjectRef("v1", "Node", node), reason, "", SUMMARY_ACTION, kind)
+                for _ in range(summary.count):
+                    self._drop(event, "writer stopped")
+            self._summaries = {}

@@ -36,7 +36,11 @@ class ExtenderMetrics:
     pod watch did not show a claim within `claim_watch_timeout_seconds`; verified with a LIST instead),
     not_binder (leader protocol: asked to bind while not the fenced binder)."""
     events_dropped: Counter
-    """`gpuwarden_extender_events_dropped_total`: bind Events not written because the queue was full."""
+    """`gpuwarden_extender_events_dropped_total`: bind Events neither written nor summarized (offered after
+    the writer stopped)."""
+    events_summarized: Counter
+    """`gpuwarden_extender_events_summarized_total`: bind Events counted into their node's summary Event
+    instead of written one by one (the queue was full)."""
     forwarded: Counter
     """`gpuwarden_extender_binds_forwarded_total{outcome}`: binds a follower passed to the binder (leader
     bind protocol); outcome ok or error (the binder's Error, or it could not be reached)."""
@@ -99,8 +103,14 @@ def extender_metrics(registry: CollectorRegistry | None) -> ExtenderMetrics:
         ),
         events_dropped=Counter(
             "gpuwarden_extender_events_dropped_total",
-            "GPUsAssigned / GPUBindFailed Events dropped because too many were waiting to be written "
-            "(binds never wait for Events).",
+            "GPUsAssigned / GPUBindFailed Events dropped: offered after the writer stopped (shutdown); "
+            "a full queue summarizes instead (events_summarized_total).",
+            registry=registry,
+        ),
+        events_summarized=Counter(
+            "gpuwarden_extender_events_summarized_total",
+            "Bind Events (GPUsAssigned, GPUBindFailed ...) counted into their node's summary Event instead "
+            "of written one by one, because too many were waiting to be written.",
             registry=registry,
         ),
         forwarded=Counter(

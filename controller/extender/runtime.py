@@ -247,6 +247,7 @@ def build_extender(
         events = BindEvents(
             recorder or EventRecorder(kube, component="extender", instance=instance or socket.gethostname()),
             on_drop=metrics.events_dropped.inc,
+            on_summarized=metrics.events_summarized.inc,
             dry_run=dry_run,
         )
     service = ExtenderService(

@@ -11,7 +11,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.extender.bind import Binder
-from controller.extender.events import ASSIGNED, FAILED, BindEvent, BindEvents, bind_event, policy_verdict
+from controller.extender.events import (
+    ASSIGNED,
+    FAILED,
+    BindEvent,
+    BindEvents,
+    bind_event,
+    policy_verdict,
+    summary_note,
+)
 from controller.extender.metrics import extender_metrics
 from controller.extender.runtime import build_extender
 from controller.extender.server import NOT_SYNCED, ExtenderService
@@ -173,6 +181,12 @@ def failed(note: str = "binding to node n failed: x") -> BindEvent:
     return BindEvent("ml", "p", "uid-p", "n", FAILED, EventType.WARNING, note)
 
 
+def assigned(name: str, target: str) -> BindEvent:
+    return BindEvent(
+        "ml", name, f"uid-{name}", target, ASSIGNED, EventType.NORMAL, f"GPUs 0 on node {target}"
+    )
+
+
 async def test_writer_creates_the_event_and_repeats_become_a_series() -> None:
     sink, clock = FakeEvents(), Clock()
     events = BindEvents(recorder(sink, clock))
@@ -195,14 +209,90 @@ async def test_writer_creates_the_event_and_repeats_become_a_series() -> None:
     assert [patch["series"]["count"] for _, patch in sink.patched] == [2]
 
 
-async def test_full_queue_drops_and_counts_instead_of_waiting() -> None:
+async def test_a_full_queue_summarizes_per_node_instead_of_waiting_or_dropping() -> None:
     registry = CollectorRegistry()
     metrics = extender_metrics(registry)
-    events = BindEvents(recorder(FakeEvents()), capacity=2, on_drop=metrics.events_dropped.inc)
-    assert [events.offer(failed(f"n{i}")) for i in range(3)] == [True, True, False]
+    sink = FakeEvents()
+    events = BindEvents(
+        recorder(sink), capacity=2, on_drop=metrics.events_dropped.inc,
+        on_summarized=metrics.events_summarized.inc,
+    )  # fmt: skip
+    offered = [assigned(f"p{i}", "n") for i in range(5)] + [assigned("q", "m"), failed("x")]
+    assert [events.offer(e) for e in offered] == [True, True, False, False, False, False, False]
     assert events.offer(None) is False  # nothing to tell: not a drop
-    assert events.dropped == 1 and events.queued == 2
-    assert registry.get_sample_value("gpuwarden_extender_events_dropped_total") == 1
+    assert events.dropped == 0 and events.queued == 2 and events.pending_summaries == 5
+    assert registry.get_sample_value("gpuwarden_extender_events_summarized_total") == 5
+    assert registry.get_sample_value("gpuwarden_extender_events_dropped_total") == 0
+    assert await events.drain() == 2 and await events.write_summaries() == 3
+    per_pod = [b for b in sink.created if b["regarding"]["kind"] == "Pod"]
+    summaries = {
+        (b["regarding"]["name"], b["reason"]): b for b in sink.created if b["regarding"]["kind"] == "Node"
+    }
+    assert [b["regarding"]["name"] for b in per_pod] == ["p0", "p1"]
+    assert summaries[("n", ASSIGNED)]["note"] == (
+        "GPUsAssigned for 3 pods on node n (summarized under load, no Event per pod): ml/p2, ml/p3, ml/p4"
+    )
+    assert summaries[("m", ASSIGNED)]["note"].startswith("GPUsAssigned for 1 pods on node m")
+    assert (
+        summaries[("n", FAILED)]["type"] == "Warning" and summaries[("n", FAILED)]["action"] == "BindSummary"
+    )
+    assert events.pending_summaries == 0 and await events.write_summaries() == 0
+
+
+@pytest.mark.parametrize(
+    ("count", "pods", "note"),
+    [
+        (1, ["ml/a"], "X for 1 pods on node n (summarized under load, no Event per pod): ml/a"),
+        (3, ["ml/a"], "X for 3 pods on node n (summarized under load, no Event per pod): ml/a and 2 more"),
+        (
+            500,
+            [f"namespace-{i:03d}/pod-with-a-long-name-{i:05d}" for i in range(64)],
+            "X for 500 pods on node n (summarized under load, no Event per pod): "
+            + ", ".join(f"namespace-{i:03d}/pod-with-a-long-name-{i:05d}" for i in range(22))
+            + " and 478 more",
+        ),
+    ],
+    ids=["one", "names-kept-fewer-than-count", "note-within-1-KiB"],
+)
+def test_summary_note(count: int, pods: list[str], note: str) -> None:
+    assert summary_note("X", "n", count, pods) == note
+    assert len(note.encode()) <= 1024
+
+
+async def written(sink: FakeEvents, count: int) -> None:
+    for _ in range(2000):
+        if len(sink.created) >= count:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"{len(sink.created)} Events written, not {count}")
+
+
+async def test_the_writer_writes_summaries_every_interval() -> None:
+    sink = FakeEvents()
+    events = BindEvents(recorder(sink), capacity=1, flush_interval=3600, summary_interval=0.001)
+    for i in range(3):
+        events.offer(assigned(f"p{i}", "n"))
+    task = asyncio.create_task(events.run())
+    await written(sink, 2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [(b["regarding"]["kind"], b["note"][:32]) for b in sink.created] == [
+        ("Pod", "GPUs 0 on node n"),
+        ("Node", "GPUsAssigned for 2 pods on node "),
+    ]
+
+
+async def test_summaries_left_at_shutdown_are_written_on_the_way_out() -> None:
+    sink = FakeEvents()
+    events = BindEvents(recorder(sink), capacity=1, flush_interval=3600, summary_interval=3600)
+    for i in range(3):
+        events.offer(assigned(f"p{i}", "m"))
+    task = asyncio.create_task(events.run())
+    await written(sink, 1)  # the queued one; the queue is empty again
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [b["note"][:32] for b in sink.created] == ["GPUs 0 on node m", "GPUsAssigned for 2 pods on node "]
+    assert events.dropped == 0 and events.pending_summaries == 0
 
 
 class Flaky:
