@@ -31,8 +31,8 @@ from controller.extenderv1 import ExtenderBindingArgs
 from controller.gpus.dra import passthrough_note
 from controller.gpus.fit import Choice, Policy
 from gpuwarden.kube import EventType, ObjectRef
-from gpuwarden.kube.events import NOTE_MAX_BYTES
 from gpuwarden.kube.event_queue import EventQueue, EventSink, PendingEvent
+from gpuwarden.kube.events import NOTE_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
