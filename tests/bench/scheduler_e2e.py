@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,10 @@ PROTOCOLS = tuple(os.environ.get("GPUWARDEN_BENCH_E2E_PROTOCOLS", "leader,claim"
 is the one the summary's goal rows judge; `claim` (claim PATCH + verify + Binding) is reported beside it."""
 BIND = os.environ.get("GPUWARDEN_BENCH_E2E_BIND", "1") != "0"
 """`GPUWARDEN_BENCH_E2E_BIND=0`: the extender filters and scores but the scheduler binds (where time goes)."""
+OVERLOAD = os.environ.get("GPUWARDEN_BENCH_E2E_OVERLOAD", "1s")
+"""The overload run (issue 47): the backlog again, for the null extender and each protocol, with the
+scheduler's extender httpTimeout cut to this (and the extender told so), i.e. the machine too slow for the
+scheduler's patience; "" or "0" skips it."""
 SIZES = (1, 1, 2, 4, 1, 2, 8, 1)
 """GPUs per pod, cycled: mean 2.5 GPUs a pod."""
 CREATORS = 8
@@ -118,6 +122,14 @@ class RunResult:
     """CPU time per bound pod of each process during the run, and how busy the machine's cores were."""
     cpu_ms: dict[str, float] = field(default_factory=dict)
     """The same per process, as numbers (ms per bound pod)."""
+    bindings: dict[str, float] = field(default_factory=dict)
+    """kube-apiserver's pods/binding POSTs during the run by HTTP code (201 created, 409 already bound)."""
+    bind_requests: float = 0.0
+    """Bind requests the scheduler sent the extender (gpuwarden only: its counter; retries included)."""
+    binds_started: float = 0.0
+    """Bind requests that started a bind of their own (not joined to a running one, not shed)."""
+    events: str = ""
+    """GPUsAssigned Events written vs. binds (gpuwarden only)."""
 
     @property
     def pods_per_s(self) -> float:
@@ -302,6 +314,52 @@ def api_requests(cluster: Cluster) -> dict[str, tuple[float, float]]:
     return out
 
 
+def binding_posts(cluster: Cluster) -> dict[str, float]:
+    """kube-apiserver's pods/binding POSTs so far by HTTP code (`apiserver_request_total`)."""
+    try:
+        text = cluster.kubectl("get", "--raw", "/metrics", timeout=60)
+    except (ClusterError, subprocess.TimeoutExpired):
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if (labels.get("resource"), labels.get("subresource"), labels.get("verb")) != (
+                "pods",
+                "binding",
+                "POST",
+            ) or not sample.name.endswith("_total"):
+                continue
+            out[labels.get("code", "")] = out.get(labels.get("code", ""), 0.0) + sample.value
+    return out
+
+
+SUMMARY_WAIT = 6.0
+"""Seconds after the last bind before Events are counted: the extender writes its summaries every 5 s."""
+
+
+def count_events(cluster: Cluster, namespace: str, since: str) -> tuple[int, int]:
+    """The extender's GPUsAssigned Events for the run: per pod (in `namespace`) and the pods counted in
+    summary Events on Nodes (action BindSummary, written since `since`, an RFC 3339 time)."""
+    own = cluster.get_json("events.v1.events.k8s.io", "-n", namespace)["items"]
+    per_pod = sum(
+        1
+        for e in own
+        if e.get("reason") == "GPUsAssigned" and e.get("reportingController") == "gpuwarden.io/extender"
+    )
+    summarized = 0
+    for e in cluster.get_json("events.v1.events.k8s.io", "-n", "default")["items"]:
+        if e.get("action") != "BindSummary" or e.get("reason") != "GPUsAssigned":
+            continue
+        if str(e.get("eventTime") or "") < since:
+            continue
+        head = str(e.get("note", "")).split(" pods on node ", 1)[0]
+        summarized += int(head.rsplit(" ", 1)[-1]) if head.rsplit(" ", 1)[-1].isdigit() else 0
+    return per_pod, summarized
+
+
 def api_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> str:
     """The requests made between two `api_requests` snapshots: count and mean latency, busiest first."""
     rows = []
@@ -387,15 +445,13 @@ class _Served:
 class ExtenderProcess(_Served):
     """`tests.bench.extender_process` on a free loopback port; `metrics()` and `peak_rss()` while alive."""
 
-    def __init__(self, cluster: Cluster, protocol: str) -> None:
+    def __init__(self, cluster: Cluster, protocol: str, http_timeout: float = 5.0) -> None:
         self.port = ports.free_port("127.0.0.1")
         self.log = cluster.workdir / f"extender-{self.port}.log"
         self._log = self.log.open("w")
         section = json.loads(os.environ.get("GPUWARDEN_BENCH_EXTENDER_CONFIG", "{}"))
-        env = {
-            **os.environ,
-            "GPUWARDEN_BENCH_EXTENDER_CONFIG": json.dumps({**section, "bind_protocol": protocol}),
-        }
+        section |= {"bind_protocol": protocol, "scheduler_http_timeout_seconds": http_timeout}
+        env = {**os.environ, "GPUWARDEN_BENCH_EXTENDER_CONFIG": json.dumps(section)}
         if env.get("GPUWARDEN_BENCH_EXTENDER_PROFILE"):  # one profile per protocol (the backlog run's, last)
             env["GPUWARDEN_BENCH_EXTENDER_PROFILE"] += f".{protocol}"
         self.proc = subprocess.Popen(
@@ -529,12 +585,14 @@ def run_pods(
     *,
     backlog_config: Mapping[str, Any] | None = None,
     extra_pids: Mapping[str, int] | None = None,
+    kind: str = "",
 ) -> RunResult:
     """Time `pods` GPU pods in `namespace` until every one has a node. Stream (default): created while the
     scheduler runs, clock from the first create. Backlog (`backlog_config`): the scheduler is stopped, all
     pods are created, then it starts with that configuration; clock from its start."""
     ensure_namespace(cluster, namespace)
     api_before = api_requests(cluster)
+    bindings_before = binding_posts(cluster)
     watch = BindWatch(cluster, namespace)
     time.sleep(2.0)  # the watch is established before the first pod exists
 
@@ -570,9 +628,12 @@ def run_pods(
     if trouble:
         print(f"  e2e {mode}: {trouble}; bind times from {source}", flush=True)
     first, last = (min(bound.values()), max(bound.values())) if bound else (start, start)
-    kind = "stream" if backlog_config is None else "backlog"
+    kind = kind or ("stream" if backlog_config is None else "backlog")
     result = RunResult(mode, kind, pods, created, last - start, last - first, len(bound))
     result.api = api_delta(api_before, api_requests(cluster))
+    after = binding_posts(cluster)
+    result.bindings = {code: n - bindings_before.get(code, 0.0) for code, n in after.items()}
+    result.bindings = {code: n for code, n in result.bindings.items() if n}
     result.cpu = cpu_summary(cpu_before, cpu_after, len(bound), cpu_end - start)
     result.cpu_ms = cpu_per_pod(cpu_before, cpu_after, len(bound))
     return result
@@ -594,6 +655,15 @@ def print_result(result: RunResult) -> None:
     for outcome, line in result.scheduler.items():
         print(f"      scheduler attempt {outcome:<13} {line}")
     print(f"      API requests: {result.api}")
+    posts = ", ".join(f"{code} x{n:.0f}" for code, n in sorted(result.bindings.items())) or "none seen"
+    print(f"      pods/binding POSTs by code: {posts}")
+    if result.bind_requests:
+        print(
+            f"      binds per pod: {result.bind_requests / max(1, result.bound):.2f} bind requests, "
+            f"{result.binds_started / max(1, result.bound):.2f} binds started (not joined, not shed)"
+        )
+    if result.events:
+        print(f"      {result.events}")
     print(f"      {result.cpu}")
 
 
@@ -677,58 +747,79 @@ def e2e_throughput(nodes: int, pods: int, percentage: int | None) -> None:
             measure(cluster, "default scheduler", pods, timeout, default),
         ]
         for backlog in (False, True):
-            null = NullExtenderProcess(cluster)
-            try:
-                null.wait_ready(60)
-                spec = ExtenderSpec(
-                    url_prefix=f"http://127.0.0.1:{null.port}{PREFIX}", prioritize_verb="prioritize",
-                    preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
-                    node_cache_capable=True, managed_resources=["nvidia.com/gpu"],
-                )  # fmt: skip
-                with_null = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
-                if not backlog:
-                    cluster.restart_scheduler(with_null)
-                results.append(
-                    measure(
-                        cluster, "null extender", pods, timeout, with_null if backlog else None, null=null
-                    )
-                )
-            finally:
-                null.stop()
-            for protocol in PROTOCOLS:
-                extender = ExtenderProcess(cluster, protocol)
-                try:
-                    synced = extender.wait_ready(600)
-                    print(
-                        f"  e2e extender process ({protocol} bind protocol) synced its model and warmed its "
-                        f"answers in {synced:.1f} s",
-                        flush=True,
-                    )
-                    spec = ExtenderSpec(
-                        url_prefix=f"http://127.0.0.1:{extender.port}{PREFIX}", prioritize_verb="prioritize",
-                        preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
-                        node_cache_capable=True, managed_resources=["nvidia.com/gpu"],
-                    )  # fmt: skip
-                    with_extender = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
-                    if not backlog:
-                        cluster.restart_scheduler(with_extender)
-                    results.append(
-                        measure(
-                            cluster,
-                            mode_name(protocol),
-                            pods,
-                            timeout,
-                            with_extender if backlog else None,
-                            extender,
-                        )
-                    )
-                finally:
-                    extender.stop()
+            results += extender_round(cluster, pods, timeout, extra, backlog=backlog)
+        if OVERLOAD not in ("", "0"):
+            results += extender_round(cluster, pods, timeout, extra, backlog=True, http_timeout=OVERLOAD)
         print_peak_rss(results)
         print_three_way(results)
         summarize(results, nodes)
     finally:
         cluster.delete()
+
+
+def extender_round(
+    cluster: Cluster,
+    pods: int,
+    timeout: float,
+    extra: dict[str, Any],
+    *,
+    backlog: bool,
+    http_timeout: str = "5s",
+) -> list[RunResult]:
+    """The null extender, then gpuwarden's in each protocol, in one kind; with an `http_timeout` other than
+    the default 5 s, the overload kind (a backlog, the scheduler's patience cut to it)."""
+    kind = "overload" if http_timeout != "5s" else ""
+    seconds = float(http_timeout.removesuffix("s"))
+    results: list[RunResult] = []
+    null = NullExtenderProcess(cluster)
+    try:
+        null.wait_ready(60)
+        spec = ExtenderSpec(
+            url_prefix=f"http://127.0.0.1:{null.port}{PREFIX}", prioritize_verb="prioritize",
+            preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
+            node_cache_capable=True, managed_resources=["nvidia.com/gpu"], http_timeout=http_timeout,
+        )  # fmt: skip
+        with_null = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
+        if not backlog:
+            cluster.restart_scheduler(with_null)
+        results.append(
+            measure(
+                cluster, "null extender", pods, timeout, with_null if backlog else None, null=null, kind=kind
+            )
+        )
+    finally:
+        null.stop()
+    for protocol in PROTOCOLS:
+        extender = ExtenderProcess(cluster, protocol, seconds)
+        try:
+            synced = extender.wait_ready(600)
+            print(
+                f"  e2e extender process ({protocol} bind protocol, httpTimeout {http_timeout}) synced its "
+                f"model and warmed its answers in {synced:.1f} s",
+                flush=True,
+            )
+            spec = ExtenderSpec(
+                url_prefix=f"http://127.0.0.1:{extender.port}{PREFIX}", prioritize_verb="prioritize",
+                preempt_verb="preempt", bind_verb="bind" if BIND else "", weight=12,
+                node_cache_capable=True, managed_resources=["nvidia.com/gpu"], http_timeout=http_timeout,
+            )  # fmt: skip
+            with_extender = scheduler_configuration(SchedulerSettings(extenders=[spec], extra=extra))
+            if not backlog:
+                cluster.restart_scheduler(with_extender)
+            results.append(
+                measure(
+                    cluster,
+                    mode_name(protocol),
+                    pods,
+                    timeout,
+                    with_extender if backlog else None,
+                    extender,
+                    kind=kind,
+                )
+            )
+        finally:
+            extender.stop()
+    return results
 
 
 def mode_name(protocol: str) -> str:
@@ -747,14 +838,17 @@ def measure(
     extender: ExtenderProcess | None = None,
     *,
     null: NullExtenderProcess | None = None,
+    kind: str = "",
 ) -> RunResult:
     """One timed run, its latency breakdown and peak RSS printed; its pods deleted afterwards."""
-    namespace = f"bench-{mode.split()[0]}-{'backlog' if backlog_config else 'stream'}"
+    tag = kind or ("backlog" if backlog_config else "stream")
+    namespace = f"bench-{mode.split()[0]}-{tag}"
     extra = {"gpuwarden extender": extender.proc.pid} if extender is not None else None
     if null is not None:
         extra = {"null extender": null.proc.pid}
+    since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
     result = run_pods(
-        cluster, mode, namespace, pods, timeout, backlog_config=backlog_config, extra_pids=extra
+        cluster, mode, namespace, pods, timeout, backlog_config=backlog_config, extra_pids=extra, kind=kind
     )
     result.scheduler = scheduler_metrics(cluster)
     result.peak_rss = cluster.control_plane_peak_rss()
@@ -764,6 +858,13 @@ def measure(
         phases = histogram_summary(text, "gpuwarden_extender_bind_phase_seconds", "phase")
         result.extender.update({f"  {phase}": line for phase, line in phases.items()})
         result.extender.update(extender_counters(text))
+        result.bind_requests, result.binds_started = bind_counts(text)
+        time.sleep(SUMMARY_WAIT)
+        per_pod, summarized = count_events(cluster, namespace, since)
+        result.events = (
+            f"GPUsAssigned Events: {per_pod} per pod + {summarized} pods in node summaries = "
+            f"{per_pod + summarized} for {result.bound} pods bound"
+        )
         result.peak_rss["gpuwarden extender"] = extender.peak_rss()
         result.extender["log"] = extender.log_summary()
     if null is not None:
@@ -781,6 +882,8 @@ def extender_counters(text: str) -> dict[str, str]:
         "gpuwarden_extender_requests",
         "gpuwarden_extender_bind_conflicts",
         "gpuwarden_extender_events_dropped",
+        "gpuwarden_extender_events_summarized",
+        "gpuwarden_extender_bind_overload",
     )
     for family in text_string_to_metric_families(text):
         if family.name in counted:
@@ -791,6 +894,22 @@ def extender_counters(text: str) -> dict[str, str]:
                         f"{family.name.removeprefix('gpuwarden_extender_')}{{{labels}}} {sample.value:.0f}"
                     )
     return {"counters": "; ".join(parts)} if parts else {}
+
+
+def bind_counts(text: str) -> tuple[float, float]:
+    """(bind requests, binds started) from the extender's counters: requests of verb bind, less the ones
+    that joined a running bind or were shed."""
+    requests = cut = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gpuwarden_extender_requests_total" and sample.labels.get("verb") == "bind":
+                requests += sample.value
+            elif sample.name == "gpuwarden_extender_bind_overload_total" and sample.labels.get("action") in (
+                "joined",
+                "shed",
+            ):
+                cut += sample.value
+    return requests, requests - cut
 
 
 def print_peak_rss(results: list[RunResult]) -> None:
@@ -809,7 +928,7 @@ def three_way(results: list[RunResult]) -> list[str]:
         f"  {'kind':<8} {'default':>9} {'null ext.':>10} {'gpuwarden':>10} {'gw/null':>8}   "
         f"{'ext. CPU ms/pod (null, gw)':>27}   {'total CPU ms/pod (default, null, gw)':>37}"
     ]
-    for kind in ("stream", "backlog"):
+    for kind in ("stream", "backlog", "overload"):
         by_mode: dict[str, RunResult] = {}
         for r in results:
             if r.kind == kind:
@@ -835,6 +954,12 @@ def three_way(results: list[RunResult]) -> list[str]:
                 f"{name} {value:+.1f}" for name, value in sorted(extra.items(), key=lambda kv: -kv[1])
             )
             lines.append(f"           CPU ms/pod gpuwarden - null, by process: {where}")
+            created = g.bindings.get("201", 0.0)
+            lines.append(
+                f"           binds per pod: {g.bind_requests / max(1, g.bound):.2f} requests, "
+                f"{g.binds_started / max(1, g.bound):.2f} started; Binding POSTs 201 x{created:.0f} for "
+                f"{g.bound} pods (409 x{g.bindings.get('409', 0.0):.0f}); {g.events or 'Events not counted'}"
+            )
     return lines
 
 
