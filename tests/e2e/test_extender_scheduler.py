@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,8 +73,20 @@ class RunningExtender:
     (short timings, so a test waits seconds, not 15 s), advertises its URL in it while leading, and forwards
     bind to the holder otherwise; stopping it then leaves the Lease held, as a killed pod would."""
 
-    def __init__(self, cluster: Cluster, port: int, lease: str | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        port: int,
+        lease: str | None = None,
+        *,
+        section: dict[str, Any] | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.cluster, self.port, self.lease = cluster, port, lease
+        self.section = section or {}
+        """More of the `extender` config section (e.g. the scheduler's httpTimeout, the bind protocol)."""
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        """Where the extender reaches the API server (a slowing proxy's kubeconfig in the overload test)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="extender", daemon=True)
         self.extender: Extender | None = None
@@ -82,13 +95,13 @@ class RunningExtender:
 
     async def _start(self) -> None:
         url = f"http://127.0.0.1:{self.port}{PREFIX}"
-        section: dict[str, Any] = {"path_prefix": PREFIX}
+        section: dict[str, Any] = {"path_prefix": PREFIX, **self.section}
         if self.lease is not None:
             section |= {"bind_protocol": "leader", "advertise_url": url}
         config = Config.model_validate(
-            {"kubernetes": {"kubeconfig": str(self.cluster.kubeconfig)}, "extender": section}
+            {"kubernetes": {"kubeconfig": str(self.kubeconfig)}, "extender": section}
         )
-        self.kube = KubeClient.from_config(kubeconfig=self.cluster.kubeconfig)
+        self.kube = KubeClient.from_config(kubeconfig=self.kubeconfig)
         if self.lease is not None:
             self.elector = LeaderElector(
                 self.kube, name=self.lease, namespace="default", identity=f"replica-{self.port}",
