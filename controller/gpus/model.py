@@ -328,6 +328,11 @@ class ClusterModel:
             return
         if old == info:
             return
+        if old is not None and replace(old, resource_version=info.resource_version) == info:
+            # a write that changed nothing the views read (a bound pod's status, its conditions): the new
+            # resourceVersion is kept for bind's preconditions, the node's view and its answers stay
+            self._pods[info.key] = info
+            return
         old_nodes = old.nodes() if old is not None else set()
         new_nodes = info.nodes()
         self._pods[info.key] = info

@@ -157,6 +157,16 @@ def test_a_change_decisions_do_not_read_keeps_the_view_and_its_cached_answers(
     assert (after is before) is kept and (after.memo.get("answer") == "cached") is kept
 
 
+def test_a_write_that_changes_only_the_resource_version_tells_no_listener() -> None:
+    m = model([node("n1")], [pod("a", 2, node="n1", ids="0,1", resource_version="100")])
+    told: list[list[str]] = []
+    m.add_change_listener(lambda names: told.append(sorted(names)))
+    m.upsert_pod(pod("a", 2, node="n1", ids="0,1", phase="Running", resource_version="101"))
+    assert told == [] and m.pod("ml/a").resource_version == "101"  # type: ignore[union-attr]
+    m.upsert_pod(pod("a", 2, node="n1", ids="0,1", priority=5, resource_version="102"))
+    assert told == [["n1"]]
+
+
 def test_a_deleted_node_keeps_no_old_view() -> None:
     m = model([node("n1")], [pod("a", 2, node="n1", ids="0,1")])
     assert m.view("n1") is not None
