@@ -17,7 +17,6 @@ This module holds the decisions (pure, table-tested) and the small rate meter th
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 DEADLINE_SHARE = 0.9
@@ -26,9 +25,11 @@ just before the deadline and for the answer to travel back."""
 FLOOR = 8
 """Binds always admitted, whatever the meter says (it is noisy while the first binds of a burst run)."""
 CAP = 512
-"""Binds admitted at most while none has finished yet in this busy period (the rate is unknown)."""
+"""Binds admitted at most while the rate is not known yet (a busy period's first binds)."""
 WINDOW_SECONDS = 5.0
 """How far back `BindRate` counts finished binds."""
+MIN_SPAN = 0.2
+"""The shortest time `BindRate` measures a rate over (less: None, the rate is not known yet)."""
 
 
 def deadline_of(arrived: float, http_timeout: float) -> float:
@@ -50,14 +51,18 @@ def admit(inflight: int, rate: float | None, budget: float, floor: int = FLOOR, 
 
 
 class BindRate:
-    """Binds finished per second over the last `window` seconds, measured from the start of the current
-    busy period when that is shorter (after an idle hour the first second of a burst is not averaged
-    over the hour). Times are the caller's monotonic seconds, passed in so tests control them."""
+    """Binds finished per second, measured from the first bind that finished in the current busy period
+    (binds running without a pause) over at most the last `window` seconds. From the first finish, not
+    the first start: while a burst's first binds are still on their way every rate measured from its start
+    is too low, and a meter that says "slow" then sheds the burst it is meant to let through. Times are the
+    caller's monotonic seconds, passed in so tests control them."""
 
-    def __init__(self, window: float = WINDOW_SECONDS) -> None:
+    def __init__(self, window: float = WINDOW_SECONDS, min_span: float = MIN_SPAN) -> None:
         self._window = window
+        self._min_span = min_span
         self._done: deque[float] = deque()
-        self._busy_since = 0.0
+        self._first: float | None = None
+        """When the first bind of the busy period finished (None: none yet)."""
 
     def _trim(self, now: float) -> None:
         while self._done and self._done[0] <= now - self._window:
@@ -66,16 +71,22 @@ class BindRate:
     def started(self, now: float, running: int) -> None:
         """A bind started with `running` others running: with none, a busy period begins."""
         if running == 0:
-            self._busy_since = now
+            self._first = None
 
     def finished(self, now: float) -> None:
+        if self._first is None:
+            self._first = now
         self._done.append(now)
         self._trim(now)
 
     def rate(self, now: float) -> float | None:
-        """Finished binds per second, or None when none finished in the window."""
+        """Binds finished per second since the busy period's first finish (within the window), or None
+        while that is less than `min_span` ago: too short to say."""
         self._trim(now)
-        if not self._done:
+        if self._first is None:
             return None
-        span = min(self._window, now - self._busy_since)
-        return len(self._done) / span if span > 0 else math.inf
+        since = max(self._first, now - self._window)
+        span = now - since
+        if span < self._min_span:
+            return None
+        return sum(1 for t in self._done if t > since) / span

@@ -59,14 +59,18 @@ def test_deadline_leaves_a_margin_of_the_timeout() -> None:
     assert deadline_of(100.0, 1.0) == pytest.approx(100.9)
 
 
-def test_bind_rate_counts_the_window_from_the_start_of_the_busy_period() -> None:
-    meter = BindRate(window=5.0)
+def test_bind_rate_is_measured_from_the_busy_period_s_first_finish() -> None:
+    meter = BindRate(window=5.0, min_span=0.2)
     assert meter.rate(0.0) is None
-    meter.started(1000.0, running=0)  # after an idle hour
+    meter.started(1000.0, running=0)  # a burst after an idle hour; its first binds take 0.5 s
+    meter.finished(1000.5)
+    assert meter.rate(1000.6) is None  # 0.1 s since the first finish: too short to say
     for i in range(10):
-        meter.finished(1000.0 + 0.05 * (i + 1))
-    assert meter.rate(1000.5) == pytest.approx(20.0)  # 10 in 0.5 s, not 10 in 5 s
-    assert meter.rate(1010.0) is None  # all out of the window
+        meter.finished(1000.5 + 0.05 * (i + 1))
+    assert meter.rate(1001.0) == pytest.approx(20.0)  # 10 in the 0.5 s after the first, not 11 in 1 s
+    assert meter.rate(1010.0) == 0.0  # binds still running, none finished in the last 5 s
+    meter.started(1020.0, running=0)  # a new busy period
+    assert meter.rate(1020.5) is None
 
 
 class Clock:
@@ -235,12 +239,12 @@ async def test_binds_beyond_what_can_finish_in_time_are_refused_at_once(protocol
     held = [asyncio.ensure_future(b.bind(args(f"p{i}"))) for i in range(FLOOR)]  # from 0 s on
     for _ in range(20):
         await asyncio.sleep(0)
-    for _ in range(2):  # two binds finished since: 0.4 binds/s at 5 s, so one more would fit in 4.5 s...
-        b._rate.finished(0.1)
-    clock.now = 5.0
+    for at in (0.1, 2.6):  # two binds finished since (one after the first): 0.4 binds/s at 2.6 s...
+        b._rate.finished(at)
+    clock.now = 2.6
     assert b.running() == FLOOR
     calls = len(api.calls)
-    shed = await b.bind(args("p39"))  # ...but not behind eight
+    shed = await b.bind(args("p39"))  # ...so one more would wait 22 s behind eight
     assert (shed.kind, shed.cause) == ("error", "shed") and "retry" in shed.error
     assert len(api.calls) == calls and actions == ["shed"]  # refused before any request
     api.gate["bind"].set()
