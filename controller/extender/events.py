@@ -13,7 +13,8 @@ Under load the Events summarize instead of being dropped: an event offered while
 counted into one summary per node, reason and type, written every `summary_interval` as one Event on the
 Node (`summary_note`: "GPUsAssigned for 37 pods on node n: ml/a, ml/b, ... and 30 more"). So the Events a
 user reads account for every bind - each pod's own, or its count in its node's summary - and the API
-server's writes stay bounded: one writer for the per-pod Events, at most one summary per node and interval.
+server's writes stay bounded: one writer for the per-pod Events, at most `SUMMARY_BATCH` summaries every
+`summary_interval` (a node waiting for its turn keeps counting into its summary).
 Only once the writer has stopped (shutdown: `close()` writes what is queued and summarized first) is an
 event dropped, and then counted (`gpuwarden_extender_events_dropped_total`), never lost silently.
 Preemption verdicts are not evented here: the throttle already writes `PreemptionThrottled`.
@@ -45,7 +46,10 @@ ACTION = "Bind"
 QUEUE_CAPACITY = 128
 """Per-pod Events waiting to be written; beyond it (a burst, the API server slow) they are summarized."""
 SUMMARY_INTERVAL = 5.0
-"""Seconds between two summaries of one node: the bound on the summary Events written under load."""
+"""Seconds between two rounds of summary Events."""
+SUMMARY_BATCH = 32
+"""Summary Events written per round at most (the nodes summarized first go first; the others keep counting
+and go in the next rounds): with `SUMMARY_INTERVAL`, the bound on summary writes under load."""
 SUMMARY_ACTION = "BindSummary"
 SILENT_CAUSES = frozenset({"pod_gone", "pod_replaced", "deadline", "shed"})
 """Failures about a pod that no longer exists as the scheduler meant it (there is no pod to tell), and
@@ -229,11 +233,12 @@ class BindEvents(EventQueue):
         """Events counted into summaries not written yet."""
         return sum(s.count for s in self._summaries.values())
 
-    async def write_summaries(self) -> int:
-        """Write one Event per node, reason and type for the events summarized since the last call; how
-        many Events that was. Cancelled mid-way, the summary being written is kept for the next call."""
+    async def write_summaries(self, limit: int | None = None) -> int:
+        """Write one Event per node, reason and type for the events summarized since the last call, at most
+        `limit` of them (the oldest first); how many Events that was. Cancelled mid-way, the summary being
+        written is kept for the next call."""
         written = 0
-        while self._summaries:
+        while self._summaries and (limit is None or written < limit):
             key = next(iter(self._summaries))
             summary = self._summaries.pop(key)
             node, reason, kind = key
@@ -253,7 +258,7 @@ class BindEvents(EventQueue):
     async def _summarizer(self) -> None:
         while True:
             await asyncio.sleep(self._summary_interval)
-            await self.write_summaries()
+            await self.write_summaries(SUMMARY_BATCH)
 
     async def close(self, grace: float) -> None:
         """Shutdown: the queued Events are written (`EventQueue.close`), then the summaries."""

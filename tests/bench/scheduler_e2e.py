@@ -340,16 +340,17 @@ SUMMARY_WAIT = 6.0
 """Seconds after the last bind before Events are counted: the extender writes its summaries every 5 s."""
 
 
-def count_events(cluster: Cluster, namespace: str, since: str) -> tuple[int, int]:
-    """The extender's GPUsAssigned Events for the run: per pod (in `namespace`) and the pods counted in
-    summary Events on Nodes (action BindSummary, written since `since`, an RFC 3339 time)."""
+def count_events(cluster: Cluster, namespace: str, since: str) -> tuple[int, int, int]:
+    """The extender's GPUsAssigned Events for the run: per pod (in `namespace`), the pods counted in
+    summary Events on Nodes (action BindSummary, written since `since`, an RFC 3339 time), and how many
+    summary Events that was."""
     own = cluster.get_json("events.v1.events.k8s.io", "-n", namespace)["items"]
     per_pod = sum(
         1
         for e in own
         if e.get("reason") == "GPUsAssigned" and e.get("reportingController") == "gpuwarden.io/extender"
     )
-    summarized = 0
+    summarized = summaries = 0
     for e in cluster.get_json("events.v1.events.k8s.io", "-n", "default")["items"]:
         if e.get("action") != "BindSummary" or e.get("reason") != "GPUsAssigned":
             continue
@@ -357,7 +358,8 @@ def count_events(cluster: Cluster, namespace: str, since: str) -> tuple[int, int
             continue
         head = str(e.get("note", "")).split(" pods on node ", 1)[0]
         summarized += int(head.rsplit(" ", 1)[-1]) if head.rsplit(" ", 1)[-1].isdigit() else 0
-    return per_pod, summarized
+        summaries += 1
+    return per_pod, summarized, summaries
 
 
 def api_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> str:
@@ -860,10 +862,10 @@ def measure(
         result.extender.update(extender_counters(text))
         result.bind_requests, result.binds_started = bind_counts(text)
         time.sleep(SUMMARY_WAIT)
-        per_pod, summarized = count_events(cluster, namespace, since)
+        per_pod, summarized, summaries = count_events(cluster, namespace, since)
         result.events = (
-            f"GPUsAssigned Events: {per_pod} per pod + {summarized} pods in node summaries = "
-            f"{per_pod + summarized} for {result.bound} pods bound"
+            f"GPUsAssigned Events: {per_pod} per pod + {summarized} pods in {summaries} node summaries = "
+            f"{per_pod + summarized} for {result.bound} pods bound ({per_pod + summaries} Events written)"
         )
         result.peak_rss["gpuwarden extender"] = extender.peak_rss()
         result.extender["log"] = extender.log_summary()

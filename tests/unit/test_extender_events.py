@@ -282,6 +282,24 @@ async def test_the_writer_writes_summaries_every_interval() -> None:
     ]
 
 
+async def test_a_round_writes_at_most_its_batch_and_the_rest_keep_counting() -> None:
+    sink = FakeEvents()
+    events = BindEvents(recorder(sink), capacity=1)
+    for i in range(5):
+        events.offer(assigned(f"p{i}", f"n{i}"))  # p0 queued, four nodes summarized
+    assert await events.write_summaries(limit=2) == 2
+    events.offer(assigned("q", "n4"))
+    assert events.pending_summaries == 3
+    assert await events.write_summaries() == 2
+    notes = sorted(b["note"][:34] for b in sink.created)
+    assert notes == [
+        "GPUsAssigned for 1 pods on node n1",
+        "GPUsAssigned for 1 pods on node n2",
+        "GPUsAssigned for 1 pods on node n3",
+        "GPUsAssigned for 2 pods on node n4",
+    ]
+
+
 async def test_summaries_left_at_shutdown_are_written_on_the_way_out() -> None:
     sink = FakeEvents()
     events = BindEvents(recorder(sink), capacity=1, flush_interval=3600, summary_interval=3600)
