@@ -337,7 +337,9 @@ def binding_posts(cluster: Cluster) -> dict[str, float]:
 
 
 SUMMARY_WAIT = 6.0
-"""Seconds after the last bind before Events are counted: the extender writes its summaries every 5 s."""
+"""Seconds between counts of Events after the last bind: the extender writes its summaries every 5 s."""
+SUMMARY_PATIENCE = 180.0
+"""Seconds to keep counting until the Events cover every bound pod."""
 
 
 def count_events(cluster: Cluster, namespace: str, since: str) -> tuple[int, int, int]:
@@ -861,11 +863,16 @@ def measure(
         result.extender.update({f"  {phase}": line for phase, line in phases.items()})
         result.extender.update(extender_counters(text))
         result.bind_requests, result.binds_started = bind_counts(text)
-        time.sleep(SUMMARY_WAIT)
-        per_pod, summarized, summaries = count_events(cluster, namespace, since)
+        waited = time.monotonic()
+        while True:  # summaries go out in rounds of 32 every 5 s: count until they cover every pod
+            time.sleep(SUMMARY_WAIT)
+            per_pod, summarized, summaries = count_events(cluster, namespace, since)
+            if per_pod + summarized >= result.bound or time.monotonic() - waited > SUMMARY_PATIENCE:
+                break
         result.events = (
             f"GPUsAssigned Events: {per_pod} per pod + {summarized} pods in {summaries} node summaries = "
-            f"{per_pod + summarized} for {result.bound} pods bound ({per_pod + summaries} Events written)"
+            f"{per_pod + summarized} for {result.bound} pods bound ({per_pod + summaries} Events written; "
+            f"counted {time.monotonic() - waited:.0f} s after the last bind)"
         )
         result.peak_rss["gpuwarden extender"] = extender.peak_rss()
         result.extender["log"] = extender.log_summary()
