@@ -1,5 +1,10 @@
 """Filter and prioritize answers per node, pre-encoded: a request's answer is a join of cached bytes.
 
+The only way the extender derives a filter or prioritize answer (`ExtenderService.filter` and
+`prioritize` call nothing else): answers are cached where they may be and built for the request where not,
+so one route serves every request - nodeCacheCapable or Nodes mode, a pod with or without GPUs, a
+preemptor whose victims the watch may not have seen go (`may_be_settling` is the one settle rule).
+
 Why it exists: kube-scheduler asks about 500 candidate nodes per pod, twice (filter, then prioritize), and a
 node's answer for a request shape changes only when the node does. So each node's answer for a shape
 (GPU count, topology-policy annotation) is derived once - from fit.py's verdicts, exactly as `filter_nodes`
@@ -84,6 +89,15 @@ def answer(pod: PodInfo, name: str, view: NodeView | None, settings: Settings, n
     choice = choose_gpus(pod, view, settings, now, node=name).choice
     score = choice.score if choice is not None else 0
     return Answer(PASSED, name, quoted, "", "", host + f"{score}}}", _INF, view)
+
+
+def pass_all(names: Iterable[str]) -> list[Answer]:
+    """Every candidate passes with score 0: the answers for a pod that asks for no GPU."""
+    out = []
+    for name in names:
+        quoted = encode_basestring(name)
+        out.append(Answer(PASSED, name, quoted, "", "", '{"Host":' + quoted + ',"Score":0}', _INF, None))
+    return out
 
 
 def keepable(view: NodeView | None) -> bool:

@@ -28,10 +28,12 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from controller.extender import answers as node_answers
 from controller.extender.answers import (
     AnswerCache,
     filter_body,
     may_be_settling,
+    pass_all,
     prioritize_body,
 )
 from controller.extender.bind import Binder, BindOutcome
@@ -46,12 +48,10 @@ from controller.extenderv1 import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     NodeList,
-    encode_host_priorities,
 )
-from controller.gpus.fit import FleetSettings, Settings, filter_nodes, score_nodes
+from controller.gpus.fit import FleetSettings, Settings
 from controller.gpus.model import Claim, ClusterModel, NodeView, NotSynced
 from controller.gpus.objects import PodInfo, pod_info
-from controller.gpus.victims import explain_room
 
 log = logging.getLogger(__name__)
 
@@ -180,15 +180,15 @@ class ExtenderService:
             hot.add(pod.nominated)
         return hot
 
-    def _fast(self, args: ExtenderArgs) -> tuple[PodInfo, list[str]] | None:
-        """The pod and candidate names when the pre-encoded answers serve this request: nodeCacheCapable and
-        a pod asking for GPUs (else the general path answers)."""
-        if args.node_names is None:
-            return None
+    def _answers(self, pod: PodInfo, names: list[str]) -> list[node_answers.Answer]:
+        """Each candidate's answer (answers.py): the one way a filter or prioritize answer is derived,
+        cached per node and request shape where it may be, else built for this request."""
         if not self.model.synced:
             raise NotSynced
-        pod = self._pod(args)
-        return (pod, args.node_names) if pod.gpus > 0 else None
+        if pod.gpus <= 0:
+            return pass_all(names)
+        settings, now = self.current_settings(), self.clock()
+        return self.answers.answers(pod, names, self._view, settings, now, self._hot(pod, names))
 
     def _pod(self, args: ExtenderArgs) -> PodInfo:
         """The pod as the scheduler sent it; its nomination from our watch when that copy has none yet (the
@@ -201,22 +201,30 @@ class ExtenderService:
         return pod
 
     async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult | Encoded:
+        if not self.model.synced:
+            return ExtenderFilterResult(error=NOT_SYNCED)
+        pod, names = self._pod(args), args.candidate_names()
         try:
-            fast = self._fast(args)
+            answers = self._answers(pod, names)
+            if self.settle_seconds > 0 and may_be_settling(answers, pod.priority):
+                # kube-scheduler retries a preemptor within milliseconds of deleting its victims; our watch
+                # may not have delivered the deletions yet, and an extender rejection is not requeued by
+                # them (the pod would wait for the 5-minute flush). Give the watch a moment, then answer.
+                log.debug("filter waits for the watch", extra={"pod": pod.key})
+                await self._sleep(self.settle_seconds)
+                answers = self._answers(pod, names)
         except NotSynced:
             return ExtenderFilterResult(error=NOT_SYNCED)
-        if fast is not None:
-            pod, names = fast
-            settings, now = self.current_settings(), self.clock()
-            answers = self.answers.answers(pod, names, self._view, settings, now, self._hot(pod, names))
-            if not (self.settle_seconds > 0 and may_be_settling(answers, pod.priority)):
-                # (else the general path below gives the watch a moment, as it does)
-                body, counts = filter_body(pod, answers, settings, now)
-                self._count_filtered(*counts)
-                if (counts.failed or counts.unresolvable) and log.isEnabledFor(logging.DEBUG):
-                    log.debug("filter", extra={"pod": pod.key, "answer": body.decode()})
-                return Encoded(body)
-        return await self._filter(args)
+        body, counts = filter_body(pod, answers, self.current_settings(), self.clock())
+        self._count_filtered(*counts)
+        if (counts.failed or counts.unresolvable) and log.isEnabledFor(logging.DEBUG):
+            log.debug("filter", extra={"pod": pod.key, "answer": body.decode()})
+        if args.node_names is None and args.nodes is not None:  # Nodes mode: the passed Node objects back
+            passed = {a.name for a in answers if a.passed}
+            items = [n for n in args.nodes.items if (n.get("metadata") or {}).get("name") in passed]
+            nodes = NodeList(metadata={}, items=items).to_json()
+            body = b'{"Nodes":' + nodes + body.removeprefix(b'{"Nodes":null')
+        return Encoded(body)
 
     def _count_filtered(self, passed: int, dra: int, failed: int, unresolvable: int, shared: int = 0) -> None:
         for label, count in (
@@ -229,61 +237,8 @@ class ExtenderService:
             if count:
                 self.metrics.filter_nodes.labels(label).inc(count)
 
-    async def _filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
-        """The general path: any request (Nodes mode, pods without GPUs, a preemptor whose victims' deletion
-        the watch may not have delivered yet)."""
-        try:
-            nodes = self._views(args.candidate_names())
-        except NotSynced:
-            return ExtenderFilterResult(error=NOT_SYNCED)
-        pod = self._pod(args)
-        result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
-        if self.settle_seconds > 0 and _preemption_settling(pod, nodes, result.failed):
-            # kube-scheduler retries a preemptor within milliseconds of deleting its victims; our watch may
-            # not have delivered the deletions yet, and an extender rejection is not requeued by them (the
-            # pod would wait for the 5-minute flush). Give the watch a moment, then answer from the model.
-            log.debug("filter waits for the watch", extra={"pod": pod.key, "failed": result.failed})
-            await self._sleep(self.settle_seconds)
-            try:
-                nodes = self._views(args.candidate_names())
-            except NotSynced:
-                return ExtenderFilterResult(error=NOT_SYNCED)
-            result = filter_nodes(pod, nodes, self.current_settings(), self.clock())
-        if result.fragmented:
-            result = explain_room(pod, result, dict(nodes), self.current_settings(), self.clock())
-        self._count_filtered(
-            len(result.passed) - len(result.dra) - len(result.shared),
-            len(result.dra),
-            len(result.failed),
-            len(result.unresolvable),
-            len(result.shared),
-        )
-        if result.failed or result.unresolvable:
-            log.debug(
-                "filter", extra={"pod": pod.key, "failed": result.failed, "unresolvable": result.unresolvable}
-            )
-        node_objects = None
-        if not args.node_cache_capable and args.nodes is not None:
-            passed = set(result.passed)
-            items = [n for n in args.nodes.items if (n.get("metadata") or {}).get("name") in passed]
-            node_objects = NodeList(metadata={}, items=items)
-        return ExtenderFilterResult(
-            nodes=node_objects,
-            node_names=list(result.passed),
-            failed_nodes=result.failed,
-            failed_and_unresolvable_nodes=result.unresolvable,
-        )
-
     async def prioritize(self, args: ExtenderArgs) -> Encoded:
-        fast = self._fast(args)
-        if fast is not None:
-            pod, names = fast
-            settings, now = self.current_settings(), self.clock()
-            hot = self._hot(pod, names)
-            return Encoded(prioritize_body(self.answers.answers(pod, names, self._view, settings, now, hot)))
-        nodes = self._views(args.candidate_names())
-        pod = self._pod(args)
-        return Encoded(encode_host_priorities(score_nodes(pod, nodes, self.current_settings(), self.clock())))
+        return Encoded(prioritize_body(self._answers(self._pod(args), args.candidate_names())))
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         return await self.preempt_hook(args)
@@ -335,23 +290,6 @@ class ExtenderService:
                 passthrough=outcome.passthrough,
             )
         )
-
-
-def _preemption_settling(
-    pod: PodInfo, nodes: list[tuple[str, NodeView | None]], failed: dict[str, str]
-) -> bool:
-    """Whether a rejected node holds GPUs of a pod the incoming one may just have preempted (lower
-    priority, or already terminating): only then is waiting for the watch worth it."""
-    if pod.gpus <= 0 or not failed:
-        return False
-    if len(failed) < len(nodes):
-        views = dict(nodes)
-        return any(
-            (view := views.get(name)) is not None and view.may_yield_to(pod.priority) for name in failed
-        )
-    return any(
-        view is not None and name in failed and view.may_yield_to(pod.priority) for name, view in nodes
-    )
 
 
 def _problem(exc: ValidationError) -> str:
