@@ -19,8 +19,8 @@ overlaid view) and known nodes only. Everything else is derived per request, as 
 its node's view is dropped (`ClusterModel.add_change_listener`) and all of them when the settings object
 changes.
 
-It decides nothing itself and does no I/O; it must never answer differently from `filter_nodes`,
-`score_nodes` and `explain_room` (tests/unit/test_extender_answers.py compares them byte for byte).
+It decides nothing itself (fit.py's `assess` and `choose_gpus` do) and does no I/O; its answers are held to
+fit.py's `filter_nodes`, `score_nodes` and `explain_room` as an oracle (tests/unit/test_extender_answers.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The pre-encoded answers (answers.py) against the general path they replace: `filter_nodes` +
-`explain_room` encoded by the pydantic model, and `score_nodes` encoded by `encode_host_priorities` - byte for
-byte, on fleets with every kind of node, and again after the nodes change."""
+"""The pre-encoded answers (answers.py, the extender's one route for filter and prioritize) against fit.py's
+pure decisions as an oracle: `filter_nodes` + `explain_room` encoded by the pydantic model, and `score_nodes`
+encoded by `encode_host_priorities` - byte for byte, on fleets with every kind of node, and again after the
+nodes change. (The service no longer has a second route to hold the answers to; fit.py keeps
+`filter_nodes` for `never_fits` and the capabilities' tests.)"""
 
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def fleet(rng: random.Random, size: int = 60) -> tuple[ClusterModel, list[str]]:
 
 
 def general(service: ExtenderService, obj: dict[str, Any], names: list[str]) -> tuple[bytes, bytes]:
-    """The filter and prioritize answers as the general path derives and encodes them."""
+    """The filter and prioritize answers as fit.py's pure decisions give them, encoded by the wire models."""
     p, settings = pod_info(obj, RESOURCE), service.current_settings()
     views = service._views(names)
     result = explain_room(p, filter_nodes(p, views, settings, NOW), dict(views), settings, NOW)
