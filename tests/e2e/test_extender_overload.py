@@ -6,8 +6,10 @@ httpTimeout, and the Events of a 1,000-pod burst.
   API server, as the extender sees it). The claim protocol's claim PATCH returns after the deadline, so the
   bind is cancelled before its Binding and withdraws the claim; the proxy is made fast again and the
   scheduler's retry binds the pod, once.
-* A 1,000-pod burst on a private pool of 20 nodes x 64 GPUs: every bind is accounted for by the extender's
-  GPUsAssigned Events - the pod's own, or its count in its node's summary - and none is dropped.
+* A 1,000-pod burst on a private pool of 20 nodes x 64 GPUs, the extender's API requests held 50 ms each by
+  the proxy (its one Events writer then falls behind the binds, as under load): every bind is accounted for
+  by the extender's GPUsAssigned Events - the pod's own, or its count in its node's summary - and none is
+  dropped.
 
 The extender runs in this process (`RunningExtender`), as the other extender e2e tests run it.
 """
@@ -129,6 +131,16 @@ def pool(cluster: Cluster) -> Iterator[list[str]]:
         delete_nodes(cluster, names)
 
 
+@pytest.fixture
+def proxy(cluster: Cluster) -> Iterator[SlowProxy]:
+    host, _, api_port = cluster.server.removeprefix("https://").partition(":")
+    started = SlowProxy((host, int(api_port))).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 def gpu_pod(namespace: str, name: str, gpus: int, selector: dict[str, str]) -> dict[str, Any]:
     pod = pod_manifest(name, gpus=gpus)
     pod["metadata"]["namespace"] = namespace
@@ -143,56 +155,55 @@ def bound(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def test_a_bind_held_past_the_deadline_is_cancelled_and_the_pod_bound_once_on_the_retry(
-    cluster: Cluster, namespace: str, pool: list[str], tmp_path: Path
+    cluster: Cluster, namespace: str, pool: list[str], proxy: SlowProxy, tmp_path: Path
 ) -> None:
     port = free_port()
     spec = dataclasses.replace(gpuwarden_extender(port, PREFIX), http_timeout=f"{HTTP_TIMEOUT:g}s")
-    host, _, api_port = cluster.server.removeprefix("https://").partition(":")
-    proxy = SlowProxy((host, int(api_port))).start()
-    try:
-        with scheduler_calling(cluster, spec):
-            section = {"bind_protocol": "claim", "scheduler_http_timeout_seconds": HTTP_TIMEOUT}
-            slowed = proxy.kubeconfig(cluster, tmp_path)
-            running = RunningExtender(cluster, port, section=section, kubeconfig=slowed).start()
-            try:
-                proxy.hold = HOLD  # the API server slows down after the extender synced
-                cluster.apply(gpu_pod(namespace, "held", 4, {"gpuwarden.io/e2e-pool": POOL, "burst": "0"}))
+    with scheduler_calling(cluster, spec):
+        section = {"bind_protocol": "claim", "scheduler_http_timeout_seconds": HTTP_TIMEOUT}
+        slowed = proxy.kubeconfig(cluster, tmp_path)
+        running = RunningExtender(cluster, port, section=section, kubeconfig=slowed).start()
+        try:
+            proxy.hold = HOLD  # the API server slows down after the extender synced
+            cluster.apply(gpu_pod(namespace, "held", 4, {"gpuwarden.io/e2e-pool": POOL, "burst": "0"}))
 
-                def cancelled() -> bool:
-                    labels = {"action": "cancelled"}
-                    return running.counter("gpuwarden_extender_bind_overload_total", labels) >= 1
+            def cancelled() -> bool:
+                labels = {"action": "cancelled"}
+                return running.counter("gpuwarden_extender_bind_overload_total", labels) >= 1
 
-                poll(cancelled, timeout=60, what="a bind cancelled past its deadline")
-                proxy.hold = 0.0  # the API server recovers; the scheduler retries the pod
-                poll(lambda: "held" in bound(cluster, namespace), timeout=90, what="the pod bound")
-                pod = bound(cluster, namespace)["held"]
-                annotations = pod["metadata"]["annotations"]
-                ids = annotations["gpuwarden.io/gpu-ids"].split(",")
-                assert pod["spec"]["nodeName"] == SLOW[0] and len(ids) == 4, pod["metadata"]
-                assert annotations["gpuwarden.io/numa-node"] in ("0", "1"), annotations
-                posted = running.counter("gpuwarden_extender_bind_phase_seconds_count", {"phase": "binding"})
-                assert posted == 1, f"{posted} Bindings posted for one pod"
-                ok = running.counter("gpuwarden_extender_requests_total", {"verb": "bind", "outcome": "ok"})
-                errors = running.counter(
-                    "gpuwarden_extender_requests_total", {"verb": "bind", "outcome": "error"}
-                )
-                assert ok >= 1 and errors >= 1, (ok, errors)  # the cancelled try answered Error, then bound
-            finally:
-                running.stop()
-    finally:
-        proxy.stop()
+            poll(cancelled, timeout=60, what="a bind cancelled past its deadline")
+            proxy.hold = 0.0  # the API server recovers; the scheduler retries the pod
+            poll(lambda: "held" in bound(cluster, namespace), timeout=90, what="the pod bound")
+            pod = bound(cluster, namespace)["held"]
+            annotations = pod["metadata"]["annotations"]
+            ids = annotations["gpuwarden.io/gpu-ids"].split(",")
+            assert pod["spec"]["nodeName"] == SLOW[0] and len(ids) == 4, pod["metadata"]
+            assert annotations["gpuwarden.io/numa-node"] in ("0", "1"), annotations
+            posted = running.counter("gpuwarden_extender_bind_phase_seconds_count", {"phase": "binding"})
+            assert posted == 1, f"{posted} Bindings posted for one pod"
+            ok = running.counter("gpuwarden_extender_requests_total", {"verb": "bind", "outcome": "ok"})
+            errors = running.counter(
+                "gpuwarden_extender_requests_total", {"verb": "bind", "outcome": "error"}
+            )
+            assert ok >= 1 and errors >= 1, (ok, errors)  # the cancelled try answered Error, then bound
+        finally:
+            running.stop()
 
 
 SUMMARY = re.compile(r"^GPUsAssigned for (\d+) pods on node (\S+) ")
 
 
 def test_events_after_a_1000_pod_burst_account_for_every_bind(
-    cluster: Cluster, namespace: str, pool: list[str]
+    cluster: Cluster, namespace: str, pool: list[str], proxy: SlowProxy, tmp_path: Path
 ) -> None:
     port = free_port()
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    slowed = proxy.kubeconfig(cluster, tmp_path)
     with scheduler_calling(cluster, gpuwarden_extender(port, PREFIX)):
-        running = RunningExtender(cluster, port, section={"bind_protocol": "leader"}).start()
+        running = RunningExtender(
+            cluster, port, section={"bind_protocol": "leader"}, kubeconfig=slowed
+        ).start()
+        proxy.hold = 0.05
         try:
             selector = {"gpuwarden.io/e2e-pool": POOL, "burst": "1"}
             pods = [gpu_pod(namespace, f"b{i:04d}", 1, selector) for i in range(BURST_PODS)]
