@@ -60,6 +60,8 @@ MAX_BODY_BYTES = 64 << 20
 """A Nodes-mode request carries every candidate Node object (~5-20 KiB each): allow 500+ nodes."""
 NOT_SYNCED = "gpuwarden extender: GPU topology cache not synced yet"
 INTERNAL = "gpuwarden extender: internal error (details in the controller log)"
+READ_PODS = 256
+"""Pods kept read between a filter and its prioritize (cleared in bulk past this; a pod is re-read then)."""
 
 PreemptHook = Callable[[ExtenderPreemptionArgs], Awaitable[ExtenderPreemptionResult]]
 Args = TypeVar("Args", bound=BaseModel)
@@ -123,6 +125,9 @@ class ExtenderService:
         """Per node: (model view, this replica's in-flight claims there, the view with them). Kept while
         both are unchanged, so decide.py's answers cached on it serve the next requests too (filter then
         prioritize of one pod, and the pods after it) instead of being rebuilt per request."""
+        self._read_pods: dict[tuple[str, str], PodInfo] = {}
+        """The pods of the last requests, read (`pod_info`) by UID and resourceVersion: prioritize gets the
+        same pod its filter got."""
         self.answers = AnswerCache()
         """Pre-encoded answers per node and request shape (answers.py), dropped with their node's view."""
         model.add_change_listener(self.answers.forget)
@@ -191,9 +196,18 @@ class ExtenderService:
         return self.answers.answers(pod, names, self._view, settings, now, self._hot(pod, names))
 
     def _pod(self, args: ExtenderArgs) -> PodInfo:
-        """The pod as the scheduler sent it; its nomination from our watch when that copy has none yet (the
+        """The pod as the scheduler sent it, read once for its filter and its prioritize (the same object,
+        by UID and resourceVersion); its nomination from our watch when that copy has none yet (the
         scheduler patches `nominatedNodeName` asynchronously and may retry the preemptor before then)."""
-        pod = pod_info(args.pod, self.model.resource)
+        meta = args.pod.get("metadata") or {}
+        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
+        pod = self._read_pods.get(key) if all(key) else None
+        if pod is None:
+            pod = pod_info(args.pod, self.model.resource)
+            if all(key):
+                if len(self._read_pods) >= READ_PODS:
+                    self._read_pods.clear()
+                self._read_pods[key] = pod
         if not pod.nominated:
             cached = self.model.pod(pod.key)
             if cached is not None and cached.uid == pod.uid and cached.nominated and not pod.node_name:

@@ -24,6 +24,7 @@ from controller.extenderv1 import (
 )
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
+from controller.gpus.objects import PodInfo, pod_info
 from tests.unit.extender_support import FakePodApi, pod
 from tests.unit.extender_support import model as support_model
 from tests.unit.extender_support import node as support_node
@@ -284,3 +285,25 @@ async def test_views_with_in_flight_claims_are_kept_while_nothing_changes() -> N
     changed = dict(service._views(["n"]))["n"]
     assert changed is not view and changed is not None and [c.pod for c in changed.claims] == ["ml/p"]
     assert changed.used == frozenset({"7"})
+
+
+async def test_a_pod_is_read_once_for_its_filter_and_its_prioritize(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.extender import server
+
+    reads: list[str] = []
+    real = pod_info
+
+    def counted(obj: dict[str, Any], resource: str) -> PodInfo:
+        reads.append("read")
+        return real(obj, resource)
+
+    monkeypatch.setattr(server, "pod_info", counted)
+    m = support_model([support_node("n")], [])
+    service = ExtenderService(m, Settings(fleet_max_numa_gpus=4), extender_metrics(None))
+    sent = pod("p", 2, resource_version="7")
+    await service.filter(ExtenderArgs.model_validate({"Pod": sent, "NodeNames": ["n"]}))
+    await service.prioritize(ExtenderArgs.model_validate({"Pod": sent, "NodeNames": ["n"]}))
+    assert reads == ["read"]
+    changed = pod("p", 2, resource_version="8")  # e.g. the scheduler's nominatedNodeName patch
+    await service.prioritize(ExtenderArgs.model_validate({"Pod": changed, "NodeNames": ["n"]}))
+    assert reads == ["read", "read"]
