@@ -162,7 +162,10 @@ class EventQueue:
             while True:
                 timeout = max(0.0, next_flush - loop.time())
                 try:
-                    event = await asyncio.wait_for(self._queue.get(), timeout)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can return a got item and swallow a
+                    # cancellation that arrives at the same moment, and the writer would keep running
+                    async with asyncio.timeout(timeout):
+                        event = await self._queue.get()
                 except TimeoutError:
                     await self._flush()
                     next_flush = loop.time() + self._flush_interval

@@ -51,3 +51,19 @@ async def test_writer_passes_every_field_and_flushes_series_periodically() -> No
     }  # fmt: skip
     assert sink.flushes >= 2  # periodic, and once more on the way out
     assert queue.closed and not queue.offer(event("late")) and queue.dropped == 1
+
+
+async def test_a_cancellation_arriving_with_an_event_stops_the_writer() -> None:
+    # The event and the cancellation land in the same loop turn: with 3.11's wait_for around the queue's
+    # get, the got event was returned and the cancellation swallowed, and the writer ran on for ever.
+    sink = Sink()
+    queue = EventQueue(sink, flush_interval=30.0)
+    writer = asyncio.create_task(queue.run())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the writer now waits in the queue's get
+    queue.offer(event("a"))
+    writer.cancel()
+    done, _ = await asyncio.wait({writer}, timeout=2.0)
+    assert done == {writer} and writer.cancelled()
+    assert [e["regarding"].name for e in sink.emitted] == ["a"]  # the last chance still wrote it
+    assert queue.closed and queue.dropped == 0
