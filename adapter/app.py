@@ -127,7 +127,9 @@ class Adapter:
                 [*acfg.rules, *presets.preset_rules(acfg.presets, acfg.max_sample_age_seconds)],
                 external=False,
             )
-            external = naming.compile_rules(acfg.external_rules, external=True)
+            external = naming.compile_rules(
+                [*acfg.external_rules, *presets.external_preset_rules(acfg.presets)], external=True
+            )
         except naming.RuleError as exc:
             raise ConfigError([("adapter.rules", str(exc))]) from None
         try:
