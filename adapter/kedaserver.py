@@ -18,6 +18,8 @@ UNAVAILABLE, anything else → INTERNAL with a generic message (detail logged). 
   metric spec on open and again whenever it changes, re-derived after every cache refresh round as
   `StreamIsActive` does, and stays open (KEDA re-opens a closed stream every 2 s). Targets come from the
   trigger's own metadata, so in practice one message per stream.
+- `GetMetricSpec` (KEDA sets a trigger up, its first poll follows) starts a background read of the
+  trigger's values, so that poll is answered from memory.
 - Parsed triggers are kept by (namespace, metadata): KEDA sends the same `ScaledObjectRef` on every poll
   and HPA read, and parsing it (selectors, the metrics-API route) was the largest part of an answer's
   Python time (docs/keda.md, "Answer latency").
@@ -126,6 +128,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         self._clock = clock
         self.open_streams = 0
         self._triggers: dict[tuple[str, tuple[tuple[str, str], ...]], Trigger] = {}
+        self._warming: set[asyncio.Task[None]] = set()
 
     # ---- the decisions, with I/O -------------------------------------------------------------------
 
@@ -146,17 +149,34 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> tuple[Trigger, float]:
         """(trigger, its current value) from the cache (or Prometheus); raises on no / stale data."""
         trigger = trigger or self._trigger(ref)
-        route = trigger.route
-        points: list[tuple[float, float]]
-        if isinstance(route, ExternalRoute):
-            _, samples = await self._provider.external_items(route)
-            points = [(v, ts) for _, v, ts in samples]
-        else:
-            _, objects = await self._provider.custom_items(route)
-            points = [(v, ts) for _, v, ts in objects]
+        points = await self._points(trigger.route)
         value = kedascaler.decide_value(points, trigger, now=self._clock(), max_age=self._max_age)
         self._provider.account("keda", [max(ts for _, ts in points)])
         return trigger, value
+
+    async def _points(self, route: ExternalRoute | CustomRoute) -> list[tuple[float, float]]:
+        if isinstance(route, ExternalRoute):
+            _, samples = await self._provider.external_items(route)
+            return [(v, ts) for _, v, ts in samples]
+        _, objects = await self._provider.custom_items(route)
+        return [(v, ts) for _, v, ts in objects]
+
+    def _warm(self, trigger: Trigger) -> None:
+        """Read the trigger's values in the background, unanswered and uncounted.
+
+        KEDA asks for a trigger's spec when it sets the trigger up and polls its value right after: read
+        now, the value is in the cache by then (and the misses of many new triggers share batched
+        queries) instead of the first poll of each waiting on Prometheus."""
+
+        async def warm() -> None:
+            try:
+                await self._points(trigger.route)
+            except Exception as exc:  # the poll that follows answers the error
+                log.debug("KEDA trigger warm-up: %s", exc)
+
+        task = asyncio.ensure_future(warm())
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
 
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext, answer: Awaitable[T]) -> T:
         """Run one unary answer: time it, count it by status code, turn failures into a gRPC status."""
@@ -197,7 +217,9 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> pb.GetMetricSpecResponse:
         async def answer() -> pb.GetMetricSpecResponse:
-            return self._spec(request)
+            spec = self._spec(request)
+            self._warm(self._trigger(request))
+            return spec
 
         return await self._call("GetMetricSpec", context, answer())
 

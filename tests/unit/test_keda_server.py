@@ -334,6 +334,18 @@ async def test_stream_metric_spec_sends_the_spec_on_open_and_stays_open(served: 
     assert served.count("StreamMetricSpec", "INVALID_ARGUMENT") == 1
 
 
+async def test_metric_spec_warms_the_triggers_values_without_answering_or_counting(served: Served) -> None:
+    v = served.values
+    v.answers[("queue_depth", "ml", "queue in (a,b)")] = [(7.0, NOW)]
+    reads = v.reads
+    await served.stub.GetMetricSpec(ref(QUEUE))
+    await _until(lambda: v.reads == reads + 1)  # read in the background: KEDA's first poll follows
+    assert v.accounted == []  # nothing was served
+    v.answers[("queue_depth", "ml", "queue in (a,b)")] = Unavailable("down")
+    await served.stub.GetMetricSpec(ref(QUEUE))  # a failing read does not fail the spec
+    await _until(lambda: v.reads == reads + 2)
+
+
 async def test_triggers_are_parsed_once_per_namespace_and_metadata(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
