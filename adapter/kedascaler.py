@@ -61,6 +61,11 @@ OUR_KEYS = (
 )
 
 INT64_MAX = 2**63 - 1
+AT_ZERO_HINT = (
+    " (a per-object metric has no value while no pod runs: to wake a workload from zero, add a trigger on "
+    f"an external metric such as preset: {engines.ROUTER_QUEUE_KEDA})"
+)
+"""Appended to a custom (per-pod) trigger's NOT_FOUND: what to do for 0 -> 1."""
 METRIC_NAME_PREFIX = "gpuwarden-"
 
 
@@ -284,12 +289,7 @@ def decide_value(
     finite = [(v, ts) for v, ts in points if math.isfinite(v)]
     if not finite:
         what = f"{trigger.kind} metric {trigger.route.metric!r} in namespace {trigger.route.namespace!r}"
-        hint = ""
-        if trigger.kind == "custom":
-            hint = (
-                " (a per-object metric has no value while no pod runs: to wake a workload from zero, add a "
-                f"trigger on an external metric such as preset: {engines.ROUTER_QUEUE_KEDA})"
-            )
+        hint = AT_ZERO_HINT if trigger.kind == "custom" else ""
         raise NoData(f"no value for {what} matching the trigger's selectors{hint}")
     newest = max(ts for _, ts in finite)
     if now - newest > max_age:

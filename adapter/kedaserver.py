@@ -149,7 +149,12 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> tuple[Trigger, float]:
         """(trigger, its current value) from the cache (or Prometheus); raises on no / stale data."""
         trigger = trigger or self._trigger(ref)
-        points = await self._points(trigger.route)
+        try:
+            points = await self._points(trigger.route)
+        except NotFound as exc:  # e.g. an engine's series not seen yet: no pod has run
+            if trigger.kind != "custom":
+                raise
+            raise NotFound(exc.message + kedascaler.AT_ZERO_HINT) from None
         value = kedascaler.decide_value(points, trigger, now=self._clock(), max_age=self._max_age)
         self._provider.account("keda", [max(ts for _, ts in points)])
         return trigger, value
