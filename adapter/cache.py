@@ -71,7 +71,7 @@ class ValueCache(Generic[T]):
         self._limit = asyncio.Semaphore(concurrency)
         self._refreshed = asyncio.Event()
         self._misses: dict[Hashable, list[tuple[Hashable, asyncio.Future[T]]]] = {}
-        """Per batch key: missed keys waiting for the next batched fetch, and the futures their readers await."""
+        """Per batch key: missed keys waiting for its next batched fetch, with the futures readers await."""
         self._draining: dict[Hashable, asyncio.Task[None] | None] = {}
         """Batch keys with a miss being fetched: the first miss's own query (None), then the drain."""
         self.rounds = 0

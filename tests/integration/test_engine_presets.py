@@ -28,8 +28,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapter.app import Adapter
-from adapter.kedaapi import externalscaler_pb2 as pb
 from adapter.errors import NotFound
+from adapter.kedaapi import externalscaler_pb2 as pb
 from adapter.kedascaler import NoData
 from adapter.objects import LabelIndex
 from adapter.resources import PODS
@@ -94,9 +94,9 @@ def history(t_end: int) -> str:
         out.append(f"# TYPE {name} gauge")
         for i in range(POINTS):
             ts = t_end - (POINTS - 1 - i) * STEP
-            for labels, value, grows in samples:
+            for label_text, value, grows in samples:
                 v = value * (1 + GROWTH * i) if grows else value
-                out.append(f"{name}{{{labels}}} {v} {ts}")
+                out.append(f"{name}{{{label_text}}} {v} {ts}")
     return "\n".join(out) + "\n# EOF\n"
 
 
@@ -227,7 +227,7 @@ async def test_simulated_vllm_queue_and_router_queue_from_zero_to_one(tmp_path: 
         async with TestClient(TestServer(app)) as c:
 
             async def router() -> float:
-                await adapter.discovery.relist()  # type: ignore[union-attr]
+                await adapter.discovery.relist()
                 r = await c.get(f"{EXTERNAL}/namespaces/ml/router_queue_depth?labelSelector=service%3Dllm")
                 items = (await r.json()).get("items", []) if r.status == 200 else []
                 return quantity(items[0]["value"]) if items else 0.0
@@ -254,7 +254,7 @@ async def test_simulated_vllm_queue_and_router_queue_from_zero_to_one(tmp_path: 
             await control(sim.url, "PUT", "/control/pods", {"pods": [pod]})
 
             async def queue() -> dict[str, float]:
-                await adapter.discovery.relist()  # type: ignore[union-attr]
+                await adapter.discovery.relist()
                 r = await c.get(f"{CUSTOM}/namespaces/ml/pods/*/vllm_queue_depth")
                 return (
                     {i["describedObject"]["name"]: quantity(i["value"]) for i in (await r.json())["items"]}
