@@ -70,13 +70,17 @@ ServingEngine = Literal["vllm", "tgi", "sglang", "triton"]
 """The serving engines the engine presets know (`adapter.engines.ENGINES`; a unit test holds them equal)."""
 
 
+def _all_engines() -> list[ServingEngine]:
+    return ["vllm", "tgi", "sglang", "triton"]
+
+
 class EnginePresets(Section):
     """Serving-engine metrics per pod: queue depth, running requests, KV-cache use, TTFT p90, tokens/s
     (`<engine>_<quantity>`; docs/presets.md, Serving engines)."""
 
     enabled: bool = Field(default=True, description="Serve the engines' metrics.")
     engines: list[ServingEngine] = Field(
-        default_factory=lambda: ["vllm", "tgi", "sglang", "triton"],
+        default_factory=_all_engines,
         description="Engines whose metrics are served. A metric is listed only once its series exist, so "
         "engines you do not run cost one discovery match each, nothing more.",
     )
