@@ -354,10 +354,11 @@ class KedaScaler(Section):
         "default refresh interval.",
     )
     max_streams: PositiveCount = Field(
-        default=10000,
-        description="Open StreamIsActive streams allowed at once (one per external-push ScaledObject); "
-        "more are refused with RESOURCE_EXHAUSTED and KEDA retries with backoff. Bounds the memory a "
-        "misbehaving client can pin.",
+        default=20000,
+        description="Open push streams allowed at once, StreamIsActive and StreamMetricSpec together (KEDA "
+        "2.21 opens both per external-push trigger, so the default serves 10,000 such triggers); more are "
+        "refused with RESOURCE_EXHAUSTED and KEDA retries with backoff. Bounds the memory a misbehaving "
+        "client can pin.",
     )
 
 

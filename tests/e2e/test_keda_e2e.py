@@ -390,10 +390,10 @@ def test_keda_external_push_activates_from_zero(keda: KedaStack) -> None:
         _deployment("burst", ns, 0),
         _scaled_object("burst", ns, keda.keda_port, "burst", push=True, min_replicas=0),
     )
-    poll(
-        lambda: keda.registry.get_sample_value("gpuwarden_adapter_keda_open_streams") == 1,
+    poll(  # KEDA 2.21's Run opens both, and keeps StreamMetricSpec open as it does StreamIsActive
+        lambda: keda.registry.get_sample_value("gpuwarden_adapter_keda_open_streams") == 2,
         timeout=60,
-        what="KEDA opened StreamIsActive",
+        what="KEDA opened StreamIsActive and StreamMetricSpec",
     )
     time.sleep(4)
     assert _replicas(cluster, ns, "burst") == 0
