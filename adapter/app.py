@@ -127,7 +127,9 @@ class Adapter:
                 [*acfg.rules, *presets.preset_rules(acfg.presets, acfg.max_sample_age_seconds)],
                 external=False,
             )
-            external = naming.compile_rules(acfg.external_rules, external=True)
+            external = naming.compile_rules(
+                [*acfg.external_rules, *presets.external_preset_rules(acfg.presets)], external=True
+            )
         except naming.RuleError as exc:
             raise ConfigError([("adapter.rules", str(exc))]) from None
         try:
@@ -271,6 +273,7 @@ class Adapter:
         if self.kube is not None and self.index is not None:
             for gr in WATCHED:
                 self._spawn(watch_objects(self.kube, self.index, gr), f"watch {gr}")
+        if self.index is not None:  # watched, or given already filled: settle once it holds everything
             self._spawn(self._settle(), "settle")
         if self.cache is not None:
             self._spawn(self._trim_after_refreshes(self.cache), "memory trim")

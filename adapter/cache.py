@@ -11,7 +11,10 @@ Rules that keep HPAs safe:
 - an answer older than `max_age` is never served; the request then queries Prometheus itself and fails
   with the Prometheus error (503 upstream) if that fails too — never a stale or made-up value;
 - a failed refresh keeps the last good answer (until `max_age`) and is retried at the next interval;
-- concurrent misses for one key share a single query (no thundering herd after a restart).
+- concurrent misses for one key share a single query (no thundering herd after a restart), and misses
+  for keys of one batch (the same metric in other namespaces) that arrive while such a miss is being
+  fetched share the next batched query: a cold start of 1,000 KEDA triggers over 100 namespaces waits on
+  a handful of queries, not on 100 queued behind the concurrency limit.
 
 The cache is generic over the stored value; it does not know PromQL, wire formats or Kubernetes.
 """
@@ -23,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class _Entry(Generic[T]):
     last_used: float
     value: T | None = None
     fetched_at: float | None = None
-    inflight: asyncio.Task[T] | None = None
+    inflight: asyncio.Future[T] | None = None
     failing: bool = False
     labels: tuple[str, ...] = field(default=())
     batch: tuple[Hashable, FetchMany[T]] | None = None
@@ -67,6 +70,10 @@ class ValueCache(Generic[T]):
         self._entries: dict[Hashable, _Entry[T]] = {}
         self._limit = asyncio.Semaphore(concurrency)
         self._refreshed = asyncio.Event()
+        self._misses: dict[Hashable, list[tuple[Hashable, asyncio.Future[T]]]] = {}
+        """Per batch key: missed keys waiting for its next batched fetch, with the futures readers await."""
+        self._draining: dict[Hashable, asyncio.Task[None] | None] = {}
+        """Batch keys with a miss being fetched: the first miss's own query (None), then the drain."""
         self.rounds = 0
         """`refresh_due` rounds that refreshed at least one entry."""
 
@@ -96,14 +103,70 @@ class ValueCache(Generic[T]):
             and now - entry.fetched_at <= self.max_age
         ):
             return entry.value, entry.fetched_at
+        if entry.inflight is None and entry.batch is not None and entry.batch[0] in self._draining:
+            self._join_batch(key, entry, entry.batch[0])
+        elif entry.inflight is None and entry.batch is not None:
+            batch = entry.batch
+            self._draining[batch[0]] = None  # misses of this batch queue up until this one is answered
+            self._start(key, entry).add_done_callback(lambda _: self._after_first(batch))
         value = await self._refresh(key, entry)
         assert entry.fetched_at is not None
         return value, entry.fetched_at
 
-    async def _refresh(self, key: Hashable, entry: _Entry[T]) -> T:
+    def _join_batch(self, key: Hashable, entry: _Entry[T], batch_key: Hashable) -> None:
+        """Queue a missed key for its batch's next fetch (a miss of that batch is being fetched)."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        entry.inflight = future
+        self._misses.setdefault(batch_key, []).append((key, future))
+
+    def _after_first(self, batch: tuple[Hashable, FetchMany[T]]) -> None:
+        """The batch's first miss (its own query, as any single miss) is answered: fetch the misses that
+        queued meanwhile, or let the next miss be a first one again."""
+        if self._misses.get(batch[0]):
+            self._draining[batch[0]] = asyncio.ensure_future(self._drain(batch))
+        else:
+            self._draining.pop(batch[0], None)
+
+    async def _drain(self, batch: tuple[Hashable, FetchMany[T]]) -> None:
+        """Fetch the batch's queued misses, `batch_limit` keys per query, until none wait; misses that
+        arrive during a fetch join the next one."""
+        batch_key, fetch_many = batch
+        try:
+            while queue := self._misses.get(batch_key):
+                taken, self._misses[batch_key] = queue[: self._batch_limit], queue[self._batch_limit :]
+                started = self._clock()
+                try:
+                    answers = await self._fetch_many([key for key, _ in taken], fetch_many)
+                except Exception as exc:
+                    answers, failure = None, exc
+                for key, future in taken:
+                    entry = self._entries.get(key)
+                    if entry is not None and entry.inflight is future:
+                        entry.inflight = None
+                    if future.done():
+                        continue
+                    if answers is None:
+                        if entry is not None and not entry.failing:
+                            log.warning("cache fetch failed", extra={"key": str(key), "error": str(failure)})
+                            entry.failing = True
+                        future.set_exception(failure)
+                        continue
+                    if entry is not None:
+                        entry.value, entry.fetched_at, entry.failing = answers[key], started, False
+                    future.set_result(answers[key])
+        finally:
+            self._draining.pop(batch_key, None)
+            for _, future in self._misses.pop(batch_key, []):  # cancelled mid-drain (shutdown)
+                future.cancel()
+
+    def _start(self, key: Hashable, entry: _Entry[T]) -> asyncio.Future[T]:
         if entry.inflight is None:
             entry.inflight = asyncio.ensure_future(self._run(key, entry, self._limited(entry.fetch)))
-        return await asyncio.shield(entry.inflight)
+        return entry.inflight
+
+    async def _refresh(self, key: Hashable, entry: _Entry[T]) -> T:
+        return await asyncio.shield(self._start(key, entry))
 
     def _limited(self, fetch: Fetch[T]) -> Fetch[T]:
         async def run() -> T:
@@ -206,7 +269,8 @@ class ValueCache(Generic[T]):
 
     async def aclose(self) -> None:
         """Cancel refreshes in flight (at shutdown), so no task outlives the event loop."""
-        tasks = [e.inflight for e in self._entries.values() if e.inflight is not None]
+        tasks: list[asyncio.Future[Any]] = [t for t in self._draining.values() if t is not None]
+        tasks += [e.inflight for e in self._entries.values() if e.inflight is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -221,3 +285,9 @@ class ValueCache(Generic[T]):
             if entry.fetched_at is not None:
                 ages[entry.labels] = max(ages.get(entry.labels, 0.0), now - entry.fetched_at)
         return counts, ages
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a miss's failure as seen: its readers may all have gone (cancelled) before it failed."""
+    if not future.cancelled():
+        future.exception()

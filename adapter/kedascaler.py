@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast, get_args
 from urllib.parse import quote
 
-from adapter import resources, routing
+from adapter import engines, resources, routing
 from adapter.errors import BadRequest, NotFound
 from adapter.resources import NAMESPACES, ROOT_SCOPED
 from adapter.routing import CustomRoute, ExternalRoute
@@ -61,6 +61,11 @@ OUR_KEYS = (
 )
 
 INT64_MAX = 2**63 - 1
+AT_ZERO_HINT = (
+    " (a per-object metric has no value while no pod runs: to wake a workload from zero, add a trigger on "
+    f"an external metric such as preset: {engines.ROUTER_QUEUE_KEDA})"
+)
+"""Appended to a custom (per-pod) trigger's NOT_FOUND: what to do for 0 -> 1."""
 METRIC_NAME_PREFIX = "gpuwarden-"
 
 
@@ -95,10 +100,12 @@ class StaleData(TriggerError):
 
 @dataclass(frozen=True)
 class Preset:
-    """What `preset: <name>` stands for: a custom metric on pods, served by one of our built-in rules."""
+    """What `preset: <name>` stands for: a custom metric on pods, or (`kind: external`) an external metric
+    that exists while no pod runs, served by one of our built-in rules."""
 
     metric: str
     description: str
+    kind: MetricKind = "custom"
 
 
 def keda_presets(presets: Presets) -> dict[str, Preset]:
@@ -114,6 +121,15 @@ def keda_presets(presets: Presets) -> dict[str, Preset]:
         )
     if presets.requests_per_second.enabled:
         out["qps"] = Preset(presets.requests_per_second.name, "requests per second per pod")
+    if presets.engines.enabled:
+        for metric in engines.catalog(presets.engines.engines):
+            out[metric.keda_preset] = Preset(metric.metric, f"{metric.engine} {metric.quantity} per pod")
+    if presets.router_queue.enabled:
+        out[engines.ROUTER_QUEUE_KEDA] = Preset(
+            presets.router_queue.name,
+            "requests waiting at the router, external (exists at zero pods)",
+            "external",
+        )
     return out
 
 
@@ -183,7 +199,10 @@ def parse_trigger(
         for key in ("metricName", "metricKind", "resource"):
             if metadata.get(key, "").strip():
                 problems.append(f"{key}: not allowed with preset (the preset sets it)")
-        metric, kind, resource = (preset.metric if preset else "x"), "custom", "pods"
+        if preset is not None and preset.kind == "external":
+            metric, kind, resource = preset.metric, "external", ""
+        else:
+            metric, kind, resource = (preset.metric if preset else "x"), "custom", "pods"
     elif not metric:
         problems.append("metricName: required (or preset: one of " + ", ".join(sorted(presets)) + ")")
     if kind not in ("", "external", "custom"):
@@ -270,7 +289,8 @@ def decide_value(
     finite = [(v, ts) for v, ts in points if math.isfinite(v)]
     if not finite:
         what = f"{trigger.kind} metric {trigger.route.metric!r} in namespace {trigger.route.namespace!r}"
-        raise NoData(f"no value for {what} matching the trigger's selectors")
+        hint = AT_ZERO_HINT if trigger.kind == "custom" else ""
+        raise NoData(f"no value for {what} matching the trigger's selectors{hint}")
     newest = max(ts for _, ts in finite)
     if now - newest > max_age:
         raise StaleData(

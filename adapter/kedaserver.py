@@ -14,9 +14,15 @@ UNAVAILABLE, anything else → INTERNAL with a generic message (detail logged). 
 - `StreamIsActive` (trigger type `external-push`) re-evaluates after every cache refresh round and at
   least every `push_interval_seconds`, and sends the activity on open and whenever it changes (KEDA scales
   from zero on `true` at once; it ignores `false`).
-- `StreamMetricSpec` (KEDA ≥ 2.21, optional) answers UNIMPLEMENTED, which KEDA tolerates: targets come
-  from the trigger's own metadata, so they change only when the ScaledObject does, and KEDA rebuilds the
-  scaler then anyway.
+- `StreamMetricSpec` (KEDA ≥ 2.21, optional; opened beside `StreamIsActive` by `external-push`) sends the
+  metric spec on open and again whenever it changes, re-derived after every cache refresh round as
+  `StreamIsActive` does, and stays open (KEDA re-opens a closed stream every 2 s). Targets come from the
+  trigger's own metadata, so in practice one message per stream.
+- `GetMetricSpec` (KEDA sets a trigger up, its first poll follows) starts a background read of the
+  trigger's values, so that poll is answered from memory.
+- Parsed triggers are kept by (namespace, metadata): KEDA sends the same `ScaledObjectRef` on every poll
+  and HPA read, and parsing it (selectors, the metrics-API route) was the largest part of an answer's
+  Python time (docs/keda.md, "Answer latency").
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ log = logging.getLogger(__name__)
 __all__ = ["ExternalScaler", "server_credentials", "start_server", "status_of"]
 
 T = TypeVar("T")
+M = TypeVar("M", pb.IsActiveResponse, pb.GetMetricSpecResponse)
+
+TRIGGER_CACHE_SIZE = 20_000
+"""Parsed triggers kept: more than the ScaledObjects one KEDA runs; past it the oldest is dropped."""
 
 _API_ERROR_CODES: tuple[tuple[type[ApiError], grpc.StatusCode], ...] = (
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -117,26 +127,61 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         self._refreshes = refreshes
         self._clock = clock
         self.open_streams = 0
+        self._triggers: dict[tuple[str, tuple[tuple[str, str], ...]], Trigger] = {}
+        self._warming: set[asyncio.Task[None]] = set()
 
     # ---- the decisions, with I/O -------------------------------------------------------------------
 
     def _trigger(self, ref: pb.ScaledObjectRef) -> Trigger:
-        return kedascaler.parse_trigger(dict(ref.scalerMetadata), ref.namespace, self._presets)
+        """The ref's parsed trigger, kept by (namespace, metadata); malformed metadata is not kept."""
+        metadata = dict(ref.scalerMetadata)
+        key = (ref.namespace, tuple(sorted(metadata.items())))
+        trigger = self._triggers.get(key)
+        if trigger is None:
+            trigger = kedascaler.parse_trigger(metadata, ref.namespace, self._presets)
+            if len(self._triggers) >= TRIGGER_CACHE_SIZE:
+                del self._triggers[next(iter(self._triggers))]  # the oldest: a ScaledObject since changed
+            self._triggers[key] = trigger
+        return trigger
 
-    async def evaluate(self, ref: pb.ScaledObjectRef) -> tuple[Trigger, float]:
+    async def evaluate(
+        self, ref: pb.ScaledObjectRef, trigger: Trigger | None = None
+    ) -> tuple[Trigger, float]:
         """(trigger, its current value) from the cache (or Prometheus); raises on no / stale data."""
-        trigger = self._trigger(ref)
-        route = trigger.route
-        points: list[tuple[float, float]]
-        if isinstance(route, ExternalRoute):
-            _, samples = await self._provider.external_items(route)
-            points = [(v, ts) for _, v, ts in samples]
-        else:
-            _, objects = await self._provider.custom_items(route)
-            points = [(v, ts) for _, v, ts in objects]
+        trigger = trigger or self._trigger(ref)
+        try:
+            points = await self._points(trigger.route)
+        except NotFound as exc:  # e.g. an engine's series not seen yet: no pod has run
+            if trigger.kind != "custom":
+                raise
+            raise NotFound(exc.message + kedascaler.AT_ZERO_HINT) from None
         value = kedascaler.decide_value(points, trigger, now=self._clock(), max_age=self._max_age)
         self._provider.account("keda", [max(ts for _, ts in points)])
         return trigger, value
+
+    async def _points(self, route: ExternalRoute | CustomRoute) -> list[tuple[float, float]]:
+        if isinstance(route, ExternalRoute):
+            _, samples = await self._provider.external_items(route)
+            return [(v, ts) for _, v, ts in samples]
+        _, objects = await self._provider.custom_items(route)
+        return [(v, ts) for _, v, ts in objects]
+
+    def _warm(self, trigger: Trigger) -> None:
+        """Read the trigger's values in the background, unanswered and uncounted.
+
+        KEDA asks for a trigger's spec when it sets the trigger up and polls its value right after: read
+        now, the value is in the cache by then (and the misses of many new triggers share batched
+        queries) instead of the first poll of each waiting on Prometheus."""
+
+        async def warm() -> None:
+            try:
+                await self._points(trigger.route)
+            except Exception as exc:  # the poll that follows answers the error
+                log.debug("KEDA trigger warm-up: %s", exc)
+
+        task = asyncio.ensure_future(warm())
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
 
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext, answer: Awaitable[T]) -> T:
         """Run one unary answer: time it, count it by status code, turn failures into a gRPC status."""
@@ -167,14 +212,19 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
 
         return await self._call("IsActive", context, answer())
 
+    def _spec(self, request: pb.ScaledObjectRef) -> pb.GetMetricSpecResponse:
+        trigger = self._trigger(request)
+        size, size_float = kedascaler.target_fields(trigger.target)
+        spec = pb.MetricSpec(metricName=trigger.metric_name, targetSize=size, targetSizeFloat=size_float)
+        return pb.GetMetricSpecResponse(metricSpecs=[spec])
+
     async def GetMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> pb.GetMetricSpecResponse:
         async def answer() -> pb.GetMetricSpecResponse:
-            trigger = self._trigger(request)
-            size, size_float = kedascaler.target_fields(trigger.target)
-            spec = pb.MetricSpec(metricName=trigger.metric_name, targetSize=size, targetSizeFloat=size_float)
-            return pb.GetMetricSpecResponse(metricSpecs=[spec])
+            spec = self._spec(request)
+            self._warm(self._trigger(request))
+            return spec
 
         return await self._call("GetMetricSpec", context, answer())
 
@@ -187,7 +237,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                 raise NotFound(
                     f"metric {request.metricName!r} is not this trigger's (it serves {trigger.metric_name!r})"
                 )
-            trigger, value = await self.evaluate(request.scaledObjectRef)
+            trigger, value = await self.evaluate(request.scaledObjectRef, trigger)
             as_int, as_float = kedascaler.metric_value_fields(value)
             item = pb.MetricValue(
                 metricName=trigger.metric_name, metricValue=as_int, metricValueFloat=as_float
@@ -196,14 +246,20 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
 
         return await self._call("GetMetrics", context, answer())
 
-    async def StreamIsActive(
-        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.IsActiveResponse]:
+    async def _stream(
+        self,
+        rpc: str,
+        request: pb.ScaledObjectRef,
+        context: grpc.aio.ServicerContext,
+        current: Callable[[], Awaitable[M | None]],
+    ) -> AsyncIterator[M]:
+        """A push stream: `current()` after every cache refresh round (at least every push interval), sent
+        on open and whenever it changes (None: undecided, nothing sent); open until KEDA cancels it."""
         code = grpc.StatusCode.OK
         try:
             if self.open_streams >= self._max_streams:
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                await context.abort(code, f"too many open StreamIsActive streams ({self._max_streams})")
+                await context.abort(code, f"too many open push streams ({self._max_streams})")
             try:
                 self._trigger(request)
             except TriggerError as exc:
@@ -211,14 +267,13 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                 await context.abort(code, exc.message)
             self.open_streams += 1
             try:
-                last: bool | None = None
+                last: M | None = None
                 while True:
                     seen = self._refreshes.rounds if self._refreshes is not None else 0
-                    active = await self._activity(request)
-                    if active is not None and active != last:
-                        self._metrics.keda_pushes.labels(str(active).lower()).inc()
-                        last = active
-                        yield pb.IsActiveResponse(result=active)
+                    message = await current()
+                    if message is not None and message != last:
+                        last = message
+                        yield message
                     await self._next_round(seen)
             finally:
                 self.open_streams -= 1
@@ -226,7 +281,21 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             code = grpc.StatusCode.CANCELLED
             raise
         finally:
-            self._metrics.keda_requests.labels("StreamIsActive", code.name).inc()
+            self._metrics.keda_requests.labels(rpc, code.name).inc()
+
+    async def StreamIsActive(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.IsActiveResponse]:
+        async def current() -> pb.IsActiveResponse | None:
+            active = await self._activity(request)
+            return None if active is None else pb.IsActiveResponse(result=active)
+
+        last: bool | None = None
+        async for message in self._stream("StreamIsActive", request, context, current):
+            if message.result != last:
+                self._metrics.keda_pushes.labels(str(message.result).lower()).inc()
+                last = message.result
+            yield message
 
     async def _activity(self, request: pb.ScaledObjectRef) -> bool | None:
         """The stream's activity now, or None when it cannot be decided (kept open; KEDA's poll decides)."""
@@ -253,12 +322,14 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     async def StreamMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
-        self._metrics.keda_requests.labels("StreamMetricSpec", grpc.StatusCode.UNIMPLEMENTED.name).inc()
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "StreamMetricSpec: targets come from the trigger metadata; use GetMetricSpec",
-        )
-        yield pb.GetMetricSpecResponse()  # pragma: no cover - abort raises; makes this a generator
+        async def current() -> pb.GetMetricSpecResponse | None:
+            try:
+                return self._spec(request)
+            except TriggerError:  # checked on open; a preset set cannot change under a running adapter
+                return None
+
+        async for message in self._stream("StreamMetricSpec", request, context, current):
+            yield message
 
 
 async def start_server(

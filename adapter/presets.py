@@ -1,7 +1,9 @@
 """Built-in metric definitions for GPU fleets, expressed as ordinary prometheus-adapter rules.
 
-Why: most users want the same three HPA metrics — GPU utilization and GPU memory from dcgm-exporter, and
-QPS from the application's request counter — and should not have to write PromQL templates for them. The
+Why: most users want the same few HPA metrics — GPU utilization and GPU memory from dcgm-exporter, QPS from
+the application's request counter, their serving engine's queue, KV cache, TTFT and tokens/s
+(`adapter.engines`), and for waking a workload from zero the queue of the router in front of it — and should
+not have to write PromQL templates for them. The
 presets are generated as prometheus-adapter rule documents and read as `DiscoveryRule`s (the fields a pasted
 prometheus-adapter config produces), so they go through the same discovery, query building and caching as
 user rules; nothing downstream knows a metric came from a preset. The serving process does not import the
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from adapter import engines
 from gpuwarden.config.view import Record
 
 if TYPE_CHECKING:
@@ -139,8 +142,39 @@ def requests_per_second_document(presets: Presets) -> dict[str, Any]:
     }
 
 
+def engine_documents(presets: Presets) -> list[dict[str, Any]]:
+    """One rule per serving-engine metric of the enabled engines (`adapter.engines`), pods and namespaces."""
+    cfg = presets.engines
+    if not cfg.enabled:
+        return []
+    resources = {
+        "overrides": {cfg.pod_label: {"resource": "pod"}, cfg.namespace_label: {"resource": "namespace"}}
+    }
+    return [
+        {
+            "seriesQuery": engines.series_query(metric),
+            "resources": resources,
+            "name": {"matches": engines.name_pattern(metric), "as": metric.metric},
+            "metricsQuery": engines.metrics_query(metric, cfg.rate_window_seconds),
+        }
+        for metric in engines.catalog(cfg.engines)
+    ]
+
+
+def router_queue_document(presets: Presets) -> dict[str, Any]:
+    """The external metric of a router's queue: summed per (namespace, the selector's labels), so every
+    selector of a namespace is answered from one shared query (`adapter.sharing`)."""
+    preset = presets.router_queue
+    return {
+        "seriesQuery": preset.series,
+        "resources": {"overrides": {preset.namespace_label: {"resource": "namespace"}}},
+        "name": _exact_name(preset.series, preset.name),
+        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+    }
+
+
 def preset_documents(presets: Presets, max_sample_age: float) -> list[dict[str, Any]]:
-    """The enabled presets as prometheus-adapter rule documents, in a fixed order."""
+    """The enabled custom-metric presets as prometheus-adapter rule documents, in a fixed order."""
     documents: list[dict[str, Any]] = []
     if presets.gpu_utilization.enabled:
         documents.append(gpu_utilization_document(presets, max_sample_age))
@@ -148,7 +182,13 @@ def preset_documents(presets: Presets, max_sample_age: float) -> list[dict[str, 
         documents.append(gpu_memory_document(presets, max_sample_age))
     if presets.requests_per_second.enabled:
         documents.append(requests_per_second_document(presets))
+    documents.extend(engine_documents(presets))
     return documents
+
+
+def external_preset_documents(presets: Presets) -> list[dict[str, Any]]:
+    """The enabled external-metric presets as prometheus-adapter `externalRules` documents."""
+    return [router_queue_document(presets)] if presets.router_queue.enabled else []
 
 
 def rule_record(document: Mapping[str, Any]) -> DiscoveryRule:
@@ -176,3 +216,8 @@ def rule_record(document: Mapping[str, Any]) -> DiscoveryRule:
 def preset_rules(presets: Presets, max_sample_age: float) -> list[DiscoveryRule]:
     """The enabled presets as custom-metrics rules, in a fixed order."""
     return [rule_record(d) for d in preset_documents(presets, max_sample_age)]
+
+
+def external_preset_rules(presets: Presets) -> list[DiscoveryRule]:
+    """The enabled presets as external-metrics rules."""
+    return [rule_record(d) for d in external_preset_documents(presets)]

@@ -225,10 +225,10 @@ class Provider:
         values: Mapping[str, Point] = {}
         if names != []:
             if self._cache is not None:
-                promql = self._object_query(entry, route, None)
                 key = ("custom", route.resource, route.metric, route.namespace, str(route.metric_selector))
 
-                async def fetch() -> Cached:
+                async def fetch() -> Cached:  # the query is built on a miss only: hits answer from memory
+                    promql = self._object_query(entry, route, None)
                     return values_by_object(await self._query(promql, scalar_ok=False), entry.resource_label)
 
                 cached, _ = await self._cache.get(key, fetch, group="custom", batch=self._batch(entry, route))

@@ -134,7 +134,8 @@ def register_keda_snapshots(registry: CollectorRegistry, *, streams: Snapshot) -
     registry.register(
         SnapshotCollector(
             "gpuwarden_adapter_keda_open_streams",
-            "StreamIsActive streams open now (one per external-push trigger KEDA runs).",
+            "Push streams open now: StreamIsActive and StreamMetricSpec (KEDA 2.21 opens both per "
+            "external-push trigger).",
             [],
             streams,
         )

@@ -66,6 +66,50 @@ class RequestsPerSecondPreset(Section):
     namespace_label: LabelName = Field(default="namespace", description="Label holding the namespace.")
 
 
+ServingEngine = Literal["vllm", "tgi", "sglang", "triton"]
+"""The serving engines the engine presets know (`adapter.engines.ENGINES`; a unit test holds them equal)."""
+
+
+def _all_engines() -> list[ServingEngine]:
+    return ["vllm", "tgi", "sglang", "triton"]
+
+
+class EnginePresets(Section):
+    """Serving-engine metrics per pod: queue depth, running requests, KV-cache use, TTFT p90, tokens/s
+    (`<engine>_<quantity>`; docs/presets.md, Serving engines)."""
+
+    enabled: bool = Field(default=True, description="Serve the engines' metrics.")
+    engines: list[ServingEngine] = Field(
+        default_factory=_all_engines,
+        description="Engines whose metrics are served. A metric is listed only once its series exist, so "
+        "engines you do not run cost one discovery match each, nothing more.",
+    )
+    rate_window_seconds: Seconds = Field(
+        default=120.0,
+        ge=10,
+        description="Range of the rate() behind TTFT p90 and tokens/s, in seconds. 2 min spans at least "
+        "four samples at a 30 s scrape interval, so one missed scrape does not blank the value.",
+    )
+    pod_label: LabelName = Field(default="pod", description="Label holding the pod name on the series.")
+    namespace_label: LabelName = Field(default="namespace", description="Label holding the namespace.")
+
+
+class RouterQueuePreset(Section):
+    """`router_queue_depth`: an external metric, requests waiting at a gateway or router in front of a
+    workload. It exists while no pod runs, so it can wake a Deployment parked at zero (HPA `minReplicas: 0`,
+    KEDA `preset: router-queue`)."""
+
+    enabled: bool = Field(default=True, description="Serve this metric.")
+    name: MetricName = Field(default="router_queue_depth", description="Metric name HPAs ask for.")
+    series: MetricName = Field(
+        default="router_queue_depth",
+        description="Gauge of requests waiting for a backend, labelled by the workload it routes to. No "
+        "engine-neutral name exists upstream: point this at your router's gauge, or record it under "
+        "this name.",
+    )
+    namespace_label: LabelName = Field(default="namespace", description="Label holding the namespace.")
+
+
 class Presets(Section):
     """Built-in metrics for GPU fleets, added to whatever `rules` define."""
 
@@ -87,17 +131,33 @@ class Presets(Section):
     requests_per_second: RequestsPerSecondPreset = Field(
         default_factory=RequestsPerSecondPreset, description="Requests per second per pod."
     )
+    engines: EnginePresets = Field(
+        default_factory=EnginePresets,
+        description="Serving-engine metrics per pod (vLLM, TGI, SGLang, Triton).",
+    )
+    router_queue: RouterQueuePreset = Field(
+        default_factory=RouterQueuePreset,
+        description="A router's queue, external: wakes a workload from zero.",
+    )
 
     @model_validator(mode="after")
     def _names_unique(self) -> Presets:
         seen: dict[str, str] = {}
-        for key in ("gpu_utilization", "gpu_memory_used_ratio", "requests_per_second"):
+        for key in ("gpu_utilization", "gpu_memory_used_ratio", "requests_per_second", "router_queue"):
             preset = getattr(self, key)
             if preset.enabled and preset.name in seen:
                 raise FieldError(
                     f"{key}.name", f"{preset.name!r} is already served by preset {seen[preset.name]}"
                 )
             seen[preset.name] = key
+        if self.engines.enabled:
+            for engine in self.engines.engines:
+                for metric, key in seen.items():
+                    if metric.startswith(f"{engine}_"):
+                        raise FieldError(
+                            f"{key}.name",
+                            f"{metric!r} is named like an engine preset (adapter.presets.engines)",
+                        )
         return self
 
 
@@ -294,10 +354,11 @@ class KedaScaler(Section):
         "default refresh interval.",
     )
     max_streams: PositiveCount = Field(
-        default=10000,
-        description="Open StreamIsActive streams allowed at once (one per external-push ScaledObject); "
-        "more are refused with RESOURCE_EXHAUSTED and KEDA retries with backoff. Bounds the memory a "
-        "misbehaving client can pin.",
+        default=20000,
+        description="Open push streams allowed at once, StreamIsActive and StreamMetricSpec together (KEDA "
+        "2.21 opens both per external-push trigger, so the default serves 10,000 such triggers); more are "
+        "refused with RESOURCE_EXHAUSTED and KEDA retries with backoff. Bounds the memory a misbehaving "
+        "client can pin.",
     )
 
 

@@ -18,7 +18,8 @@ Endpoints (JSON in, JSON out):
                              GPU reset: clears the sticky XID, the XID window, volatile ECC and pending pages
     POST   /control/load     {"namespace"?, "workload", "qps"} or {..., "points": [{"at": "0s", "qps": 10},
                              ...], "loop"?} (times relative to now), optional "qps_per_gpu",
-                             "memory_mib_per_gpu"; creates the workload if it does not exist
+                             "memory_mib_per_gpu", "engine" ("vllm" or "tgi": engine series per pod and
+                             the workload's router_queue_depth); creates the workload if it does not exist
     PUT    /control/pods     {"pods": [{"namespace", "pod", "node", "gpus": [0, 1], "workload",
                              "container"?, "slots"?}]} makes this the whole pod->GPU mapping (pods not
                              listed go away); on a shared node `slots` names the replica (time-slicing) or
@@ -38,7 +39,7 @@ Errors: 400 {"error": "...", "problems": [{"field", "message"}]}; 404 unknown no
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
@@ -67,6 +68,7 @@ class SetLoad(Section):
     loop: Duration | None = Field(None, gt=0)
     qps_per_gpu: float | None = Field(None, gt=0)
     memory_mib_per_gpu: int | None = Field(None, ge=0)
+    engine: Literal["vllm", "tgi"] | None = None
 
     @model_validator(mode="after")
     def _one_of(self) -> SetLoad:
@@ -309,6 +311,7 @@ def add_routes(app: web.Application, sim: Simulator) -> None:
                 LoadCurve(points, f.now, body.loop),
                 qps_per_gpu=body.qps_per_gpu,
                 memory_mib_per_gpu=body.memory_mib_per_gpu,
+                engine=body.engine,
             )
             return w.curve.qps(f.now)
 

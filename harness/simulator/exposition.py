@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.simulator.engine import TTFT_BUCKETS, EngineState
 from harness.simulator.fleet import Fleet
 from harness.simulator.hardware import Gpu, MigInstance
 from harness.simulator.workload import Pod
@@ -596,14 +597,87 @@ class Renderer:
         ]
         return [Chunk(GATEWAY_REQUESTS.header.encode()), Chunk(("\n".join(lines) + "\n").encode())]
 
+    def render_engines(self) -> list[Chunk]:
+        """The serving engine's series of every pod of a workload with an engine (vLLM V1- or TGI-shaped,
+        with the `namespace` / `pod` labels Prometheus' Kubernetes discovery attaches), and each such
+        workload's `router_queue_depth{namespace, service}`, present while no pod runs."""
+        served = sorted(
+            (w for w in self.fleet.workloads.values() if w.engines is not None),
+            key=lambda w: (w.namespace, w.name),
+        )
+        families: dict[tuple[str, str], list[str]] = {}  # (family, type) -> its lines, kept together
+        for w in served:
+            engines = w.engines
+            assert engines is not None
+            for pod, state in sorted(engines.pods.items()):
+                where = f'namespace="{escape(w.namespace)}",pod="{escape(pod)}"'
+                for family, kind, line in _engine_lines(engines.kind, engines.model, where, state):
+                    families.setdefault((family, kind), []).append(line)
+        lines: list[str] = []
+        for (family, kind), body in families.items():
+            lines += [f"# TYPE {family} {kind}", *body]
+        if served:
+            lines.append(f"# HELP {ROUTER_QUEUE} Requests the router holds for a backend (simulated).")
+            lines.append(f"# TYPE {ROUTER_QUEUE} gauge")
+            for w in served:
+                assert w.engines is not None
+                lines.append(
+                    f'{ROUTER_QUEUE}{{namespace="{escape(w.namespace)}",service="{escape(w.name)}"}} '
+                    f"{w.engines.router.waiting:.3f}"
+                )
+        return [Chunk(("\n".join(lines) + "\n").encode())] if lines else []
+
     def render_chunks(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> list[Chunk]:
         """The whole fleet (default, block-cached), one node's exporter (`node`), or only app metrics (the
         pods' and the gateway's)."""
         chunks = self.render_dcgm(self.exported_gpus(node), cache=node is None) if dcgm else []
         if apps:
-            chunks += self.render_apps() + self.render_gateway()
+            chunks += self.render_apps() + self.render_gateway() + self.render_engines()
         return chunks
 
     def render(self, *, node: str | None = None, dcgm: bool = True, apps: bool = True) -> str:
         """The exposition as text (tests and tools; the server serves `render_chunks`)."""
         return b"".join(c.data for c in self.render_chunks(node=node, dcgm=dcgm, apps=apps)).decode()
+
+
+ROUTER_QUEUE = "router_queue_depth"
+"""The router's queue per workload: the adapter's `router_queue` preset reads it by this default name."""
+
+
+def _histogram(
+    name: str, where: str, bounds: tuple[float, ...], counts: list[float], total: float, n: float
+) -> list[tuple[str, str, str]]:
+    out = [
+        (name, "histogram", f'{name}_bucket{{{where},le="{le:g}"}} {c:.3f}')
+        for le, c in zip(bounds, counts, strict=True)
+    ]
+    out.append((name, "histogram", f'{name}_bucket{{{where},le="+Inf"}} {n:.3f}'))
+    out.append((name, "histogram", f"{name}_sum{{{where}}} {total:.3f}"))
+    out.append((name, "histogram", f"{name}_count{{{where}}} {n:.3f}"))
+    return out
+
+
+def _engine_lines(kind: str, model: str, where: str, s: EngineState) -> list[tuple[str, str, str]]:
+    """(family, type, line) of one pod's engine series, as vLLM's V1 engine (labels `engine`,
+    `model_name`) or TGI (none) name them: docs.vllm.ai "Metrics";
+    huggingface.co/docs/text-generation-inference/reference/metrics."""
+    if kind == "vllm":
+        at = f'engine="0",model_name="{escape(model)}",{where}'
+        return [
+            ("vllm:num_requests_waiting", "gauge", f"vllm:num_requests_waiting{{{at}}} {s.waiting:.3f}"),
+            ("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{at}}} {s.running:.3f}"),
+            ("vllm:kv_cache_usage_perc", "gauge", f"vllm:kv_cache_usage_perc{{{at}}} {s.kv_cache:.4f}"),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                f"vllm:generation_tokens_total{{{at}}} {s.generated_tokens:.1f}",
+            ),
+            *_histogram(
+                "vllm:time_to_first_token_seconds", at, TTFT_BUCKETS, s.ttft_buckets, s.ttft_sum, s.ttft_count
+            ),
+        ]
+    return [
+        ("tgi_queue_size", "gauge", f"tgi_queue_size{{{where}}} {s.waiting:.3f}"),
+        ("tgi_batch_current_size", "gauge", f"tgi_batch_current_size{{{where}}} {s.running:.3f}"),
+        *_histogram("tgi_request_generated_tokens", where, (), [], s.generated_tokens, s.ttft_count),
+    ]

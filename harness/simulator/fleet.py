@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuwarden.errors import ConfigError
+from harness.simulator.engine import EngineKind, Engines
 from harness.simulator.hardware import Gpu, MigInstance, Node, build_nodes, set_readings
 from harness.simulator.scenario import (
     MIG_SLICES_PER_GPU,
@@ -113,6 +114,7 @@ class Fleet:
                 qps_per_gpu=w.qps_per_gpu,
                 memory_mib_per_gpu=w.memory_mib_per_gpu,
                 container=w.container or w.name,
+                engine=w.engine,
             )
         names = list(self.nodes)
         self.set_pods(
@@ -149,6 +151,9 @@ class Fleet:
         for w in self.workloads.values():
             if w.gateway:
                 w.gateway_requests += (w.curve.qps(t0) + w.curve.qps(t1)) / 2 * dt
+            if w.engines is not None and dt > 0:
+                capacity = {name: w.qps_per_gpu * len(p.gpus) for name, p in w.pods.items()}
+                w.engines.step((w.curve.qps(t0) + w.curve.qps(t1)) / 2, capacity, dt)
             if w.pods:
                 per_pod = (w.pod_qps(t0) + w.pod_qps(t1)) / 2 * dt
                 for pod in w.pods.values():
@@ -374,6 +379,7 @@ class Fleet:
         memory_mib_per_gpu: int | None = None,
         container: str | None = None,
         gateway: bool = True,
+        engine: EngineKind | None = None,
     ) -> WorkloadState:
         """Create the workload or change its load curve (and optionally capacity / memory); `gateway`
         False only for a workload created because a pod of it was mapped (no load was ever set)."""
@@ -388,6 +394,8 @@ class Fleet:
             w.qps_per_gpu = qps_per_gpu
         if memory_mib_per_gpu is not None:
             w.memory_mib_per_gpu = memory_mib_per_gpu
+        if engine is not None and (w.engines is None or w.engines.kind != engine):
+            w.engines = Engines(engine)
         self.version += 1
         self._refresh()
         return w

@@ -275,6 +275,11 @@ class Workload(Section):
     )
     load: list[LoadPoint] = Field(default_factory=lambda: [LoadPoint(at=0, qps=0)], min_length=1)
     loop: Duration | None = Field(None, gt=0, description="repeat the curve with this period (s)")
+    engine: Literal["vllm", "tgi"] | None = Field(
+        None,
+        description="serve a serving engine's series per pod (queue, running, KV cache, TTFT, tokens) and "
+        "router_queue_depth for the workload (harness/simulator/engine.py)",
+    )
 
     @field_validator("name", "namespace")
     @classmethod

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from harness.simulator.engine import Engines
+
 if TYPE_CHECKING:
     from harness.simulator.scenario import Scenario
 
@@ -68,6 +70,8 @@ class WorkloadState:
     pods: dict[str, Pod] = field(default_factory=dict)
     gateway: bool = True
     gateway_requests: float = 0.0
+    engines: Engines | None = None
+    """A serving engine per pod (vLLM- or TGI-shaped series) and the router queue in front; None: none."""
 
     def pod_qps(self, now: float) -> float:
         """QPS each pod serves at `now` (load split evenly over the pods mapped to GPUs)."""

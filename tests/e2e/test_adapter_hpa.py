@@ -44,6 +44,7 @@ from harness.testbed import (
 from harness.testbed.apiservice import delete_local_apiservice
 from harness.testbed.pki import make_ca, serving_cert_for_service
 from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
+from tests.e2e.engine_workload import VllmShaped
 
 pytestmark = pytest.mark.e2e
 
@@ -61,6 +62,7 @@ class Workload:
     utilization: float = 20.0
     qps: float = 1.0
     gateway_qps: float = 0.0  # requests/s a gateway in front of ZERO sees: exists with no pod running
+    engine: VllmShaped | None = None  # a vLLM-shaped Deployment's series (tests/e2e/engine_workload.py)
     _counters: dict[str, float] = field(default_factory=dict)
     _last: float = field(default_factory=time.monotonic)
     _pods: list[str] = field(default_factory=list)
@@ -94,7 +96,9 @@ class Workload:
             lines.append("# TYPE gateway_requests_total counter")
             labels = f'service="{ZERO}",namespace="{self.namespace}"'
             lines.append(f"gateway_requests_total{{{labels}}} {self._counters[ZERO]:.3f}")
-            return "\n".join(lines) + "\n"
+        if self.engine is not None:
+            lines += self.engine.lines()
+        return "\n".join(lines) + "\n"
 
 
 class AdapterThread:

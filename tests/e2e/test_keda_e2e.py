@@ -44,6 +44,7 @@ from harness.testbed.apiservice import delete_local_apiservice
 from harness.testbed.binaries import repo_root
 from harness.testbed.pki import issue, make_ca, serving_cert_for_service
 from tests.e2e.conftest import BackgroundServer, free_port, pod_manifest
+from tests.e2e.engine_workload import VllmShaped
 from tests.e2e.test_adapter_hpa import AdapterThread
 
 pytestmark = pytest.mark.e2e
@@ -73,13 +74,16 @@ class Queues:
     namespace: str
     depth: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    engine: VllmShaped | None = None  # a vLLM-shaped Deployment's series (tests/e2e/engine_workload.py)
 
     def exposition(self) -> str:
         with self._lock:
             lines = ["# TYPE queue_depth gauge"]
             for queue, depth in sorted(self.depth.items()):
                 lines.append(f'queue_depth{{queue="{queue}",namespace="{self.namespace}"}} {depth}')
-            return "\n".join(lines) + "\n"
+        if self.engine is not None:
+            lines += self.engine.lines()
+        return "\n".join(lines) + "\n"
 
     def set(self, queue: str, depth: float) -> None:
         with self._lock:
@@ -386,10 +390,10 @@ def test_keda_external_push_activates_from_zero(keda: KedaStack) -> None:
         _deployment("burst", ns, 0),
         _scaled_object("burst", ns, keda.keda_port, "burst", push=True, min_replicas=0),
     )
-    poll(
-        lambda: keda.registry.get_sample_value("gpuwarden_adapter_keda_open_streams") == 1,
+    poll(  # KEDA 2.21's Run opens both, and keeps StreamMetricSpec open as it does StreamIsActive
+        lambda: keda.registry.get_sample_value("gpuwarden_adapter_keda_open_streams") == 2,
         timeout=60,
-        what="KEDA opened StreamIsActive",
+        what="KEDA opened StreamIsActive and StreamMetricSpec",
     )
     time.sleep(4)
     assert _replicas(cluster, ns, "burst") == 0

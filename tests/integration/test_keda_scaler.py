@@ -444,6 +444,11 @@ async def test_keda_client_external_push_activates_from_zero(stack: Stack) -> No
     finally:
         stack.clock.now = float(stack.t_end)
     assert push["pushed"] == [False, True]
+    # KEDA >= 2.21 also opened StreamMetricSpec: it got the spec once (targets come from the metadata) and the
+    # stream stayed open, rather than UNIMPLEMENTED or a stream KEDA re-opens every 2 s
+    assert push["streamedSpecs"] == [
+        [{"name": "s0-gpuwarden-pending_requests", "targetType": "AverageValue", "averageValue": "2"}]
+    ]
 
 
 async def test_keda_client_many_scaled_objects_share_the_cache(stack: Stack) -> None:

@@ -88,6 +88,8 @@ type result struct {
 	Active bool    `json:"active"`
 	Error  string  `json:"error,omitempty"`
 	Pushed []bool  `json:"pushed,omitempty"`
+	// StreamedSpecs: the HPA metric specs KEDA built from each StreamMetricSpec message (push only).
+	StreamedSpecs [][]spec `json:"streamedSpecs,omitempty"`
 	Calls  int     `json:"calls"`
 	Millis float64 `json:"millis"`
 }
@@ -171,11 +173,33 @@ func push(ctx context.Context, c testCase) result {
 	runCtx, cancel := context.WithTimeout(ctx, time.Duration(c.PushSeconds*float64(time.Second)))
 	defer cancel()
 	active := make(chan bool)
+	var streamed sync.WaitGroup
+	if streamer, ok := s.(interface{ MetricSpecChan() <-chan []v2.MetricSpec }); ok {
+		// KEDA v2.21 runs StreamMetricSpec beside StreamIsActive and hands each update to the operator
+		// through this channel (closed when the stream ends for good or Run returns)
+		specs := streamer.MetricSpecChan()
+		streamed.Add(1)
+		go func() {
+			defer streamed.Done()
+			for {
+				select {
+				case got, open := <-specs:
+					if !open {
+						return
+					}
+					r.StreamedSpecs = append(r.StreamedSpecs, specsOf(got))
+				case <-runCtx.Done():
+					return
+				}
+			}
+		}()
+	}
 	go s.Run(runCtx, active)
 	for v := range active {
 		r.Pushed = append(r.Pushed, v)
 		r.Active = v
 	}
+	streamed.Wait()
 	return r
 }
 

@@ -168,6 +168,71 @@ async def test_batches_are_split_at_the_limit(clock: Clock) -> None:
     assert sorted(sizes) == [1, 2, 2]
 
 
+@pytest.mark.parametrize(("limit", "sizes"), [(100, [4]), (3, [3, 1])], ids=["one-query", "split-at-limit"])
+async def test_cold_misses_of_one_batch_share_a_query_while_the_first_is_fetched(
+    clock: Clock, limit: int, sizes: list[int]
+) -> None:
+    """A cold start: the first miss of a batch is its own query; the misses that arrive meanwhile for the
+    batch's other keys share the next batched query(ies) instead of one query each."""
+    cache: ValueCache[dict[str, int]] = ValueCache(
+        refresh_interval=15, max_age=60, idle_expiry=600, batch_limit=limit, clock=clock
+    )
+    first = Source()
+    first.gate = asyncio.Event()
+    calls: list[list[object]] = []
+
+    async def many(keys: list[object]) -> dict[object, dict[str, int]]:
+        calls.append(list(keys))
+        return {k: {"value": 100 + len(calls)} for k in keys}
+
+    batch = ("m", many)
+    a = asyncio.ensure_future(cache.get(("m", "a"), first, batch=batch))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    others = [
+        asyncio.ensure_future(cache.get(("m", ns), Source(), batch=batch))  # type: ignore[arg-type]
+        for ns in "bcde"
+    ]
+    again = asyncio.ensure_future(cache.get(("m", "b"), Source(), batch=batch))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert calls == []  # queued behind the first miss
+    first.gate.set()
+    assert (await a)[0] == {"value": 1}
+    answers = [(await o)[0] for o in others]
+    assert (await again)[0] == answers[0]  # the same key twice: one answer
+    assert [len(c) for c in calls] == sizes
+    assert answers[0] == {"value": 101}
+    assert first.calls == 1
+    # every key is now cached: the next reads are from memory
+    assert (await cache.get(("m", "e"), Source(), batch=batch))[0] == answers[-1]  # type: ignore[arg-type]
+    assert len(calls) == len(sizes)
+
+
+async def test_a_failed_batched_miss_fails_its_readers_and_is_not_cached(
+    cache: ValueCache[dict[str, int]],
+) -> None:
+    first = Source()
+    first.gate = asyncio.Event()
+    broken = True
+
+    async def many(keys: list[object]) -> dict[object, dict[str, int]]:
+        if broken:
+            raise ConnectionError("down")
+        return {k: {"value": 7} for k in keys}
+
+    batch = ("m", many)
+    a = asyncio.ensure_future(cache.get(("m", "a"), first, batch=batch))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    b = asyncio.ensure_future(cache.get(("m", "b"), Source(), batch=batch))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    first.gate.set()
+    await a
+    with pytest.raises(ConnectionError):
+        await b
+    broken = False
+    # nothing was cached: a fresh miss, its own query again (the entry's first fetch; `many` answers 7)
+    assert (await cache.get(("m", "b"), Source(), batch=batch))[0] == {"value": 1}  # type: ignore[arg-type]
+
+
 async def test_refresh_rounds_wake_waiters_only_when_something_was_refreshed(
     cache: ValueCache[dict[str, int]], clock: Clock
 ) -> None:

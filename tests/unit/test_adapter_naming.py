@@ -190,7 +190,7 @@ def test_presets_default_queries() -> None:
         '(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!="",<<.LabelMatchers>>} and '
         'timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!="",<<.LabelMatchers>>}) > time() - 120)'
     )
-    assert preset_queries({}) == {
+    assert preset_queries({"engines": {"enabled": False}}) == {
         # one value per device (GPU or MIG instance; per-pod copies of one device collapse), then the mean
         "gpu_utilization": "avg by (<<.GroupBy>>) (max by (<<.GroupBy>>,Hostname,hostname,gpu,UUID,GPU_I_ID) "
         f"({util} or ({mig} * 100)))",
@@ -221,6 +221,7 @@ def test_presets_switch_source_labels_and_disable() -> None:
         "gpu_utilization": {"source": "DCGM_FI_PROF_GR_ENGINE_ACTIVE"},
         "gpu_memory_used_ratio": {"enabled": False},
         "requests_per_second": {"name": "qps", "series": "app_requests_total", "rate_window_seconds": 60},
+        "engines": {"enabled": False},
     }
     rules = {r.name.as_: r for r in presets.preset_rules(Presets.model_validate(cfg), 120)}
     assert set(rules) == {"gpu_utilization", "qps"}

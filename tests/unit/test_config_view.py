@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from adapter import presets
+from adapter import engines, presets
 from gpuwarden.config.adapter import Presets
 from gpuwarden.config.export import encode
 from gpuwarden.config.loader import load_config
@@ -161,8 +161,9 @@ def test_records_are_frozen() -> None:
     ],
 )
 def test_preset_records_equal_what_the_model_makes_of_them(cfg: dict[str, Any]) -> None:
-    documents = presets.preset_documents(Presets.model_validate(cfg), 90)
-    assert len(documents) == 3
+    model_presets = Presets.model_validate(cfg)
+    documents = presets.preset_documents(model_presets, 90) + presets.external_preset_documents(model_presets)
+    assert len(documents) == 4 + len(engines.catalog(model_presets.engines.engines))
     for document in documents:
         model = DiscoveryRule.model_validate(document)
         same(model, presets.rule_record(document))

@@ -213,7 +213,7 @@ def test_parse_trigger(
         ),
         pytest.param(
             {"preset": "gpu", "targetValue": "1"},
-            ["preset: 'gpu' is not a preset (known: gpu-memory, gpu-utilization, qps)"],
+            ["preset: 'gpu' is not a preset (known: gpu-memory, gpu-utilization, qps, router-queue, sglang-"],
             id="unknown-preset",
         ),
         pytest.param(
@@ -243,7 +243,12 @@ def test_external_metric_needs_a_namespace_somewhere() -> None:
 
 def test_disabled_presets_are_not_offered() -> None:
     presets = Presets.model_validate(
-        {"gpu_memory_used_ratio": {"enabled": False}, "gpu_utilization": {"name": "gu"}}
+        {
+            "gpu_memory_used_ratio": {"enabled": False},
+            "gpu_utilization": {"name": "gu"},
+            "engines": {"enabled": False},
+            "router_queue": {"enabled": False},
+        }
     )
     assert keda_presets(presets) == {
         "gpu-utilization": Preset("gu", "mean GPU utilization per pod, percent (dcgm-exporter)"),

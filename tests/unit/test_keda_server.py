@@ -314,6 +314,64 @@ async def test_stream_refuses_bad_metadata_and_too_many_streams(served: Served) 
     await _until(lambda: served.scaler.open_streams == 0)
 
 
+async def test_stream_metric_spec_sends_the_spec_on_open_and_stays_open(served: Served) -> None:
+    """KEDA >= 2.21 opens StreamMetricSpec beside StreamIsActive and re-opens it 2 s after it ends: it must
+    send the spec GetMetricSpec answers, then stay open; unchanged specs after refresh rounds are not sent."""
+    stream = served.stub.StreamMetricSpec(ref(QUEUE))
+    first = await asyncio.wait_for(stream.read(), timeout=5)
+    assert first == await served.stub.GetMetricSpec(ref(QUEUE))
+    assert served.scaler.open_streams == 1
+    served.refreshes.fire()
+    served.refreshes.fire()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stream.read(), timeout=0.3)
+    # wait_for cancelled the read, which ends the call on the client side; the server sees CANCELLED
+    await _until(lambda: served.scaler.open_streams == 0)
+    await _until(lambda: served.count("StreamMetricSpec", "CANCELLED") == 1)
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await _first(served.stub.StreamMetricSpec(ref({"metricName": "q"})))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert served.count("StreamMetricSpec", "INVALID_ARGUMENT") == 1
+
+
+async def test_metric_spec_warms_the_triggers_values_without_answering_or_counting(served: Served) -> None:
+    v = served.values
+    v.answers[("queue_depth", "ml", "queue in (a,b)")] = [(7.0, NOW)]
+    reads = v.reads
+    await served.stub.GetMetricSpec(ref(QUEUE))
+    await _until(lambda: v.reads == reads + 1)  # read in the background: KEDA's first poll follows
+    assert v.accounted == []  # nothing was served
+    v.answers[("queue_depth", "ml", "queue in (a,b)")] = Unavailable("down")
+    await served.stub.GetMetricSpec(ref(QUEUE))  # a failing read does not fail the spec
+    await _until(lambda: v.reads == reads + 2)
+
+
+async def test_triggers_are_parsed_once_per_namespace_and_metadata(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[str] = []
+    real = kedascaler.parse_trigger
+
+    def counting(metadata: Any, namespace: str, presets: Any) -> Any:
+        parsed.append(namespace)
+        return real(metadata, namespace, presets)
+
+    monkeypatch.setattr(kedascaler, "parse_trigger", counting)
+    served.values.answers[("queue_depth", "ml", "queue in (a,b)")] = [(7.0, NOW)]
+    served.values.answers[("queue_depth", "web", "queue in (a,b)")] = [(2.0, NOW)]
+    for _ in range(3):
+        await served.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(QUEUE)))
+        await served.stub.IsActive(ref(QUEUE))
+    assert parsed == ["ml"]
+    got = await served.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(QUEUE, namespace="web")))
+    assert got.metricValues[0].metricValueFloat == 2.0  # the namespace is part of the key
+    assert parsed == ["ml", "web"]
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await served.stub.IsActive(ref({"metricName": "q"}))
+    assert parsed == ["ml", "web", "ml", "ml"]  # malformed metadata is not kept: each call says why
+
+
 async def test_stream_without_cache_polls_at_push_interval() -> None:
     values = FakeValues()
     values.answers[("queue_depth", "ml", "queue in (a,b)")] = [(0.0, NOW)]
