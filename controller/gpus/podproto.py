@@ -19,8 +19,14 @@ A string that is not UTF-8 (the API server stores what a protobuf client sent; i
 invalid byte as U+FFFD) is written as its JSON would be, so one odd annotation cannot make the pod
 unreadable - and the watch with it. Found by tests/unit/test_fuzz_podproto.py, which mutates pods' bytes.
 
-It must not interpret anything (that is the readers' job), nor raise anything but `PodDecodeError` on
-bytes it cannot read. Pure: no I/O.
+The GPU model's own pod feed (the extender's process) has one reader only, so `decoded_pod` reads its
+pods straight into the model's `PodInfo` (`objects.read_pod_info`, the one home of what the fields mean)
+and builds no dict of the pod (issue 47: the dict and `pod_info` of it were a fifth of the extender's
+CPU). It refuses exactly the bytes `pod_object` refuses and gives `pod_info(pod_object(raw))`:
+tests/unit/test_fuzz_podproto.py holds the two paths together on generated and mutated pods.
+
+It must not interpret anything (that is the readers' job; `decoded_pod` hands the read parts to
+`objects.read_pod_info`), nor raise anything but `PodDecodeError` on bytes it cannot read. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -239,11 +245,25 @@ def pod_object(raw: bytes) -> dict[str, Any]:
     return obj
 
 
+def _utf8_keys(value: Any) -> None:
+    """Refuse a map with a key that is not UTF-8, as `pod_object` does, without reading its values: the
+    runtime iterates such a key as bytes (and raises `UnicodeDecodeError` when it is looked up)."""
+    for key in value:
+        if type(key) is not str:
+            raise PodDecodeError(f"a v1.Pod map key that is not UTF-8: {key!r}")
+
+
 def _amount(resources: ResourceRequirements, resource: str) -> int:
-    """`objects._amount` of a container's protobuf resources (every key read, as `pod_object` does)."""
-    limits, requests = dict(resources.limits), dict(resources.requests)
-    quantity = limits[resource] if resource in limits else requests.get(resource)
-    return 0 if quantity is None else int_value(_text(quantity.string))
+    """`objects._amount` of a container's protobuf resources (every key checked, as `pod_object` reads
+    them)."""
+    limits, requests = resources.limits, resources.requests
+    _utf8_keys(limits)
+    _utf8_keys(requests)
+    if resource in limits:
+        return int_value(_text(limits[resource].string))
+    if resource in requests:
+        return int_value(_text(requests[resource].string))
+    return 0
 
 
 def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
@@ -267,8 +287,8 @@ def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
         deleting = m.HasField("deletionTimestamp") and _checked(m.deletionTimestamp) != 0
         if st.HasField("startTime"):
             _checked(st.startTime)
-        dict(m.labels)
-        dict(s.nodeSelector)
+        _utf8_keys(m.labels)
+        _utf8_keys(s.nodeSelector)
         annotations = _strings(m.annotations)
         disruptions = []
         for c in st.conditions:
