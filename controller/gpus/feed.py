@@ -13,7 +13,8 @@ In the controller the node and live-pod informers are the process's shared ones 
 list+watch stream per kind for every capability; with `kubernetes.protobuf` the controller's pod informer is
 protobuf too); standalone, the feed runs its own, and with `protobuf` its pods are listed and watched as
 protobuf (`gpuwarden.kube.protosource`; kube-scheduler watches them so too, so the API server encodes each
-pod event once) and decoded to the fields the pod readers read (`podproto.py`).
+pod event once) and decoded straight into the model's `PodInfo` (`podproto.decoded_pod`, no dict of the pod),
+so an event that changes nothing the model reads costs its decode and one comparison.
 
 It must not decide anything and never writes to the API.
 """
@@ -25,6 +26,7 @@ import gc
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from controller.gpus.fit import FleetSettings, settings_from_config
@@ -123,9 +125,11 @@ class ModelFeed:
         if resource is PODS and self._protobuf:
             # Imported here: a controller whose pods come from the shared (JSON) informer never loads the
             # protobuf runtime.
-            from controller.gpus.podproto import pod_object
+            from controller.gpus.podproto import decoded_pod
 
-            source = ProtobufSource(self._client, decode=pod_object)
+            # Each pod straight into the PodInfo the model reads (no dict of its JSON): the informer holds
+            # only the pods' keys and resourceVersions, and no one but the model reads them.
+            source = ProtobufSource(self._client, decode=partial(decoded_pod, resource=self.model.resource))
         return Informer(
             source,
             resource,

@@ -10,7 +10,7 @@ unreadable topology is an error string, never a guess). No I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,8 @@ from gpuwarden.wellknown import TOPOLOGY_POLICY as POLICY_ANNOTATION
 JsonObject = dict[str, Any]
 
 
-def _int(value: Any) -> int:
+def int_value(value: Any) -> int:
+    """A whole number as JSON may hold one (an int, or a string of digits); anything else is 0."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().isdigit():
@@ -45,7 +46,7 @@ def _int(value: Any) -> int:
 def _amount(container: Mapping[str, Any], resource: str) -> int:
     res = container.get("resources") or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
-    return _int(limits.get(resource, requests.get(resource, 0)))
+    return int_value(limits.get(resource, requests.get(resource, 0)))
 
 
 def _shares(container: Mapping[str, Any], resource: str) -> int:
@@ -54,23 +55,32 @@ def _shares(container: Mapping[str, Any], resource: str) -> int:
     total = 0
     for name, value in limits.items():
         if isinstance(name, str) and is_gpu_resource(name, resource):
-            total += _int(value)
+            total += int_value(value)
     for name, value in requests.items():
         if name not in limits and isinstance(name, str) and is_gpu_resource(name, resource):
-            total += _int(value)
+            total += int_value(value)
     return total
 
 
-def _effective(spec: Mapping[str, Any], amount: Callable[[Mapping[str, Any]], int]) -> int:
-    app = sum(amount(c) for c in spec.get("containers") or [])
+def effective_request(app: Iterable[int], init: Iterable[tuple[int, bool]]) -> int:
+    """A pod's effective request from its containers' amounts: app containers + restartable sidecars, or
+    the largest init step if larger. `init`: each init container's amount and whether it is a sidecar
+    (`restartPolicy: Always`), in order. The one home of the rule, for a pod's JSON and its protobuf."""
     sidecars = init_peak = 0
-    for c in spec.get("initContainers") or []:
-        if c.get("restartPolicy") == "Always":
-            sidecars += amount(c)
+    for amount, sidecar in init:
+        if sidecar:
+            sidecars += amount
             init_peak = max(init_peak, sidecars)
         else:
-            init_peak = max(init_peak, sidecars + amount(c))
-    return max(app + sidecars, init_peak)
+            init_peak = max(init_peak, sidecars + amount)
+    return max(sum(app) + sidecars, init_peak)
+
+
+def _effective(spec: Mapping[str, Any], amount: Callable[[Mapping[str, Any]], int]) -> int:
+    return effective_request(
+        (amount(c) for c in spec.get("containers") or []),
+        ((amount(c), c.get("restartPolicy") == "Always") for c in spec.get("initContainers") or []),
+    )
 
 
 def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
@@ -125,9 +135,50 @@ class PodInfo:
 
 
 def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
-    """Parse a v1.Pod (JSON) into a `PodInfo`."""
+    """Parse a v1.Pod (JSON) into a `PodInfo`. A `DecodedPod` gives the `PodInfo` its decoder already read;
+    it holds nothing else, so one decoded for another GPU resource is a `ValueError`."""
+    if type(obj) is DecodedPod:
+        if obj.resource != resource:
+            raise ValueError(f"a pod decoded for {obj.resource!r} cannot be read for {resource!r}")
+        return obj.info
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
+    priority = spec.get("priority")
+    return read_pod_info(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        gpus=gpu_request(spec, resource),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        annotations=meta.get("annotations") or {},
+        node_name=str(spec.get("nodeName") or ""),
+        nominated=str(status.get("nominatedNodeName") or ""),
+        phase=status.get("phase"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        disruptions=[
+            c.get("reason")
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ],
+    )
+
+
+def read_pod_info(
+    *,
+    key: str,
+    uid: str,
+    resource_version: str,
+    gpus: int,
+    priority: int,
+    annotations: Mapping[Any, Any],
+    node_name: str,
+    nominated: str,
+    phase: Any,
+    deleting: bool,
+    disruptions: Sequence[Any],
+) -> PodInfo:
+    """The `PodInfo` of a pod's read parts, whether read from its JSON (`pod_info`) or straight from its
+    protobuf (`podproto.decoded_pod`): the one home of what the annotations, the phase and the conditions
+    mean. `disruptions`: the reasons of its `DisruptionTarget` conditions whose status is True."""
     claimed_at: float | None
     try:
         claimed_at = float(annotations[CLAIMED_AT_ANNOTATION])
@@ -138,32 +189,38 @@ def pod_info(obj: Mapping[str, Any], resource: str) -> PodInfo:
     except (KeyError, TypeError, ValueError):
         reserved_until = None
     policy = annotations.get(POLICY_ANNOTATION)
-    priority = spec.get("priority")
-    disruptions = [
-        c
-        for c in status.get("conditions") or []
-        if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-    ]
-    disrupted = bool(disruptions)
     return PodInfo(
-        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-        uid=str(meta.get("uid", "")),
-        gpus=gpu_request(spec, resource),
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        key=key,
+        uid=uid,
+        gpus=gpus,
+        priority=priority,
         policy=None if policy is None else str(policy),
-        node_name=str(spec.get("nodeName") or ""),
-        nominated=str(status.get("nominatedNodeName") or ""),
-        terminated=status.get("phase") in ("Succeeded", "Failed"),
-        terminating=bool(meta.get("deletionTimestamp")) or disrupted,
-        preempted=any(c.get("reason") == "PreemptionByScheduler" for c in disruptions),
+        node_name=node_name,
+        nominated=nominated,
+        terminated=phase in ("Succeeded", "Failed"),
+        terminating=deleting or bool(disruptions),
+        preempted=any(reason == "PreemptionByScheduler" for reason in disruptions),
         gpu_ids=parse_gpu_ids(annotations.get(GPU_IDS_ANNOTATION)),
         claim_node=str(annotations.get(CLAIM_NODE_ANNOTATION) or ""),
         claimed_at=claimed_at,
-        resource_version=str(meta.get("resourceVersion", "")),
+        resource_version=resource_version,
         reserved_until=reserved_until,
         idle_reclaimable=annotations.get(IDLE_RECLAIMABLE) == "true",
         idle_ack_until=parse_time_value(annotations.get(IDLE_ACK_UNTIL)),
     )
+
+
+class DecodedPod(dict[str, Any]):
+    """A pod decoded straight into its `PodInfo` (`podproto.decoded_pod`, the GPU model's own protobuf pod
+    feed): as a dict, only what an informer keys it by (metadata's name, namespace and resourceVersion);
+    `info` is what `pod_info` of its JSON gives for `resource`."""
+
+    __slots__ = ("info", "resource")
+
+    def __init__(self, metadata: dict[str, str], info: PodInfo, resource: str) -> None:
+        super().__init__(metadata=metadata)
+        self.info = info
+        self.resource = resource
 
 
 def claim_fresh(claimed_at: float | None, reserved_until: float | None, now: float, ttl: float) -> bool:
@@ -231,7 +288,7 @@ def node_info(obj: Mapping[str, Any], resource: str) -> NodeInfo:
     """Parse a v1.Node (JSON)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     annotations = meta.get("annotations") or {}
-    allocatable = _int((status.get("allocatable") or {}).get(resource, 0))
+    allocatable = int_value((status.get("allocatable") or {}).get(resource, 0))
     topology, error = None, ""
     if TOPOLOGY_ANNOTATION in annotations:
         try:

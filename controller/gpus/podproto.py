@@ -19,8 +19,14 @@ A string that is not UTF-8 (the API server stores what a protobuf client sent; i
 invalid byte as U+FFFD) is written as its JSON would be, so one odd annotation cannot make the pod
 unreadable - and the watch with it. Found by tests/unit/test_fuzz_podproto.py, which mutates pods' bytes.
 
-It must not interpret anything (that is the readers' job), nor raise anything but `PodDecodeError` on
-bytes it cannot read. Pure: no I/O.
+The GPU model's own pod feed (the extender's process) has one reader only, so `decoded_pod` reads its
+pods straight into the model's `PodInfo` (`objects.read_pod_info`, the one home of what the fields mean)
+and builds no dict of the pod (issue 47: the dict and `pod_info` of it were a fifth of the extender's
+CPU). It refuses exactly the bytes `pod_object` refuses and gives `pod_info(pod_object(raw))`:
+tests/unit/test_fuzz_podproto.py holds the two paths together on generated and mutated pods.
+
+It must not interpret anything (that is the readers' job; `decoded_pod` hands the read parts to
+`objects.read_pod_info`), nor raise anything but `PodDecodeError` on bytes it cannot read. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from controller.gpus.objects import DecodedPod, effective_request, int_value, read_pod_info
 from controller.gpus.podpb.pod_pb2 import (
     Container,
     ObjectMeta,
@@ -73,10 +80,22 @@ def _strings(value: Any) -> dict[str, str]:
     return out
 
 
+FIRST_SECOND, LAST_SECOND = -62_167_219_200, 253_402_300_799
+"""The Times metav1.Time can write as JSON: years 0000 to 9999 (Go's `Time.MarshalJSON` refuses the rest)."""
+
+
+def _checked(value: Time) -> int:
+    """A Time's seconds, refused outside the years JSON can write (`time.gmtime` raised `OSError` on some)."""
+    seconds = value.seconds
+    if not FIRST_SECOND <= seconds <= LAST_SECOND:
+        raise PodDecodeError(f"a v1.Pod Time outside the years 0000-9999: {seconds} s")
+    return seconds
+
+
 def _time(value: Time) -> str | None:
     """As metav1.Time marshals to JSON: RFC 3339 in UTC to the second; the zero Time (an empty message on
     the wire) as null."""
-    if not value.seconds:
+    if not _checked(value):
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value.seconds))
 
@@ -224,3 +243,76 @@ def pod_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:  # a map key that is not UTF-8 (the runtime decodes keys when iterated)
         raise PodDecodeError(f"a v1.Pod string that is not UTF-8: {exc}") from None
     return obj
+
+
+def _utf8_keys(value: Any) -> None:
+    """Refuse a map with a key that is not UTF-8, as `pod_object` does, without reading its values: the
+    runtime iterates such a key as bytes (and raises `UnicodeDecodeError` when it is looked up)."""
+    for key in value:
+        if type(key) is not str:
+            raise PodDecodeError(f"a v1.Pod map key that is not UTF-8: {key!r}")
+
+
+def _amount(resources: ResourceRequirements, resource: str) -> int:
+    """`objects._amount` of a container's protobuf resources (every key checked, as `pod_object` reads
+    them)."""
+    limits, requests = resources.limits, resources.requests
+    _utf8_keys(limits)
+    _utf8_keys(requests)
+    if resource in limits:
+        return int_value(_text(limits[resource].string))
+    if resource in requests:
+        return int_value(_text(requests[resource].string))
+    return 0
+
+
+def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
+    """The pod's message straight into the `PodInfo` the GPU model reads (`resource`: its GPU resource),
+    without the dict `pod_object` builds: `pod_info(pod_object(raw), resource)`, and refused where
+    `pod_object` refuses (tests/unit/test_fuzz_podproto.py holds the two paths together). The dict part
+    is the metadata an informer keys it by (name, namespace, resourceVersion, as `pod_object` writes them).
+    """
+    pod = Pod()
+    try:
+        pod.ParseFromString(raw)
+        m, s, st = pod.metadata, pod.spec, pod.status
+        meta = {
+            name: _text(value)
+            for name in ("name", "namespace", "resourceVersion")
+            if (value := getattr(m, name))
+        }
+        # what pod_object would refuse: a Time JSON cannot write, a map key that is not UTF-8
+        if m.HasField("creationTimestamp"):
+            _checked(m.creationTimestamp)
+        deleting = m.HasField("deletionTimestamp") and _checked(m.deletionTimestamp) != 0
+        if st.HasField("startTime"):
+            _checked(st.startTime)
+        _utf8_keys(m.labels)
+        _utf8_keys(s.nodeSelector)
+        annotations = _strings(m.annotations)
+        disruptions = []
+        for c in st.conditions:
+            _checked(c.lastTransitionTime)
+            if _text(c.type) == "DisruptionTarget" and _text(c.status) == "True":
+                disruptions.append(_text(c.reason))
+        info = read_pod_info(
+            key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+            uid=_text(m.uid),
+            resource_version=meta.get("resourceVersion", ""),
+            gpus=effective_request(
+                (_amount(c.resources, resource) for c in s.containers),
+                [(_amount(c.resources, resource), c.restartPolicy == "Always") for c in s.initContainers],
+            ),
+            priority=s.priority,
+            annotations=annotations,
+            node_name=_text(s.nodeName),
+            nominated=_text(st.nominatedNodeName),
+            phase=_text(st.phase),
+            deleting=deleting,
+            disruptions=disruptions,
+        )
+    except DecodeError as exc:
+        raise PodDecodeError(f"not a v1.Pod message: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PodDecodeError(f"a v1.Pod string that is not UTF-8: {exc}") from None
+    return DecodedPod(meta, info, resource)

@@ -13,13 +13,14 @@ from controller.extender.runtime import build_extender
 from controller.gpus.feed import NRT, ErrorTrends, ModelFeed, build_gpu_model, trend_query, trends_from_vector
 from controller.gpus.fit import Policy, settings_from_config
 from controller.gpus.model import ClusterModel
-from controller.gpus.podproto import pod_object
+from controller.gpus.objects import DecodedPod, pod_info
 from gpuwarden.config.root import Config
 from gpuwarden.errors import KubeNotFound, PrometheusServerError
 from gpuwarden.kube import KubeClient, ObjectList, Resource
 from gpuwarden.promclient import PrometheusClient
 from gpuwarden.promtypes import Sample, Vector
 from tests.unit.extender_support import node, nrt, pod
+from tests.unit.podproto_support import pod_bytes
 
 
 class Stream:
@@ -57,8 +58,11 @@ class FakeSource:
         if resource.plural in self.crd_missing:
             raise KubeNotFound("the server could not find the requested resource", status=404)
         self.selectors[resource.plural] = kw.get("field_selector")
-        self.decoders["list", resource.plural] = kw.get("protobuf")
-        return ObjectList(items=list(self.lists.get(resource.plural, [])), resource_version="10")
+        decode = self.decoders["list", resource.plural] = kw.get("protobuf")
+        items = list(self.lists.get(resource.plural, []))
+        if decode is not None:  # as the API server's protobuf, through the decoder asked with
+            items = [decode(pod_bytes(item)) for item in items]
+        return ObjectList(items=items, resource_version="10")
 
     async def list_page(self, resource: Resource, **kw: Any) -> dict[str, Any]:
         if resource.plural in self.crd_missing:
@@ -66,8 +70,11 @@ class FakeSource:
         return {"items": []}
 
     def watch(self, resource: Resource, **kw: Any) -> Stream:
-        self.decoders["watch", resource.plural] = kw.get("protobuf")
-        return Stream(self.watches.pop(resource.plural, []))
+        decode = self.decoders["watch", resource.plural] = kw.get("protobuf")
+        events = self.watches.pop(resource.plural, [])
+        if decode is not None:
+            events = [{"type": e["type"], "object": decode(pod_bytes(e["object"]))} for e in events]
+        return Stream(events)
 
 
 async def run_for(coro: Any, until: Any, limit: float = 2.0) -> None:
@@ -103,14 +110,23 @@ async def test_feed_syncs_model_and_applies_watch_events() -> None:
 @pytest.mark.parametrize("protobuf", [True, False], ids=["protobuf", "json"])
 async def test_feed_lists_and_watches_its_pods_as_protobuf_unless_switched_off(protobuf: bool) -> None:
     source = FakeSource(
-        lists={"nodes": [node("n1")], "pods": [pod("a", 2, node="n1", ids="0,1")]}, watches={}
-    )
+        lists={"nodes": [node("n1")], "pods": [pod("a", 2, node="n1", ids="0,1"), pod("c", 1, node="n1")]},
+        watches={"pods": [{"type": "ADDED", "object": pod("b", 1, node="n1", ids="5")},
+                          {"type": "DELETED", "object": pod("c", 1, node="n1")}]},
+    )  # fmt: skip
     config = Config.model_validate({"kubernetes": {"protobuf": protobuf}})
     gpus = build_gpu_model(config, cast(KubeClient, source))
     assert gpus.feed is not None
-    await run_for(gpus.feed.run(), lambda: gpus.model.synced and gpus.model.pod("ml/a") is not None)
-    expected = pod_object if protobuf else None
-    assert source.decoders["list", "pods"] is source.decoders["watch", "pods"] is expected
+    await run_for(gpus.feed.run(), lambda: gpus.model.synced and gpus.model.pod("ml/c") is None)
+    view = gpus.model.view("n1")
+    assert view is not None and view.used == frozenset({"0", "1", "5"})
+    listed, watched = source.decoders["list", "pods"], source.decoders["watch", "pods"]
+    assert listed is watched
+    if protobuf:  # straight into the model's PodInfo (issue 47), the same as read from the pod's JSON
+        assert isinstance(listed(pod_bytes(pod("a", 2))), DecodedPod)
+        assert gpus.model.pod("ml/a") == pod_info(pod("a", 2, node="n1", ids="0,1"), gpus.model.resource)
+    else:
+        assert listed is None
     others = {key: decoder for key, decoder in source.decoders.items() if key[1] != "pods"}
     assert ("watch", "nodes") in others and set(others.values()) == {None}  # every other kind: JSON
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from controller.gpus.objects import pod_info
+from controller.gpus.objects import DecodedPod, pod_info
 from controller.gpus.podpb.pod_pb2 import Pod
-from controller.gpus.podproto import PodDecodeError, pod_object
+from controller.gpus.podproto import PodDecodeError, decoded_pod, pod_object
 from gpuwarden.wellknown import GPU_IDS, GPU_RESERVED_UNTIL, IDLE_ACK_UNTIL, IDLE_RECLAIMABLE
 from tests.unit.extender_support import RESOURCE, pod
-from tests.unit.podproto_support import field, pod_bytes
+from tests.unit.podproto_support import field, pod_bytes, varint_field
 
 
 def with_init(obj: dict[str, Any], *containers: tuple[int, str | None]) -> dict[str, Any]:
@@ -59,6 +59,68 @@ CASES = [
 @pytest.mark.parametrize("obj", CASES)
 def test_protobuf_pod_gives_the_same_pod_info_as_json(obj: dict[str, Any]) -> None:
     assert pod_info(pod_object(pod_bytes(obj)), RESOURCE) == pod_info(obj, RESOURCE)
+
+
+@pytest.mark.parametrize("obj", CASES)
+def test_a_pod_decoded_straight_gives_the_pod_info_of_its_json(obj: dict[str, Any]) -> None:
+    """Issue 47: the model's own feed decodes a pod straight into its `PodInfo`, with no dict of the pod."""
+    decoded = decoded_pod(pod_bytes(obj), RESOURCE)
+    assert decoded.info == pod_info(obj, RESOURCE)
+    assert pod_info(decoded, RESOURCE) is decoded.info  # the model's reader takes what was decoded
+    meta = obj["metadata"]
+    assert decoded == {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if meta.get(k)}
+    }
+
+
+def test_a_pod_decoded_for_another_resource_is_not_read_as_if_it_had_no_gpus() -> None:
+    decoded = decoded_pod(pod_bytes(pod("a", 2)), "example.com/other")
+    assert isinstance(decoded, DecodedPod) and decoded.info.gpus == 0
+    with pytest.raises(ValueError, match=r"decoded for .example\.com/other."):
+        pod_info(decoded, RESOURCE)  # its dict holds no spec: 0 GPUs would be a wrong answer
+
+
+def _time_field(number: int, seconds: int) -> bytes:
+    """A Time (seconds, field 1) in field `number`."""
+    return field(number, varint_field(1, seconds % (1 << 64)))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(field(1, _time_field(8, 253_402_300_800)), id="creation-after-9999"),
+        pytest.param(field(1, _time_field(9, 1 << 62)), id="deletion-far-future"),
+        pytest.param(field(1, _time_field(9, -(1 << 62))), id="deletion-far-past"),
+        pytest.param(field(3, _time_field(7, -62_167_219_201)), id="start-before-year-0"),
+        pytest.param(field(3, field(2, field(1, b"Ready") + _time_field(4, 1 << 40))), id="condition-time"),
+        pytest.param(field(1, field(11, field(1, b"a\xad") + field(2, b"v"))), id="label-key-not-utf8"),
+        pytest.param(field(1, field(12, field(1, b"a\xad") + field(2, b"v"))), id="annotation-key"),
+        pytest.param(field(2, field(7, field(1, b"a\xad") + field(2, b"v"))), id="node-selector-key"),
+        pytest.param(
+            field(2, field(20, field(8, field(1, field(1, b"a\xad") + field(2, field(1, b"1")))))),
+            id="init-container-limit-key",
+        ),
+        pytest.param(
+            field(2, field(2, field(8, field(2, field(1, b"a\xad") + field(2, field(1, b"1")))))),
+            id="container-request-key",
+        ),
+    ],
+)
+def test_what_pod_object_refuses_is_refused_decoded_straight(message: bytes) -> None:
+    """Found writing the straight path (issue 47): a Time JSON cannot write made `time.gmtime` raise
+    `OSError` out of the decoder (and the watch); both paths refuse such a pod, and a map key that is not
+    UTF-8 in any map the dict path reads, though the model reads only some."""
+    with pytest.raises(PodDecodeError):
+        pod_object(message)
+    with pytest.raises(PodDecodeError):
+        decoded_pod(message, RESOURCE)
+
+
+def test_the_first_and_last_second_json_can_write_are_read() -> None:
+    for seconds in (-62_167_219_200, 253_402_300_799):
+        message = field(1, field(1, b"a") + _time_field(9, seconds))
+        assert pod_object(message)["metadata"]["deletionTimestamp"]
+        assert decoded_pod(message, RESOURCE).info.terminating
 
 
 def test_unread_fields_and_empty_strings_are_not_in_the_object() -> None:
