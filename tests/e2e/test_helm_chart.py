@@ -66,17 +66,30 @@ ALL_ON = [
     "monitoring.dashboards.enabled=true",
     "monitoring.metricsReader.enabled=true",
 ]
-# kustomize overlay -> the chart values that install the same objects.
+# kustomize overlay -> the chart values that install the same objects. The kustomize tree acts (its dry-run
+# overlay aside); the chart observes unless mode=act.
+ACT = ["mode=act"]
 EQUIVALENT = {
-    "base": [],
-    "overlays/dry-run": ["controller.dryRun=true"],
-    "overlays/monitoring": ALL_ON[3:],
-    "overlays/scheduler": ["scheduler.enabled=true"],
-    "overlays/node-agent": ["nodeAgent.enabled=true"],
-    "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
-    "overlays/keda": ["keda.enabled=true"],
-    "overlays/leader-bind": ["controller.bindProtocol=leader"],
+    "base": ACT,
+    # the dry-run overlay claims no APIService (it takes no metrics API from prometheus-adapter or KEDA)
+    "overlays/dry-run": [
+        "controller.dryRun=true",
+        *ACT,
+        "apiServices.customMetrics.enabled=false",
+        "apiServices.externalMetrics.enabled=false",
+    ],
+    "overlays/monitoring": [*ACT, *ALL_ON[3:]],
+    "overlays/scheduler": [*ACT, "scheduler.enabled=true"],
+    "overlays/node-agent": [*ACT, "nodeAgent.enabled=true"],
+    "overlays/resource-metrics": [
+        *ACT,
+        "resourceMetrics.enabled=true",
+        "resourceMetrics.kubePrometheusRules=true",
+    ],
+    "overlays/keda": [*ACT, "keda.enabled=true"],
+    "overlays/leader-bind": [*ACT, "controller.bindProtocol=leader"],
     "overlays/extender-mtls": [
+        *ACT,
         "scheduler.enabled=true",
         "controller.extenderTLS.enabled=true",
         "controller.extenderTLS.secretName=gpuwarden-extender-tls",
