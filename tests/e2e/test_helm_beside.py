@@ -1,0 +1,304 @@
+"""The chart installed beside what a GPU cluster already runs (issue 46): every piece switchable, observe
+first, never an APIService taken over silently.
+
+- `helm template` (the real helm binary): the adapter, each APIService, the KEDA scaler, each controller
+  capability, the extender, the node agent and the scheduler switch on and off; `mode` (observe by default)
+  and each capability's override land in the config the processes read; a combination that cannot work fails
+  naming the value;
+- against the test bed's real kube-apiserver (`helm template --dry-run=server`, which runs the chart's
+  lookups): an APIService served by someone else fails the render naming its owner and the value to set;
+  switched off it is left alone; `apiServices.takeOver` renders it with the displaced Service recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuwarden.config.root import Config
+from harness.testbed import Cluster
+from tests.e2e.test_deploy_dryrun import kubectl
+from tests.e2e.test_helm_chart import CHART, helm, template, values_args
+
+pytestmark = pytest.mark.e2e
+
+Obj = dict[str, Any]
+ADAPTER_KINDS = {"APIService"}
+CUSTOM = {"v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io"}
+EXTERNAL = {"v1beta1.external.metrics.k8s.io"}
+RESOURCE = {"v1beta1.metrics.k8s.io"}
+
+
+def names(objects: Sequence[Obj], kind: str) -> set[str]:
+    return {o["metadata"]["name"] for o in objects if o["kind"] == kind}
+
+
+def config_of(objects: Sequence[Obj], name: str = "gpuwarden-config") -> Config:
+    cm = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
+    return Config.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+
+
+# ------------------------------------------------------------------------------------------- switches
+@pytest.mark.parametrize(
+    ("sets", "apiservices"),
+    [
+        pytest.param([], CUSTOM | EXTERNAL, id="defaults"),
+        pytest.param(["keda.enabled=true"], CUSTOM, id="keda-owns-external"),
+        pytest.param(["apiServices.externalMetrics.enabled=false"], CUSTOM, id="external-off"),
+        pytest.param(["apiServices.customMetrics.enabled=false"], EXTERNAL, id="custom-off"),
+        pytest.param(
+            ["keda.enabled=true", "apiServices.externalMetrics.enabled=true"],
+            CUSTOM | EXTERNAL,
+            id="keda-and-ours",
+        ),
+        pytest.param(
+            ["apiServices.customMetrics.enabled=false", "apiServices.externalMetrics.enabled=false"],
+            set(),
+            id="none",
+        ),
+        pytest.param(
+            ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
+            CUSTOM | EXTERNAL | RESOURCE,
+            id="resource-metrics",
+        ),
+        pytest.param(["adapter.enabled=false"], set(), id="adapter-off"),
+    ],
+)
+def test_each_apiservice_is_a_switch(sets: list[str], apiservices: set[str]) -> None:
+    assert names(template(sets), "APIService") == apiservices
+
+
+def test_adapter_off_leaves_no_adapter_object_and_the_rest_installs() -> None:
+    objects = template(
+        [
+            "adapter.enabled=false",
+            "nodeAgent.enabled=true",
+            "scheduler.enabled=true",
+            "monitoring.serviceMonitors.enabled=true",
+            "monitoring.metricsReader.enabled=true",
+        ]
+    )
+    adapter = [
+        (o["kind"], o["metadata"]["name"])
+        for o in objects
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "adapter"
+    ]
+    assert adapter == []
+    assert names(objects, "Deployment") == {"gpuwarden-controller", "gpuwarden-scheduler"}
+    assert names(objects, "DaemonSet") == {"gpuwarden-node-agent"}
+    assert names(objects, "ServiceMonitor") == {"gpuwarden-controller"}
+
+
+def test_keda_scaler_is_a_switch() -> None:
+    assert "gpuwarden-keda" in names(template(["keda.enabled=true"]), "Service")
+    assert "gpuwarden-keda" not in names(template([]), "Service")
+
+
+@pytest.mark.parametrize(
+    ("sets", "present", "absent"),
+    [
+        pytest.param(
+            [], {"gpuwarden-controller"}, {"gpuwarden-scheduler", "gpuwarden-node-agent"}, id="defaults"
+        ),
+        pytest.param(["controller.enabled=false"], set(), {"gpuwarden-controller"}, id="controller-off"),
+        pytest.param(["scheduler.enabled=true"], {"gpuwarden-scheduler"}, set(), id="scheduler-on"),
+        pytest.param(["nodeAgent.enabled=true"], {"gpuwarden-node-agent"}, set(), id="node-agent-on"),
+    ],
+)
+def test_deployables_are_switches(sets: list[str], present: set[str], absent: set[str]) -> None:
+    objects = template(sets)
+    workloads = names(objects, "Deployment") | names(objects, "DaemonSet")
+    assert present <= workloads and not absent & workloads
+
+
+# --------------------------------------------------------------------------------------- observe first
+SECTIONS = {  # capability value -> where its on/off and dry-run land in the config
+    "health": ("health",),
+    "nominations": ("nominations",),
+    "preemptionThrottle": ("preemption",),
+    "gpuPreemption": ("preemption", "make_room"),
+    "drain": ("drain",),
+    "idle": ("idle",),
+}
+
+
+def section(config: Config, path: tuple[str, ...]) -> Any:
+    obj: Any = config
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+def all_on() -> list[str]:
+    return [f"controller.capabilities.{name}.enabled=true" for name in SECTIONS]
+
+
+@pytest.mark.parametrize(
+    ("sets", "dry_run"),
+    [
+        pytest.param([], dict.fromkeys(SECTIONS, True), id="fresh-install-observes"),
+        pytest.param(["mode=act"], dict.fromkeys(SECTIONS, False), id="act"),
+        pytest.param(
+            ["controller.capabilities.health.mode=act"],
+            {**dict.fromkeys(SECTIONS, True), "health": False},
+            id="observe-but-health-acts",
+        ),
+        pytest.param(
+            ["mode=act", "controller.capabilities.drain.mode=observe"],
+            {**dict.fromkeys(SECTIONS, False), "drain": True},
+            id="act-but-drain-observes",
+        ),
+    ],
+)
+def test_mode_and_its_per_capability_override_reach_the_config(
+    sets: list[str], dry_run: dict[str, bool]
+) -> None:
+    config = config_of(template([*all_on(), *sets]))
+    assert {name: section(config, path).dry_run for name, path in SECTIONS.items()} == dry_run
+    assert all(section(config, path).enabled for path in SECTIONS.values())
+
+
+def test_the_node_agent_observes_unless_told() -> None:
+    observe = config_of(template(["nodeAgent.enabled=true"]), "gpuwarden-node-agent")
+    act = config_of(template(["nodeAgent.enabled=true", "mode=act"]), "gpuwarden-node-agent")
+    own = config_of(template(["nodeAgent.enabled=true", "nodeAgent.mode=act"]), "gpuwarden-node-agent")
+    assert (observe.node_agent.dry_run, act.node_agent.dry_run, own.node_agent.dry_run) == (
+        True,
+        False,
+        False,
+    )
+
+
+@pytest.mark.parametrize("name", list(SECTIONS))
+def test_each_capability_is_a_switch(name: str) -> None:
+    on = config_of(template([f"controller.capabilities.{name}.enabled=true"]))
+    off = config_of(template([f"controller.capabilities.{name}.enabled=false"]))
+    assert section(on, SECTIONS[name]).enabled and not section(off, SECTIONS[name]).enabled
+
+
+def test_the_extender_is_a_switch() -> None:
+    assert config_of(template([])).extender.enabled
+    assert not config_of(template(["controller.capabilities.extender.enabled=false"])).extender.enabled
+
+
+def test_dry_run_flag_still_wins_over_act() -> None:
+    objects = template(["controller.dryRun=true", "mode=act"])
+    controller = next(
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpuwarden-controller"
+    )
+    assert "--dry-run" in controller["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["adapter.enabled=false", "keda.enabled=true"],
+            "keda.enabled: KEDA's scaler is served by the adapter",
+        ),
+        (
+            ["adapter.enabled=false", "resourceMetrics.enabled=true", "rules.existing=cm"],
+            "resourceMetrics.enabled: metrics.k8s.io is",
+        ),
+        (
+            ["scheduler.enabled=true", "controller.capabilities.extender.enabled=false"],
+            "scheduler.enabled: gpuwarden-scheduler calls the controller's extender",
+        ),
+        (
+            ["controller.capabilities.drain.enabled=true", "controller.capabilities.health.enabled=false"],
+            "controller.capabilities.drain.enabled",
+        ),
+        (["mode=enforce"], "at '/mode'"),
+        (["controller.capabilities.health.mode=dry"], "at '/controller/capabilities/health/mode'"),
+        (["controller.capabilities.heath.enabled=true"], "additional properties 'heath' not allowed"),
+    ],
+)
+def test_a_combination_that_cannot_work_names_the_value(sets: list[str], message: str) -> None:
+    done = helm("template", "gpuwarden", str(CHART), *values_args(sets))
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+
+
+# ----------------------------------------------------------------------- lookups against the API server
+FOREIGN = "v1beta1.external.metrics.k8s.io"
+
+
+@pytest.fixture
+def keda_owns_external(cluster: Cluster) -> Iterator[None]:
+    """KEDA's APIService as KEDA's chart installs it (its Service need not exist: only the owner is read)."""
+    apiservice = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {
+            "name": FOREIGN,
+            "labels": {"app.kubernetes.io/name": "keda-operator-metrics-apiserver",
+                       "app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {"meta.helm.sh/release-name": "keda", "meta.helm.sh/release-namespace": "keda"},
+        },
+        "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1", "groupPriorityMinimum": 100,
+                 "versionPriority": 100, "insecureSkipTLSVerify": True,
+                 "service": {"name": "keda-operator-metrics-apiserver", "namespace": "keda", "port": 443}},
+    }  # fmt: skip
+    previous = kubectl(cluster, "get", "apiservice", FOREIGN, "-o", "json")
+    done = kubectl(cluster, "apply", "-f", "-", input=json.dumps(apiservice))
+    assert done.returncode == 0, done.stderr
+    try:
+        yield
+    finally:
+        kubectl(cluster, "delete", "apiservice", FOREIGN, "--ignore-not-found")
+        if previous.returncode == 0:  # another test's: put it back as it was
+            restored = json.loads(previous.stdout)
+            for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+                restored["metadata"].pop(key, None)
+            restored.pop("status", None)
+            kubectl(cluster, "apply", "-f", "-", input=json.dumps(restored))
+
+
+def server_render(cluster: Cluster, sets: list[str]) -> Any:
+    return helm("template", "gpuwarden", str(CHART), "-n", "gw-beside", "--dry-run=server",
+                *values_args(sets), cluster=cluster)  # fmt: skip
+
+
+def test_a_foreign_apiservice_is_refused_naming_owner_and_value(
+    cluster: Cluster, keda_owns_external: None
+) -> None:
+    done = server_render(cluster, [])
+    assert done.returncode != 0
+    assert (
+        f"APIService {FOREIGN} is served by Service keda/keda-operator-metrics-apiserver"
+        " of Helm release keda/keda" in done.stderr
+    ), done.stderr
+    assert "set apiServices.externalMetrics.enabled=false" in done.stderr
+    assert "apiServices.takeOver=true" in done.stderr
+
+
+def test_switched_off_the_foreign_apiservice_is_left_alone(
+    cluster: Cluster, keda_owns_external: None
+) -> None:
+    for sets in (
+        ["apiServices.externalMetrics.enabled=false"],
+        ["keda.enabled=true"],
+        ["adapter.enabled=false"],
+    ):
+        done = server_render(cluster, sets)
+        assert done.returncode == 0, done.stderr
+        assert FOREIGN not in names([d for d in yaml.safe_load_all(done.stdout) if d], "APIService")
+
+
+def test_take_over_records_the_displaced_service(cluster: Cluster, keda_owns_external: None) -> None:
+    done = server_render(cluster, ["apiServices.takeOver=true"])
+    assert done.returncode == 0, done.stderr
+    ours = next(
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "APIService" and d["metadata"]["name"] == FOREIGN
+    )
+    assert (
+        ours["metadata"]["annotations"]["gpuwarden.io/displaced-service"]
+        == "keda/keda-operator-metrics-apiserver"
+    )
+    assert ours["spec"]["service"]["name"] == "gpuwarden-adapter"
