@@ -216,7 +216,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     import json
 
-    from controller.app import plan_once
+    from controller.app import capability_modes, plan_once
     from gpuwarden.errors import GpuwardenError
 
     try:
@@ -224,9 +224,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except GpuwardenError as exc:
         print(f"gpuwarden plan: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    # observe: the capability plans (below) and writes nothing; act: the controller applies its plan
+    modes = capability_modes(config, dry_run=None)
     if args.output == "json":
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), "modes": modes}, indent=2, sort_keys=True))
     else:
+        print("MODES  " + "  ".join(f"{name}={mode}" for name, mode in modes.items()))
         print(plan.render_table())
     return EXIT_OK
 
