@@ -13,6 +13,8 @@ first, never an APIService taken over silently.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ import yaml
 from gpuwarden.config.root import Config
 from harness.testbed import Cluster
 from tests.e2e.test_deploy_dryrun import kubectl
-from tests.e2e.test_helm_chart import CHART, helm, template, values_args
+from tests.e2e.test_helm_chart import CHART, helm, helm_binary, template, values_args
 
 pytestmark = pytest.mark.e2e
 
@@ -302,3 +304,61 @@ def test_take_over_records_the_displaced_service(cluster: Cluster, keda_owns_ext
         == "keda/keda-operator-metrics-apiserver"
     )
     assert ours["spec"]["service"]["name"] == "gpuwarden-adapter"
+
+
+# ------------------------------------------------------------------------------- least privilege per feature
+def controller_rules(sets: list[str]) -> set[tuple[str, str, str]]:
+    found = set()
+    for obj in template(sets):
+        if obj["kind"] in ("ClusterRole", "Role") and obj["metadata"]["name"] == "gpuwarden-controller":
+            for rule in obj["rules"]:
+                for group in rule["apiGroups"]:
+                    found |= {(group, r, v) for r in rule["resources"] for v in rule["verbs"]}
+    return found
+
+
+WRITES_OF_OPT_INS = {
+    ("", "pods/eviction", "create"),
+    ("apps", "deployments/scale", "patch"),
+    ("batch", "jobs", "create"),
+    ("resource.k8s.io", "resourceclaims", "get"),
+}
+
+
+def test_a_default_install_gets_no_right_of_an_opt_in_capability() -> None:
+    assert not controller_rules([]) & WRITES_OF_OPT_INS
+    assert controller_rules(["rbac.everyCapability=true"]) >= WRITES_OF_OPT_INS
+
+
+@pytest.mark.parametrize(
+    ("sets", "gained"),
+    [
+        pytest.param(
+            ["controller.capabilities.idle.enabled=true"], ("apps", "deployments/scale", "patch"), id="idle"
+        ),
+        pytest.param(
+            ["controller.capabilities.drain.enabled=true"], ("", "pods/eviction", "create"), id="drain"
+        ),
+        pytest.param(["config.health.validation.enabled=true"], ("batch", "jobs", "create"), id="validation"),
+    ],
+)
+def test_switching_a_capability_on_grants_its_rights(sets: list[str], gained: tuple[str, str, str]) -> None:
+    assert gained not in controller_rules([]) and gained in controller_rules(sets)
+
+
+def test_switching_health_off_drops_its_node_and_device_writes() -> None:
+    rules = controller_rules(["controller.capabilities.health.enabled=false"])
+    assert ("", "nodes/status", "patch") not in rules
+    assert ("resource.k8s.io", "devicetaintrules", "delete") not in rules
+    assert ("", "nodes/status", "patch") in controller_rules([])
+
+
+def test_the_rbac_table_of_the_docs_is_generated_from_the_chart() -> None:
+    script = CHART.parents[1] / "rbac_table.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check", "--helm", str(helm_binary())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -67,8 +67,9 @@ ALL_ON = [
     "monitoring.metricsReader.enabled=true",
 ]
 # kustomize overlay -> the chart values that install the same objects. The kustomize tree acts (its dry-run
-# overlay aside); the chart observes unless mode=act.
-ACT = ["mode=act"]
+# overlay aside) and grants every capability's rights (its config can switch any on); the chart observes
+# unless mode=act and grants only the enabled capabilities' rights unless rbac.everyCapability.
+ACT = ["mode=act", "rbac.everyCapability=true"]
 EQUIVALENT = {
     "base": ACT,
     # the dry-run overlay claims no APIService (it takes no metrics API from prometheus-adapter or KEDA)
@@ -409,7 +410,7 @@ def test_server_side_dry_run_strict_and_pod_security_clean(
 
 def test_chart_rbac_passes_the_kustomize_trees_access_reviews(cluster: Cluster, namespaces: None) -> None:
     ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
-    sets = [*ALL_ON, f"nodeAgent.namespace={NODE_NS}"]
+    sets = [*ALL_ON, f"nodeAgent.namespace={NODE_NS}", "rbac.everyCapability=true"]
     rbac = [o for o in template(sets, [PA_DEFAULTS], NS) if o["kind"] in RBAC_KINDS]
     done = kubectl(cluster, "apply", "-f", "-", input=as_list(rbac))
     assert done.returncode == 0, done.stderr

@@ -184,3 +184,28 @@ and the value to set, or with apiServices.takeOver returns "<namespace>/<name>" 
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Which capabilities' rights the controller's RBAC grants, read from the config it runs with (include
+"gpuwarden.config": controller.capabilities, mode and config: merged), so RBAC and behaviour cannot disagree.
+rbac.everyCapability: all of them (as deploy/base, whose config can switch any on).
+*/}}
+{{- define "gpuwarden.controllerRights" -}}
+{{- $cfg := include "gpuwarden.config" . | fromYaml -}}
+{{- $all := .Values.rbac.everyCapability -}}
+{{- $get := dict -}}
+{{- range $name := list "health" "nominations" "drain" "idle" "extender" -}}
+{{- $_ := set $get $name (or $all (index $cfg $name | default dict).enabled) -}}
+{{- end -}}
+{{- $room := or $all ((($cfg.preemption | default dict).make_room | default dict).enabled) -}}
+{{- $escalation := or $all (((($cfg.nominations | default dict).escalation | default dict).enabled) | default false) -}}
+{{- $validation := or $all (((($cfg.health | default dict).validation | default dict).enabled) | default false) -}}
+health: {{ $get.health }}
+nominations: {{ $get.nominations }}
+drain: {{ $get.drain }}
+idle: {{ $get.idle }}
+extender: {{ $get.extender }}
+gpuPreemption: {{ $room }}
+validation: {{ and $validation $get.health }}
+eviction: {{ or $get.drain $room $get.idle (and $escalation $get.nominations) }}
+{{- end -}}
