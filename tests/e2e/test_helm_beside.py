@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from gpuwarden.config.root import Config
-from harness.testbed import Cluster
-from tests.e2e.test_deploy_dryrun import kubectl
+from harness.testbed import Cluster, ensure_namespace, poll
+from tests.e2e.conftest import GPU_NODES, pod_manifest
+from tests.e2e.test_deploy_dryrun import as_list, kubectl
 from tests.e2e.test_helm_chart import CHART, helm, helm_binary, template, values_args
 
 pytestmark = pytest.mark.e2e
@@ -362,3 +363,123 @@ def test_the_rbac_table_of_the_docs_is_generated_from_the_chart() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+# --------------------------------------------------------------- the controller's writes, fenced by admission
+VAP_NS = "gw-vap"
+CONTROLLER = f"system:serviceaccount:{VAP_NS}:gpuwarden-controller"
+NODE = GPU_NODES[0]
+
+
+@pytest.fixture(scope="module")
+def fenced(cluster: Cluster) -> Iterator[None]:
+    """The chart's controller RBAC and admission policies for real, the controller's user impersonated."""
+    ensure_namespace(cluster, VAP_NS, {"pod-security.kubernetes.io/enforce": "restricted"})
+    objects = [
+        o
+        for o in template(["rbac.everyCapability=true"], namespace=VAP_NS)
+        if o["metadata"]["name"].startswith("gpuwarden-controller")
+        and o["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    ]  # fmt: skip
+    assert {o["kind"] for o in objects} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    done = kubectl(cluster, "apply", "-f", "-", input=as_list(objects))
+    assert done.returncode == 0, done.stderr
+    # The policy is enforced once the API server has compiled it: a foreign annotation is refused. (A new
+    # value each try: one accepted before that would make the next an unchanged, allowed key.)
+    tries = iter(range(1_000_000))
+
+    def refused() -> bool:
+        probe = f"example.com/probe={next(tries)}"
+        done = as_controller(cluster, "annotate", "node", NODE, probe, "--overwrite")
+        return "may only change gpuwarden.io/ annotations" in done.stderr
+
+    poll(refused, timeout=30, what="the admission policy enforced")
+    kubectl(cluster, "annotate", "node", NODE, "example.com/probe-")  # a probe accepted before that
+    try:
+        yield
+    finally:
+        kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", input=as_list(objects))
+        kubectl(cluster, "annotate", "node", NODE, "example.com/probe-", "gpuwarden.io/probe-")
+        kubectl(cluster, "taint", "node", NODE, "gpuwarden.io/gpu-unhealthy-", "example.com/other-")
+        kubectl(cluster, "delete", "namespace", VAP_NS, "--ignore-not-found", "--wait=false")
+
+
+def as_controller(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return kubectl(cluster, f"--as={CONTROLLER}", *args)
+
+
+def condition_patch(kind: str) -> str:
+    now = "2026-12-07T00:00:00Z"
+    return json.dumps({"status": {"conditions": [{"type": kind, "status": "True", "reason": "Probe",
+                                                  "message": "", "lastHeartbeatTime": now,
+                                                  "lastTransitionTime": now}]}})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        pytest.param(
+            ["annotate", "node", NODE, "gpuwarden.io/probe=1", "--overwrite"], None, id="our-annotation"
+        ),
+        pytest.param(
+            ["annotate", "node", NODE, "example.com/probe=1"], "gpuwarden.io/ annotations", id="foreign-ann"
+        ),
+        pytest.param(
+            ["label", "node", NODE, "example.com/probe=1"], "gpuwarden.io/ labels", id="foreign-label"
+        ),
+        pytest.param(
+            ["taint", "node", NODE, "gpuwarden.io/gpu-unhealthy=xid:NoSchedule", "--overwrite"],
+            None,
+            id="our-taint",
+        ),
+        pytest.param(
+            ["taint", "node", NODE, "example.com/other=x:NoSchedule"], "taints whose key", id="other-taint"
+        ),
+        pytest.param(["cordon", NODE], "never cordons", id="cordon"),
+    ],
+)
+def test_the_controller_may_write_only_what_it_owns(
+    cluster: Cluster, fenced: None, args: list[str], refusal: str | None
+) -> None:
+    done = as_controller(cluster, *args)
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+    else:  # (kubectl cordon reports the refusal and exits 0)
+        assert refusal in done.stderr, done.stderr
+    assert not cluster.get_json("node", NODE)["spec"].get("unschedulable")
+
+
+@pytest.mark.parametrize(
+    ("condition", "refusal"),
+    [
+        pytest.param("GPUHealthy", None, id="our-condition"),
+        pytest.param("Probe", "GPUHealthy and GPUDegraded", id="other-condition"),
+    ],
+)
+def test_the_controller_may_write_only_its_conditions(
+    cluster: Cluster, fenced: None, condition: str, refusal: str | None
+) -> None:
+    """As the controller writes them: a strategic-merge PATCH of nodes/status (it has no `get` there)."""
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    api = k8s.CoreV1Api(k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)))  # type: ignore[no-untyped-call]
+    api.api_client.set_default_header("Impersonate-User", CONTROLLER)
+    body = json.loads(condition_patch(condition))
+    try:
+        api.patch_node_status(NODE, body, _content_type="application/strategic-merge-patch+json")
+    except k8s.ApiException as exc:
+        assert refusal is not None and refusal in str(exc.body), exc.body
+    else:
+        assert refusal is None, f"{condition} was written"
+
+
+def test_the_controller_may_not_change_a_pods_labels(cluster: Cluster, fenced: None, namespace: str) -> None:
+    pod = pod_manifest("fenced")
+    pod["metadata"]["namespace"] = namespace
+    cluster.apply(pod)
+    ours = as_controller(cluster, "annotate", "pod", "fenced", "-n", namespace, "gpuwarden.io/probe=1")
+    assert ours.returncode == 0, ours.stderr
+    theirs = as_controller(cluster, "label", "pod", "fenced", "-n", namespace, "app=other", "--overwrite")
+    assert theirs.returncode != 0 and "gpuwarden.io/ labels of a pod" in theirs.stderr, theirs.stderr

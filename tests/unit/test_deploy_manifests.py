@@ -84,11 +84,14 @@ def test_standard_labels_everywhere(overlay: str) -> None:
             }, where
 
 
+VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # cluster-scoped
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS[:4])
 def test_namespaced_objects_live_in_gpuwarden_except_the_auth_reader_bindings(overlay: str) -> None:
     for obj in rendered(overlay):
         ns = obj["metadata"].get("namespace")
-        if obj["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService"}:
+        if obj["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService"} | VAP_KINDS:
             assert ns is None, obj["metadata"]["name"]
         elif obj["metadata"]["name"].endswith("-auth-reader"):
             assert ns == "kube-system"
