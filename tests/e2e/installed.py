@@ -275,7 +275,8 @@ def extender_answers(url: str) -> bool:
 
 
 CLUSTER_SCOPED = (
-    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations"
+    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations,"
+    "validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
 
 
