@@ -30,6 +30,7 @@ gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prom
   node-agent    per GPU node: publish GPU topology, record the GPUs containers actually got (kubelet
                 PodResources), optionally serve the device-plugin API so the recorded GPUs are handed out
   plan          one-shot: print what the controller would do now (JSON or table), change nothing
+  preflight     what the cluster already runs, what an install would collide with, each with the value to set
   uninstall     lift what gpuwarden wrote (taints, conditions, annotations, DeviceTaintRules, Lease)
   check-config  validate a config file and report every error at once, each naming its field
   simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
@@ -236,6 +237,28 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    config = _load(args, {"prometheus.url": args.prometheus_url})
+    if config is None:
+        return EXIT_FAILED
+    from gpuwarden.kube import KubeClient
+    from gpuwarden.preflight import decide, observe, render
+    from gpuwarden.promclient import PrometheusClient
+
+    k = config.kubernetes
+
+    async def run() -> Any:
+        kube = KubeClient.from_config(kubeconfig=args.kubeconfig or k.kubeconfig, context=k.context,
+                                      request_timeout=k.request_timeout_seconds)  # fmt: skip
+        async with kube, PrometheusClient(config.prometheus) as prom:
+            return await observe(kube, prom, str(config.prometheus.url))
+
+    facts = asyncio.run(run())
+    findings = decide(facts)
+    print(render(facts, findings), end="")
+    return EXIT_FAILED if any(f.status == "conflict" for f in findings) and args.strict else EXIT_OK
+
+
 def _cmd_uninstall(args: argparse.Namespace) -> int:
     config = _load(args, {})
     if config is None:
@@ -429,6 +452,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--output", "-o", choices=["json", "table"], default="table")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "preflight",
+        help="what the cluster already runs and what an install would collide with or miss",
+        description="Read (never write) the cluster and its Prometheus: APIService owners, the NVIDIA device "
+        "plugin on GPU nodes, dcgm-exporter's label style and missing fields, the control plane's version; "
+        "each finding with the chart value to set (docs/install.md).",
+    )
+    _add_common(p)
+    p.add_argument("--prometheus-url", help="overrides prometheus.url")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a finding is a conflict")
+    p.set_defaults(func=_cmd_preflight)
 
     p = sub.add_parser(
         "uninstall",
