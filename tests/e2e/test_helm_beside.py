@@ -483,3 +483,30 @@ def test_the_controller_may_not_change_a_pods_labels(cluster: Cluster, fenced: N
     assert ours.returncode == 0, ours.stderr
     theirs = as_controller(cluster, "label", "pod", "fenced", "-n", namespace, "app=other", "--overwrite")
     assert theirs.returncode != 0 and "gpuwarden.io/ labels of a pod" in theirs.stderr, theirs.stderr
+
+
+# ------------------------------------------------------------------------------------- managed clusters
+@pytest.mark.parametrize(
+    ("kube_version", "sets", "image"),
+    [
+        pytest.param("v1.36.2", [], "registry.k8s.io/kube-scheduler:v1.36.2", id="follows-the-cluster"),
+        pytest.param("v1.35.9-eks-1f2a", [], "registry.k8s.io/kube-scheduler:v1.35.9", id="managed-suffix"),
+        pytest.param(
+            "v1.36.2",
+            ["scheduler.image=registry.k8s.io/kube-scheduler:v1.35.4"],
+            "registry.k8s.io/kube-scheduler:v1.35.4",
+            id="pinned",
+        ),
+    ],
+)
+def test_the_scheduler_image_follows_the_control_plane(
+    kube_version: str, sets: list[str], image: str
+) -> None:
+    args = values_args(["scheduler.enabled=true", *sets])
+    done = helm("template", "gpuwarden", str(CHART), "--kube-version", kube_version, *args)
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+    scheduler = next(
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpuwarden-scheduler"
+    )
+    assert scheduler["spec"]["template"]["spec"]["containers"][0]["image"] == image

@@ -69,6 +69,9 @@ ALL_ON = [
 # kustomize overlay -> the chart values that install the same objects. The kustomize tree acts (its dry-run
 # overlay aside) and grants every capability's rights (its config can switch any on); the chart observes
 # unless mode=act and grants only the enabled capabilities' rights unless rbac.everyCapability.
+PINNED_SCHEDULER = (
+    "scheduler.image=registry.k8s.io/kube-scheduler:v1.35.4"  # the overlay's; the chart follows
+)
 ACT = ["mode=act", "rbac.everyCapability=true", "uninstallHook.enabled=false"]  # (the hook: Helm's only)
 EQUIVALENT = {
     "base": ACT,
@@ -80,7 +83,7 @@ EQUIVALENT = {
         "apiServices.externalMetrics.enabled=false",
     ],
     "overlays/monitoring": [*ACT, *ALL_ON[3:]],
-    "overlays/scheduler": [*ACT, "scheduler.enabled=true"],
+    "overlays/scheduler": [*ACT, "scheduler.enabled=true", PINNED_SCHEDULER],
     "overlays/node-agent": [*ACT, "nodeAgent.enabled=true"],
     "overlays/resource-metrics": [
         *ACT,
@@ -92,6 +95,7 @@ EQUIVALENT = {
     "overlays/extender-mtls": [
         *ACT,
         "scheduler.enabled=true",
+        PINNED_SCHEDULER,
         "controller.extenderTLS.enabled=true",
         "controller.extenderTLS.secretName=gpuwarden-extender-tls",
         "controller.extenderTLS.schedulerSecretName=gpuwarden-scheduler-extender",

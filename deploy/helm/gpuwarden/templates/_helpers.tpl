@@ -209,3 +209,15 @@ gpuPreemption: {{ $room }}
 validation: {{ and $validation $get.health }}
 eviction: {{ or $get.drain $room $get.idle (and $escalation $get.nominations) }}
 {{- end -}}
+
+{{/*
+gpuwarden-scheduler's image: scheduler.image when pinned, else kube-scheduler of the cluster's own version
+(.Capabilities.KubeVersion, "v1.36.2-eks-1f2a" -> v1.36.2), as a managed control plane runs it.
+*/}}
+{{- define "gpuwarden.schedulerImage" -}}
+{{- if .Values.scheduler.image -}}
+{{- .Values.scheduler.image -}}
+{{- else -}}
+{{- printf "registry.k8s.io/kube-scheduler:%s" (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
