@@ -5,9 +5,10 @@ not own, so deleting the release leaves them behind - a quarantine taint outlivi
 empty forever. The chart runs this as a pre-delete hook (docs/uninstall.md); it can also be run by hand.
 
 What it must not do: touch anything not ours. The keys it lifts are `gpuwarden.wellknown`'s WRITTEN_* lists
-(operator overrides such as `gpuwarden.io/release` and every foreign key are kept); taints and conditions are
-replaced with a JSON-patch `test` of the list it read, so a concurrent writer makes the patch fail rather than
-lose its change. `plan_uninstall` is pure; `apply` is the shell.
+(operator overrides such as `gpuwarden.io/release` and every foreign key are kept); a taint or condition is
+removed by index with a JSON-patch `test` of its key or type first, so a concurrent writer that moved the list
+makes the patch fail rather than lose its change (the kubelet's heartbeats change other conditions freely).
+`plan_uninstall` is pure; `apply` is the shell.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", namespaced=True)
 CONTROLLER = "gpuwarden-controller"
 NODE_AGENT = "gpuwarden-node-agent"
 BREAKER = "gpuwarden-quarantine-breaker"
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -57,15 +59,13 @@ class Lift:
     namespace: str | None = None
     annotations: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
-    taints: tuple[list[Any], list[Any]] | None = None  # (as read, without ours)
-    conditions: tuple[list[Any], list[Any]] | None = None
+    taints: tuple[tuple[int, str], ...] = ()  # (index as read, key) of ours
+    conditions: tuple[tuple[int, str], ...] = ()  # (index as read, type) of ours
 
     def describe(self) -> str:
         parts = [*(f"annotation {k}" for k in self.annotations), *(f"label {k}" for k in self.labels)]
-        if self.taints is not None:
-            parts += [f"taint {t.get('key')}" for t in self.taints[0] if t not in self.taints[1]]
-        if self.conditions is not None:
-            parts += [f"condition {c.get('type')}" for c in self.conditions[0] if c not in self.conditions[1]]
+        parts += [f"taint {key}" for _, key in self.taints]
+        parts += [f"condition {kind}" for _, kind in self.conditions]
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
         return f"{self.kind} {where}: " + ", ".join(parts)
 
@@ -94,15 +94,15 @@ def lift_node(node: JsonObject) -> Lift | None:
     name = str(node["metadata"]["name"])
     annotations = tuple(k for k in WRITTEN_NODE_ANNOTATIONS if k in _meta(node, "annotations"))
     taints = list(node.get("spec", {}).get("taints") or [])
-    kept_taints = [t for t in taints if t.get("key") not in WRITTEN_NODE_TAINTS]
     conditions = list(node.get("status", {}).get("conditions") or [])
-    kept_conditions = [c for c in conditions if c.get("type") not in WRITTEN_NODE_CONDITIONS]
     lift = Lift(
         "Node",
         name,
         annotations=annotations,
-        taints=(taints, kept_taints) if kept_taints != taints else None,
-        conditions=(conditions, kept_conditions) if kept_conditions != conditions else None,
+        taints=tuple((i, str(t["key"])) for i, t in enumerate(taints) if t.get("key") in WRITTEN_NODE_TAINTS),
+        conditions=tuple(
+            (i, str(c["type"])) for i, c in enumerate(conditions) if c.get("type") in WRITTEN_NODE_CONDITIONS
+        ),
     )
     return lift if (annotations or lift.taints or lift.conditions) else None
 
@@ -140,9 +140,13 @@ def metadata_patch(lift: Lift) -> JsonObject | None:
     return {"metadata": meta} if meta else None
 
 
-def list_patch(path: str, pair: tuple[list[Any], list[Any]]) -> list[JsonObject]:
-    """Replace a list only if it is still what was read (`test`): a concurrent writer fails the patch."""
-    return [{"op": "test", "path": path, "value": pair[0]}, {"op": "replace", "path": path, "value": pair[1]}]
+def removal_patch(path: str, field: str, entries: tuple[tuple[int, str], ...]) -> list[JsonObject]:
+    """Remove list entries by index, last first, each after a `test` that it is still the one read."""
+    ops: list[JsonObject] = []
+    for index, value in sorted(entries, reverse=True):
+        ops += [{"op": "test", "path": f"{path}/{index}/{field}", "value": value},
+                {"op": "remove", "path": f"{path}/{index}"}]  # fmt: skip
+    return ops
 
 
 async def apply(kube: KubeClient, plan: UninstallPlan, namespace: str) -> list[str]:
@@ -161,11 +165,11 @@ async def apply(kube: KubeClient, plan: UninstallPlan, namespace: str) -> list[s
         resource = NODES if lift.kind == "Node" else PODS
         if (body := metadata_patch(lift)) is not None:
             await attempt(lift.describe(), kube.patch(resource, lift.name, body, namespace=lift.namespace))
-        if lift.taints is not None:
-            ops = list_patch("/spec/taints", lift.taints)
+        if lift.taints:
+            ops = removal_patch("/spec/taints", "key", lift.taints)
             await attempt(lift.describe(), kube.patch(NODES, lift.name, ops, patch_type=PatchType.JSON))
-        if lift.conditions is not None:
-            ops = list_patch("/status/conditions", lift.conditions)
+        if lift.conditions:
+            ops = removal_patch("/status/conditions", "type", lift.conditions)
             call = kube.patch(NODES, lift.name, ops, patch_type=PatchType.JSON, subresource="status")
             await attempt(lift.describe(), call)
     for name in plan.rules:
@@ -233,4 +237,12 @@ async def run_uninstall(
     plan = await observe(kube, namespace, lease)
     if dry_run:
         return plan, []
-    return plan, await apply(kube, plan, namespace)
+    lifted = plan
+    for _ in range(
+        ROUNDS
+    ):  # a patch refused by its `test` (a concurrent writer) is planned again from a fresh read
+        failures = await apply(kube, plan, namespace)
+        if not failures:
+            break
+        plan = await observe(kube, namespace, lease)
+    return lifted, failures

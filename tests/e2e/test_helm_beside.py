@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -510,3 +511,71 @@ def test_the_scheduler_image_follows_the_control_plane(
         o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpuwarden-scheduler"
     )
     assert scheduler["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+# ----------------------------------------------------------------------------------- gpuwarden uninstall
+UNINSTALL_NS = "gw-uninstall"
+
+
+def test_uninstall_lifts_ours_and_keeps_theirs(cluster: Cluster, tmp_path: Path) -> None:
+    """`gpuwarden uninstall` (the hook's command) as a process against the real API server: our taint,
+    condition, annotation and DeviceTaintRule go; the kubelet's conditions, others' taints and annotations and
+    the operator's override stay."""
+    node = GPU_NODES[1]
+    ensure_namespace(cluster, UNINSTALL_NS, {})
+    kubectl(cluster, "label", "node", node, "gpuwarden.io/exclude=true", "--overwrite")
+    kubectl(
+        cluster, "annotate", "node", node, "gpuwarden.io/quarantine={}", "example.com/theirs=1", "--overwrite"
+    )
+    kubectl(cluster, "taint", "node", node, "gpuwarden.io/gpu-unhealthy=xid-79:NoSchedule", "--overwrite")
+    kubectl(cluster, "taint", "node", node, "example.com/theirs=1:NoSchedule", "--overwrite")
+    now = "2026-12-07T00:00:00Z"
+    condition = {"type": "GPUHealthy", "status": "False", "reason": "Xid79", "message": "",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    done = kubectl(cluster, "patch", "node", node, "--subresource=status", "--type=strategic",
+                   "-p", json.dumps({"status": {"conditions": [condition]}}))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    taint = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    rules = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": manager}},
+         "spec": {"deviceSelector": {"driver": "gpu.example.com", "pool": node, "device": "gpu-0"},
+                  "taint": taint}}
+        for name, manager in (("gpuwarden-e2e-ours", "gpuwarden"), ("driver-e2e-theirs", "dra-driver"))
+    ]  # fmt: skip
+    done = kubectl(cluster, "apply", "-f", "-", input=as_list(rules))
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"kubernetes": {"namespace": UNINSTALL_NS}}))
+    topology = {
+        n["metadata"]["name"]: n["metadata"]["annotations"]["gpuwarden.io/gpu-topology"]
+        for n in json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
+        if "gpuwarden.io/gpu-topology" in n["metadata"].get("annotations", {})
+    }
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "uninstall", "--config", str(config),
+             "--kubeconfig", str(cluster.kubeconfig), "--keep-running"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(f"Node {node}:"))
+        assert "taint gpuwarden.io/gpu-unhealthy" in line and "condition GPUHealthy" in line, line
+        after = json.loads(kubectl(cluster, "get", "node", node, "-o", "json").stdout)
+        annotations = after["metadata"]["annotations"]
+        assert "gpuwarden.io/quarantine" not in annotations and annotations["example.com/theirs"] == "1"
+        assert [t["key"] for t in after["spec"]["taints"]] == ["example.com/theirs"]
+        types = {c["type"] for c in after["status"]["conditions"]}
+        assert "GPUHealthy" not in types and "Ready" in types
+        assert after["metadata"]["labels"]["gpuwarden.io/exclude"] == "true"
+        left = kubectl(cluster, "get", "devicetaintrules", "-o", "name").stdout
+        assert "driver-e2e-theirs" in left and "gpuwarden-e2e-ours" not in left, left
+    finally:
+        kubectl(cluster, "label", "node", node, "gpuwarden.io/exclude-")
+        kubectl(cluster, "annotate", "node", node, "example.com/theirs-", "gpuwarden.io/quarantine-")
+        kubectl(cluster, "taint", "node", node, "example.com/theirs-", "gpuwarden.io/gpu-unhealthy-")
+        for name in ("gpuwarden-e2e-ours", "driver-e2e-theirs"):
+            kubectl(cluster, "delete", "devicetaintrule", name, "--ignore-not-found")
+        for name, value in topology.items():  # the test bed's, lifted too: other tests place GPUs by it
+            kubectl(cluster, "annotate", "node", name, f"gpuwarden.io/gpu-topology={value}", "--overwrite")
+        kubectl(cluster, "delete", "namespace", UNINSTALL_NS, "--ignore-not-found", "--wait=false")

@@ -557,7 +557,10 @@ def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed, kwok
             "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s", cluster=cluster, timeout=240
         )
         installed.numbers["helm_uninstall_with_hook_s"] = round(time.monotonic() - t0, 1)
-        assert done.returncode == 0, done.stderr
+        if done.returncode != 0:
+            logs = cluster.kubectl("logs", "-n", NS, "-l", "app.kubernetes.io/component=uninstall", "--tail=40",
+                                   check=False)  # fmt: skip
+            raise AssertionError(f"{done.stderr}\nthe hook's log:\n{logs}")
         assert release_objects(cluster) == []
         poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
         after = cluster.get_json("node", node)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.uninstall import Lift, list_patch, metadata_patch, plan_uninstall
+from controller.uninstall import Lift, metadata_patch, plan_uninstall, removal_patch
 
 OUR_TAINT = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 THEIR_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -41,7 +41,7 @@ def pod(annotations: dict[str, str], labels: dict[str, str] | None = None) -> di
             node({"gpuwarden.io/quarantine": "{}", "gpuwarden.io/release": "now"}, [THEIR_TAINT, OUR_TAINT],
                  [READY, HEALTHY]),
             Lift("Node", "n1", annotations=("gpuwarden.io/quarantine",),
-                 taints=([THEIR_TAINT, OUR_TAINT], [THEIR_TAINT]), conditions=([READY, HEALTHY], [READY])),
+                 taints=((1, "gpuwarden.io/gpu-unhealthy"),), conditions=((1, "GPUHealthy"),)),
             id="quarantined-node",
         ),
         pytest.param(
@@ -84,9 +84,12 @@ def test_patches_remove_keys_and_test_the_list_they_replace() -> None:
         "metadata": {"annotations": {"gpuwarden.io/gpu-ids": None}, "labels": {"gpuwarden.io/gpu-node": None}}
     }
     assert metadata_patch(Lift("Node", "n")) is None
-    assert list_patch("/spec/taints", ([THEIR_TAINT, OUR_TAINT], [THEIR_TAINT])) == [
-        {"op": "test", "path": "/spec/taints", "value": [THEIR_TAINT, OUR_TAINT]},
-        {"op": "replace", "path": "/spec/taints", "value": [THEIR_TAINT]},
+    ours = ((1, "GPUHealthy"), (3, "GPUDegraded"))
+    assert removal_patch("/status/conditions", "type", ours) == [
+        {"op": "test", "path": "/status/conditions/3/type", "value": "GPUDegraded"},
+        {"op": "remove", "path": "/status/conditions/3"},
+        {"op": "test", "path": "/status/conditions/1/type", "value": "GPUHealthy"},
+        {"op": "remove", "path": "/status/conditions/1"},
     ]
 
 
