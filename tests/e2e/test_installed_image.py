@@ -558,8 +558,8 @@ def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed, kwok
         )
         installed.numbers["helm_uninstall_with_hook_s"] = round(time.monotonic() - t0, 1)
         if done.returncode != 0:
-            logs = cluster.kubectl("logs", "-n", NS, "-l", "app.kubernetes.io/component=uninstall", "--tail=40",
-                                   check=False)  # fmt: skip
+            hook = "app.kubernetes.io/component=uninstall"
+            logs = cluster.kubectl("logs", "-n", NS, "-l", hook, "--tail=40", check=False)
             raise AssertionError(f"{done.stderr}\nthe hook's log:\n{logs}")
         assert release_objects(cluster) == []
         poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
