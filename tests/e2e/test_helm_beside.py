@@ -579,3 +579,36 @@ def test_uninstall_lifts_ours_and_keeps_theirs(cluster: Cluster, tmp_path: Path)
         for name, value in topology.items():  # the test bed's, lifted too: other tests place GPUs by it
             kubectl(cluster, "annotate", "node", name, f"gpuwarden.io/gpu-topology={value}", "--overwrite")
         kubectl(cluster, "delete", "namespace", UNINSTALL_NS, "--ignore-not-found", "--wait=false")
+
+
+# ----------------------------------------------------------------------------------- kube-prometheus-stack
+PROFILE = CHART / "profiles" / "kube-prometheus-stack.yaml"
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_the_kube_prometheus_stack_profile_labels_every_monitoring_object() -> None:
+    objects = template(["nodeAgent.enabled=true"], [PROFILE])
+    monitoring = [
+        o
+        for o in objects
+        if o["kind"] in MONITORING_KINDS or "grafana_dashboard" in o["metadata"].get("labels", {})
+    ]
+    kinds = {o["kind"] for o in monitoring}
+    assert kinds == MONITORING_KINDS | {"ConfigMap"}, kinds
+    assert all(o["metadata"]["labels"]["release"] == "kube-prometheus-stack" for o in monitoring)
+    assert (
+        str(config_of(objects).prometheus.url)
+        == "http://kube-prometheus-stack-prometheus.monitoring.svc:9090/"
+    )
+    pod_monitor = next(o for o in monitoring if o["kind"] == "PodMonitor")
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    selector = pod_monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    ports = {p["name"] for p in daemonset["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    assert pod_monitor["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+
+
+def test_no_labels_of_the_stack_without_the_profile() -> None:
+    objects = template(["monitoring.serviceMonitors.enabled=true", "monitoring.prometheusRule.enabled=true"])
+    assert not [o for o in objects if "release" in o["metadata"].get("labels", {})]

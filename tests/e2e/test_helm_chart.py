@@ -53,6 +53,7 @@ pytestmark = pytest.mark.e2e
 CHART = DEPLOY / "helm" / "gpuwarden"
 PA_DEFAULTS = repo_root() / "tests" / "helm" / "prometheus-adapter-4.2.0-values.yaml"
 MIGRATION = repo_root() / "tests" / "helm" / "migration-example-values.yaml"  # docs/install.md's example
+CHART_CRD_KINDS = CRD_KINDS | {"PodMonitor"}  # the node agent's (the kustomize overlay has no node agent)
 NS = "gw-helm"  # not gpuwarden: test_deploy_dryrun deletes that one without waiting
 NODE_NS = "gw-helm-node"
 Obj = dict[str, Any]
@@ -399,8 +400,10 @@ def test_server_side_dry_run_strict_and_pod_security_clean(
     if case == "all-on":  # the node agent's namespace must exist for a dry-run of the objects in it
         ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
         kinds = {o["kind"] for o in objects}
-        assert kinds >= CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy", "Secret", "Namespace"}, kinds
-    objects = [o for o in objects if o["kind"] not in CRD_KINDS]  # no Prometheus Operator CRDs here
+        assert kinds >= CHART_CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy", "Secret", "Namespace"}, (
+            kinds
+        )
+    objects = [o for o in objects if o["kind"] not in CHART_CRD_KINDS]  # no Prometheus Operator CRDs here
     done = kubectl(
         cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=as_list(objects)
     )
