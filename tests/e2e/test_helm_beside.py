@@ -612,3 +612,39 @@ def test_the_kube_prometheus_stack_profile_labels_every_monitoring_object() -> N
 def test_no_labels_of_the_stack_without_the_profile() -> None:
     objects = template(["monitoring.serviceMonitors.enabled=true", "monitoring.prometheusRule.enabled=true"])
     assert not [o for o in objects if "release" in o["metadata"].get("labels", {})]
+
+
+def test_every_pod_of_the_chart_turns_service_links_off() -> None:
+    """tests/unit/test_deploy_service_links.py says why; the chart's hook Job is a pod of ours too."""
+    objects = template(["nodeAgent.enabled=true", "scheduler.enabled=true"])
+    pods = {
+        (o["kind"], o["metadata"]["name"]): o["spec"]["template"]["spec"]
+        for o in objects
+        if o["kind"] in {"Deployment", "DaemonSet", "Job"}
+    }
+    assert ("Job", "gpuwarden-uninstall") in pods
+    gpuwarden_pods = {
+        k: v for k, v in pods.items() if k[1] != "gpuwarden-scheduler"
+    }  # kube-scheduler: not ours
+    assert {k: v.get("enableServiceLinks") for k, v in gpuwarden_pods.items()} == dict.fromkeys(
+        gpuwarden_pods, False
+    )
+
+
+def test_the_route_policy_is_rendered_only_where_the_api_serves_it(cluster: Cluster) -> None:
+    """The MutatingAdmissionPolicy that routes GPU pods of opted-in namespaces: rendered when the API serves
+    admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, and against the test bed's kube-apiserver (which
+    does not serve it) not at all - there, workloads set schedulerName themselves (docs/install.md)."""
+    served = "MutatingAdmissionPolicy" in kubectl(cluster, "api-resources", "-o", "name").stdout
+    done = server_render(cluster, ["scheduler.enabled=true"])
+    assert done.returncode == 0, done.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(done.stdout) if d}
+    assert ("MutatingAdmissionPolicy" in kinds) == served
+    api = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    rendered = helm("template", "gpuwarden", str(CHART), *api, *values_args(["scheduler.enabled=true"]))
+    route = [d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] == "MutatingAdmissionPolicy"]
+    assert len(route) == 1
+    spec = route[0]["spec"]
+    assert spec["matchConstraints"]["namespaceSelector"]["matchLabels"] == {"gpuwarden.io/scheduler": "true"}
+    assert spec["failurePolicy"] == "Ignore"
+    assert "gpuwarden-scheduler" in spec["mutations"][0]["applyConfiguration"]["expression"]
