@@ -667,8 +667,8 @@ def test_helm_install_beside_keda_refuses_then_installs_without_the_adapter_and_
 ) -> None:
     """`helm install` for real: refused while KEDA owns external.metrics (naming it); with
     adapter.enabled=false it installs the controller observing and KEDA's APIService is untouched;
-    `--set mode=act` is one upgrade and `helm rollback` brings observe back. (Pods land on kwok nodes: the objects are what is tested here;
-    tests/e2e/test_installed_image.py runs the image.)"""
+    `--set mode=act` is one upgrade and `helm rollback` brings observe back. (Pods land on kwok nodes: the
+    objects are what is tested here; tests/e2e/test_installed_image.py runs the image.)"""
     ensure_namespace(cluster, BESIDE_NS, {"pod-security.kubernetes.io/enforce": "restricted"})
     before = json.loads(kubectl(cluster, "get", "apiservice", FOREIGN, "-o", "json").stdout)["spec"]
     base = ["uninstallHook.enabled=false"]  # kwok pods never complete a hook Job
