@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test release
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ wheelhouse: deps ## download the image's hash-pinned wheels into build/wheelhous
 
 image: deps image-tools ## build deploy/Dockerfile into an OCI archive under .cache/image/<content-key>/
 	bash deploy/image/build.sh
+
+release: image helm ## dist/<version>/: the chart packaged, the image archive, its SBOM, SHA256SUMS (docs/release.md)
+	bash deploy/release.sh
 
 image-test: deps image ## the built image: product only (no harness, tests, pip, compiler), every --help runs
 	$(PYTEST) -q tests/image

@@ -37,6 +37,7 @@ from controller.health.loop import HealthLoop, controller_namespace
 from controller.idle.decide import table_lines
 from controller.idle.loop import IdleLoop
 from controller.makeroom.loop import RoomLoop
+from controller.modes import METRIC, Mode, capability_modes, mode_samples
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.root import Config
@@ -53,7 +54,7 @@ from gpuwarden.kube import (
 )
 from gpuwarden.kube.watch import WatchSource
 from gpuwarden.promclient import PrometheusClient
-from gpuwarden.selfmetrics import metrics_handler, new_registry
+from gpuwarden.selfmetrics import SnapshotCollector, metrics_handler, new_registry
 from gpuwarden.transient import Episodes, transient_counter
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,20 @@ def kube_client(config: Config, kubeconfig: Path | None, registry: CollectorRegi
         field_manager=k.field_manager,
         registry=registry,
     )
+
+
+def register_modes(registry: CollectorRegistry, modes: dict[str, Mode]) -> None:
+    """`gpuwarden_capability_mode{capability, mode} 1`: what observes and what acts (controller/modes.py)."""
+    samples = mode_samples(modes)
+    registry.register(
+        SnapshotCollector(
+            METRIC,
+            "Each controller capability's mode (off, observe: plans and counts only, act); always 1.",
+            ["capability", "mode"],
+            lambda: samples,
+        )
+    )
+    log.info("controller capabilities", extra={"modes": modes})
 
 
 def build_app(registry: CollectorRegistry, extender: Extender | None) -> web.Application:
@@ -487,6 +502,7 @@ async def run_controller(
     extender answers on every replica); the mutating passes run only while this replica leads.
     """
     registry = registry if registry is not None else new_registry("controller")
+    register_modes(registry, capability_modes(config, dry_run=dry_run))
     stop = stop or asyncio.Event()
     identity = config.kubernetes.leader_election.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     async with (

@@ -30,6 +30,8 @@ gpuwarden keeps GPU fleets on Kubernetes right-sized and healthy, driven by Prom
   node-agent    per GPU node: publish GPU topology, record the GPUs containers actually got (kubelet
                 PodResources), optionally serve the device-plugin API so the recorded GPUs are handed out
   plan          one-shot: print what the controller would do now (JSON or table), change nothing
+  preflight     what the cluster already runs, what an install would collide with, each with the value to set
+  uninstall     lift what gpuwarden wrote (taints, conditions, annotations, DeviceTaintRules, Lease)
   check-config  validate a config file and report every error at once, each naming its field
   simulate      fleet simulator: a dcgm-exporter-compatible exporter for N nodes x M GPUs
   demo          the main job on a local kwok GPU fleet, end to end, with an HTML report
@@ -217,6 +219,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from controller.app import plan_once
+    from controller.modes import capability_modes
     from gpuwarden.errors import GpuwardenError
 
     try:
@@ -224,11 +227,69 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except GpuwardenError as exc:
         print(f"gpuwarden plan: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    # observe: the capability plans (below) and writes nothing; act: the controller applies its plan
+    modes = capability_modes(config, dry_run=None)
     if args.output == "json":
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), "modes": modes}, indent=2, sort_keys=True))
     else:
+        print("MODES  " + "  ".join(f"{name}={mode}" for name, mode in modes.items()))
         print(plan.render_table())
     return EXIT_OK
+
+
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    config = _load(args, {"prometheus.url": args.prometheus_url})
+    if config is None:
+        return EXIT_FAILED
+    from gpuwarden.kube import KubeClient
+    from gpuwarden.preflight import decide, observe, render
+    from gpuwarden.promclient import PrometheusClient
+
+    k = config.kubernetes
+
+    async def run() -> Any:
+        kube = KubeClient.from_config(kubeconfig=args.kubeconfig or k.kubeconfig, context=k.context,
+                                      request_timeout=k.request_timeout_seconds)  # fmt: skip
+        async with kube, PrometheusClient(config.prometheus) as prom:
+            return await observe(kube, prom, str(config.prometheus.url))
+
+    facts = asyncio.run(run())
+    findings = decide(facts)
+    print(render(facts, findings), end="")
+    return EXIT_FAILED if any(f.status == "conflict" for f in findings) and args.strict else EXIT_OK
+
+
+def _cmd_uninstall(args: argparse.Namespace) -> int:
+    config = _load(args, {})
+    if config is None:
+        return EXIT_FAILED
+    from controller.app import kube_client
+    from controller.health.loop import controller_namespace
+    from controller.uninstall import run_uninstall
+
+    namespace = args.namespace or controller_namespace(config)
+    lease = config.kubernetes.leader_election.lease_name
+
+    async def run() -> tuple[Any, list[str]]:
+        async with kube_client(config, args.kubeconfig, None) as kube:
+            return await run_uninstall(
+                kube,
+                namespace=namespace,
+                node_agent_namespace=args.node_agent_namespace,
+                lease=lease,
+                stop=not args.keep_running,
+                dry_run=args.dry_run,
+            )
+
+    plan, failures = asyncio.run(run())
+    verb = "would lift" if args.dry_run else "lifted"
+    lines = plan.lines()
+    print(f"gpuwarden uninstall: {verb} {len(lines)} item(s)" + (" (dry-run)" if args.dry_run else ""))
+    for line in lines:
+        print(f"  {line}")
+    for failure in failures:
+        print(f"failed: {failure}", file=sys.stderr)
+    return EXIT_FAILED if failures else EXIT_OK
 
 
 _NO_HARNESS = (
@@ -391,6 +452,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--output", "-o", choices=["json", "table"], default="table")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "preflight",
+        help="what the cluster already runs and what an install would collide with or miss",
+        description="Read (never write) the cluster and its Prometheus: APIService owners, the NVIDIA device "
+        "plugin on GPU nodes, dcgm-exporter's label style and missing fields, the control plane's version; "
+        "each finding with the chart value to set (docs/install.md).",
+    )
+    _add_common(p)
+    p.add_argument("--prometheus-url", help="overrides prometheus.url")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a finding is a conflict")
+    p.set_defaults(func=_cmd_preflight)
+
+    p = sub.add_parser(
+        "uninstall",
+        help="lift what gpuwarden wrote (taints, conditions, annotations, DeviceTaintRules, Lease)",
+        description="Stop the controller (scale to 0) and the node agent (its DaemonSet deleted), then lift "
+        "exactly what gpuwarden wrote on objects it does not own: its taint, GPUHealthy/GPUDegraded "
+        "conditions, annotations, its DeviceTaintRules, its Lease and breaker ConfigMap (docs/uninstall.md). "
+        "The chart runs it as a pre-delete hook.",
+    )
+    _add_common(p)
+    p.add_argument("--namespace", help="the release namespace (default: kubernetes.namespace)")
+    p.add_argument("--node-agent-namespace", default="gpuwarden-node", help="default %(default)s")
+    p.add_argument("--keep-running", action="store_true", help="do not stop the controller and node agent")
+    p.add_argument("--dry-run", action="store_true", help="print what would be lifted; change nothing")
+    p.set_defaults(func=_cmd_uninstall)
 
     p = sub.add_parser("check-config", help="validate a config file; every error at once, naming its field")
     p.add_argument("file", type=Path, help="the YAML config file to check")

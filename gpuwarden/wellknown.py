@@ -115,6 +115,29 @@ TENANT = "gpuwarden.io/tenant"
 """Namespace label: the tenant (team) the namespace belongs to; namespaces with one value form one tenant
 (the default of `preemption.tenants.namespace_label`)."""
 
+# --- what gpuwarden writes on objects it does not own (lifted by `gpuwarden uninstall`) -------------------
+# Operator overrides (release, exclude, drain-pause, idle-ack-until, ...) and users' labels are theirs: kept.
+WRITTEN_NODE_ANNOTATIONS = (QUARANTINE_RECORD, DEGRADATION, DRAIN, REMEDIATION, GPU_TOPOLOGY)
+WRITTEN_NODE_CONDITIONS = (GPU_HEALTHY_CONDITION, GPU_DEGRADED_CONDITION)
+WRITTEN_NODE_TAINTS = (QUARANTINE_TAINT,)
+WRITTEN_POD_ANNOTATIONS = (
+    GPU_IDS,
+    NUMA_NODE,
+    GPU_NODE,
+    GPU_CLAIMED_AT,
+    GPU_RESERVED_UNTIL,
+    PREEMPTION,
+    GPU_IDS_REQUESTED,
+    GPU_IDS_SOURCE,
+    NOMINATION,
+    IDLE_SINCE,
+    IDLE_RECLAIMABLE,
+)
+WRITTEN_POD_LABELS = (GPU_NODE,)
+DISPLACED_SERVICE = "gpuwarden.io/displaced-service"
+"""APIService annotation (the chart's `apiServices.takeOver`): `<namespace>/<name>` of the Service that served
+it before gpuwarden took it over (docs/uninstall.md gives it back)."""
+
 
 def gpu_id_key(gpu_id: str) -> tuple[int, int, str]:
     """The order of GPU ids everywhere: numeric ids in numeric order ("2" < "10"), then the rest

@@ -103,6 +103,8 @@ def install_values(prometheus_url: str, prometheus_port: int, chart_defaults: Ob
         for i, uuid in enumerate(UUIDS)
     ]
     return {
+        # what these tests prove is the acting install (a fresh one observes: tests/e2e/test_helm_beside.py)
+        "mode": "act",
         "prometheus": {"url": prometheus_url, "port": prometheus_port},
         **placement(),
         "metricsRelistInterval": "10s",
@@ -273,7 +275,8 @@ def extender_answers(url: str) -> bool:
 
 
 CLUSTER_SCOPED = (
-    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations"
+    "clusterroles,clusterrolebindings,apiservices,namespaces,priorityclasses,mutatingwebhookconfigurations,"
+    "validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
 
 

@@ -345,8 +345,12 @@ def test_admission_policy_keeps_the_node_agent_to_its_own_node_and_annotations(
     from tests.e2e.conftest import GPU_NODES
 
     mine, other = GPU_NODES
-    policy = [o for o in render(DEPLOY / "overlays" / "node-agent")
-              if o["kind"].startswith("ValidatingAdmissionPolicy")]  # fmt: skip
+    policy = [
+        o
+        for o in render(DEPLOY / "overlays" / "node-agent")
+        if o["kind"].startswith("ValidatingAdmissionPolicy")
+        and o["metadata"]["name"] == "gpuwarden-node-agent"
+    ]  # fmt: skip (the controller's: test_helm_beside)
     assert len(policy) == 2
     done = kubectl(cluster, "apply", "-f", "-", input=as_list(policy))
     assert done.returncode == 0, done.stderr

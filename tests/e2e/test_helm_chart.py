@@ -53,6 +53,7 @@ pytestmark = pytest.mark.e2e
 CHART = DEPLOY / "helm" / "gpuwarden"
 PA_DEFAULTS = repo_root() / "tests" / "helm" / "prometheus-adapter-4.2.0-values.yaml"
 MIGRATION = repo_root() / "tests" / "helm" / "migration-example-values.yaml"  # docs/install.md's example
+CHART_CRD_KINDS = CRD_KINDS | {"PodMonitor"}  # the node agent's (the kustomize overlay has no node agent)
 NS = "gw-helm"  # not gpuwarden: test_deploy_dryrun deletes that one without waiting
 NODE_NS = "gw-helm-node"
 Obj = dict[str, Any]
@@ -66,18 +67,36 @@ ALL_ON = [
     "monitoring.dashboards.enabled=true",
     "monitoring.metricsReader.enabled=true",
 ]
-# kustomize overlay -> the chart values that install the same objects.
+# kustomize overlay -> the chart values that install the same objects. The kustomize tree acts (its dry-run
+# overlay aside) and grants every capability's rights (its config can switch any on); the chart observes
+# unless mode=act and grants only the enabled capabilities' rights unless rbac.everyCapability.
+PINNED_SCHEDULER = (
+    "scheduler.image=registry.k8s.io/kube-scheduler:v1.35.4"  # the overlay's; the chart follows
+)
+ACT = ["mode=act", "rbac.everyCapability=true", "uninstallHook.enabled=false"]  # (the hook: Helm's only)
 EQUIVALENT = {
-    "base": [],
-    "overlays/dry-run": ["controller.dryRun=true"],
-    "overlays/monitoring": ALL_ON[3:],
-    "overlays/scheduler": ["scheduler.enabled=true"],
-    "overlays/node-agent": ["nodeAgent.enabled=true"],
-    "overlays/resource-metrics": ["resourceMetrics.enabled=true", "resourceMetrics.kubePrometheusRules=true"],
-    "overlays/keda": ["keda.enabled=true"],
-    "overlays/leader-bind": ["controller.bindProtocol=leader"],
+    "base": ACT,
+    # the dry-run overlay claims no APIService (it takes no metrics API from prometheus-adapter or KEDA)
+    "overlays/dry-run": [
+        "controller.dryRun=true",
+        *ACT,
+        "apiServices.customMetrics.enabled=false",
+        "apiServices.externalMetrics.enabled=false",
+    ],
+    "overlays/monitoring": [*ACT, *ALL_ON[3:]],
+    "overlays/scheduler": [*ACT, "scheduler.enabled=true", PINNED_SCHEDULER],
+    "overlays/node-agent": [*ACT, "nodeAgent.enabled=true"],
+    "overlays/resource-metrics": [
+        *ACT,
+        "resourceMetrics.enabled=true",
+        "resourceMetrics.kubePrometheusRules=true",
+    ],
+    "overlays/keda": [*ACT, "keda.enabled=true"],
+    "overlays/leader-bind": [*ACT, "controller.bindProtocol=leader"],
     "overlays/extender-mtls": [
+        *ACT,
         "scheduler.enabled=true",
+        PINNED_SCHEDULER,
         "controller.extenderTLS.enabled=true",
         "controller.extenderTLS.secretName=gpuwarden-extender-tls",
         "controller.extenderTLS.schedulerSecretName=gpuwarden-scheduler-extender",
@@ -381,8 +400,10 @@ def test_server_side_dry_run_strict_and_pod_security_clean(
     if case == "all-on":  # the node agent's namespace must exist for a dry-run of the objects in it
         ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
         kinds = {o["kind"] for o in objects}
-        assert kinds >= CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy", "Secret", "Namespace"}, kinds
-    objects = [o for o in objects if o["kind"] not in CRD_KINDS]  # no Prometheus Operator CRDs here
+        assert kinds >= CHART_CRD_KINDS | {"DaemonSet", "ValidatingAdmissionPolicy", "Secret", "Namespace"}, (
+            kinds
+        )
+    objects = [o for o in objects if o["kind"] not in CHART_CRD_KINDS]  # no Prometheus Operator CRDs here
     done = kubectl(
         cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=as_list(objects)
     )
@@ -396,7 +417,7 @@ def test_server_side_dry_run_strict_and_pod_security_clean(
 
 def test_chart_rbac_passes_the_kustomize_trees_access_reviews(cluster: Cluster, namespaces: None) -> None:
     ensure_namespace(cluster, NODE_NS, {"pod-security.kubernetes.io/enforce": "privileged"})
-    sets = [*ALL_ON, f"nodeAgent.namespace={NODE_NS}"]
+    sets = [*ALL_ON, f"nodeAgent.namespace={NODE_NS}", "rbac.everyCapability=true"]
     rbac = [o for o in template(sets, [PA_DEFAULTS], NS) if o["kind"] in RBAC_KINDS]
     done = kubectl(cluster, "apply", "-f", "-", input=as_list(rbac))
     assert done.returncode == 0, done.stderr
@@ -486,7 +507,8 @@ def test_helm_install_serves_the_hpa_through_the_charts_apiservices(
     asyncio.run(prom.start())
     url, _, port = prom.url.rpartition(":")
     # docs/install.md's worked example; the test bed's Prometheus, and relisting fast enough for a test.
-    test_bed = [f"prometheus.url={url}", f"prometheus.port={port}", "metricsRelistInterval=5s"]
+    test_bed = [f"prometheus.url={url}", f"prometheus.port={port}", "metricsRelistInterval=5s",
+                "uninstallHook.enabled=false"]  # kwok pods never complete a hook Job  # fmt: skip
     proxy: ServiceIP | None = None
     adapter: subprocess.Popen[bytes] | None = None
     log = tmp_path / "adapter.log"

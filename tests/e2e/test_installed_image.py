@@ -524,15 +524,64 @@ def test_node_agent_pod_registers_its_device_plugin(installed: Installed) -> Non
         cluster.restart_scheduler(original)
 
 
-def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed) -> None:
+def test_helm_uninstall_leaves_no_cluster_wide_object(installed: Installed, kwok_node: str) -> None:
+    """And its pre-delete hook (`gpuwarden uninstall`, our image on the real node) lifts what gpuwarden wrote
+    on objects it does not own: taint, condition, annotation, DeviceTaintRule, Lease; others' are kept."""
     cluster = installed.cluster
     before = release_objects(cluster)
     assert any(o.startswith("apiservice") for o in before), before
     assert any(o.startswith("clusterrole") for o in before), before
-    done = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s", cluster=cluster, timeout=180)
-    assert done.returncode == 0, done.stderr
-    assert release_objects(cluster) == []
-    poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
+    node = kwok_node  # excluded from the controller below: only the hook lifts what is written on it
+    cluster.kubectl("label", "node", node, "gpuwarden.io/exclude=true", "--overwrite")
+    cluster.kubectl(
+        "annotate", "node", node, "gpuwarden.io/quarantine={}", "example.com/theirs=1", "--overwrite"
+    )
+    cluster.kubectl("taint", "node", node, "gpuwarden.io/gpu-unhealthy=xid-79:NoSchedule", "--overwrite")
+    cluster.kubectl("taint", "node", node, "example.com/theirs=1:NoSchedule", "--overwrite")
+    now = "2026-12-07T00:00:00Z"
+    condition = {"type": "GPUHealthy", "status": "False", "reason": "Xid79", "message": "",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=strategic",
+                    "-p", json.dumps({"status": {"conditions": [condition]}}))  # fmt: skip
+    taint = {"key": "gpuwarden.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    labels = {"app.kubernetes.io/managed-by": "gpuwarden"}
+    rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "gpuwarden-e2e-left", "labels": labels},
+            "spec": {"deviceSelector": {"driver": "gpu.example.com", "pool": node, "device": "gpu-0"},
+                     "taint": taint}}  # fmt: skip
+    cluster.apply(rule)
+    assert cluster.get_json("lease", "gpuwarden-controller", "-n", NS)
+    try:
+        t0 = time.monotonic()
+        done = helm(
+            "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s", cluster=cluster, timeout=240
+        )
+        installed.numbers["helm_uninstall_with_hook_s"] = round(time.monotonic() - t0, 1)
+        if done.returncode != 0:
+            hook = "app.kubernetes.io/component=uninstall"
+            logs = cluster.kubectl("logs", "-n", NS, "-l", hook, "--tail=40", check=False)
+            raise AssertionError(f"{done.stderr}\nthe hook's log:\n{logs}")
+        assert release_objects(cluster) == []
+        poll(lambda: not installed.pods(), timeout=120, what="the release's pods gone")
+        after = cluster.get_json("node", node)
+        annotations = after["metadata"].get("annotations", {})
+        assert "gpuwarden.io/quarantine" not in annotations and annotations["example.com/theirs"] == "1"
+        assert [t["key"] for t in after["spec"].get("taints", [])] == ["example.com/theirs"]
+        assert "GPUHealthy" not in {c["type"] for c in after["status"].get("conditions", [])}
+        assert after["metadata"]["labels"]["gpuwarden.io/exclude"] == "true"  # the operator's: kept
+        left = cluster.kubectl("get", "devicetaintrules", "-o", "name", check=False)
+        assert "gpuwarden-e2e-left" not in left, left
+        lease = cluster.kubectl("get", "lease", "gpuwarden-controller", "-n", NS, "-o", "name", check=False)
+        assert not lease.strip(), lease
+    finally:
+        cluster.kubectl("label", "node", node, "gpuwarden.io/exclude-", check=False)
+        cluster.kubectl(
+            "annotate", "node", node, "example.com/theirs-", "gpuwarden.io/quarantine-", check=False
+        )
+        cluster.kubectl(
+            "taint", "node", node, "example.com/theirs-", "gpuwarden.io/gpu-unhealthy-", check=False
+        )
+        cluster.kubectl("delete", "devicetaintrule", "gpuwarden-e2e-left", "--ignore-not-found", check=False)
 
 
 def test_kustomize_base_installs_the_same_image(installed: Installed, tmp_path: Path) -> None:

@@ -84,11 +84,14 @@ def test_standard_labels_everywhere(overlay: str) -> None:
             }, where
 
 
+VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # cluster-scoped
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS[:4])
 def test_namespaced_objects_live_in_gpuwarden_except_the_auth_reader_bindings(overlay: str) -> None:
     for obj in rendered(overlay):
         ns = obj["metadata"].get("namespace")
-        if obj["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService"}:
+        if obj["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService"} | VAP_KINDS:
             assert ns is None, obj["metadata"]["name"]
         elif obj["metadata"]["name"].endswith("-auth-reader"):
             assert ns == "kube-system"
@@ -206,10 +209,12 @@ def test_config_is_valid_and_matches_the_ports() -> None:
     assert lease_names == {config.kubernetes.leader_election.lease_name}
 
 
-def test_dry_run_overlay_only_adds_the_flag() -> None:
+def test_dry_run_overlay_only_adds_the_flag_and_claims_no_apiservice() -> None:
+    """The doc's first command takes no metrics API from prometheus-adapter or KEDA (issue 46)."""
     base = by_identity(rendered("base"))
     dry = by_identity(rendered("overlays/dry-run"))
-    assert base.keys() == dry.keys()
+    assert {k for k in base if k[1] == "APIService"} == base.keys() - dry.keys()
+    assert not [k for k in dry if k[1] == "APIService"]
     for key, obj in dry.items():
         obj = yaml.safe_load(yaml.safe_dump(obj))
         assert obj["metadata"]["labels"].pop("gpuwarden.io/mode") == "dry-run"

@@ -41,7 +41,31 @@ over it last. Shared by the adapter and the controller, as deploy/base/configmap
       "adapter" $adapter
       "extender" (dict "port" 8888 "path_prefix" "/gpuwarden")
       "logging" (dict "format" "json" "level" $level) -}}
+{{- /* Each controller capability: on/off, and observe (dry_run) or act (controller.capabilities, mode). */ -}}
+{{- $caps := $v.controller.capabilities -}}
+{{- range $name, $section := dict "health" "health" "nominations" "nominations" "preemptionThrottle" "preemption" "drain" "drain" "idle" "idle" -}}
+{{- $_ := set $cfg $section (include "gpuwarden.capability" (dict "root" $ "cap" (index $caps $name)) | fromYaml) -}}
+{{- end -}}
+{{- $_ := set $cfg.preemption "make_room" (include "gpuwarden.capability" (dict "root" $ "cap" $caps.gpuPreemption) | fromYaml) -}}
+{{- $_ := set $cfg.extender "enabled" $caps.extender.enabled -}}
 {{- toYaml (mustMergeOverwrite $cfg (deepCopy ($v.config | default dict))) -}}
+{{- end -}}
+
+{{/* observe or act of one capability: (dict "root" $ "mode" "<its mode value>"); empty: the top-level mode. */}}
+{{- define "gpuwarden.mode" -}}
+{{- .mode | default .root.Values.mode -}}
+{{- end -}}
+
+{{/*
+A capability's config keys (dict "root" $ "cap" <controller.capabilities item>): enabled, and dry_run true when
+it observes, false when it acts and is on (off and acting: the section's own default, e.g. idle's dry-run).
+*/}}
+{{- define "gpuwarden.capability" -}}
+{{- $observe := eq (include "gpuwarden.mode" (dict "root" .root "mode" .cap.mode)) "observe" -}}
+enabled: {{ .cap.enabled }}
+{{- if or $observe .cap.enabled }}
+dry_run: {{ $observe }}
+{{- end }}
 {{- end -}}
 
 {{/* A duration value ("90s", "1m", "2h", or a number of seconds) in whole seconds; fails naming the key. */}}
@@ -160,6 +184,20 @@ and what to do instead. Called by every template run (templates/validate.yaml).
 {{- end -}}
 {{- end -}}
 {{- $_ := include "gpuwarden.seconds" (dict "key" "metricsRelistInterval" "value" $v.metricsRelistInterval) -}}
+{{- if not $v.adapter.enabled -}}
+{{- if $v.keda.enabled -}}
+{{- fail "keda.enabled: KEDA's scaler is served by the adapter; set adapter.enabled=true, or keda.enabled=false." -}}
+{{- end -}}
+{{- if eq (toString $v.resourceMetrics.enabled) "true" -}}
+{{- fail "resourceMetrics.enabled: metrics.k8s.io is served by the adapter; set adapter.enabled=true, or resourceMetrics.enabled=false." -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.scheduler.enabled (not (and $v.controller.enabled $v.controller.capabilities.extender.enabled)) -}}
+{{- fail "scheduler.enabled: gpuwarden-scheduler calls the controller's extender; set controller.enabled=true and controller.capabilities.extender.enabled=true, or scheduler.enabled=false." -}}
+{{- end -}}
+{{- if and $v.controller.capabilities.drain.enabled (not $v.controller.capabilities.health.enabled) -}}
+{{- fail "controller.capabilities.drain.enabled: drain moves work off nodes health quarantined; set controller.capabilities.health.enabled=true, or drain off." -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Whether metrics.k8s.io is served: resourceMetrics.enabled, or null and resource rules given. */}}

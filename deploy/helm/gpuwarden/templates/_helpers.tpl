@@ -105,6 +105,11 @@ capabilities:
 apiVersion: apiregistration.k8s.io/v1
 kind: APIService
 {{ include "gpuwarden.metadata" (dict "root" .root "name" (printf "%s.%s" .version .group) "component" "adapter") }}
+{{- with .displaced }}
+  annotations:
+    # apiServices.takeOver: who served it before this release (docs/uninstall.md restores it)
+    gpuwarden.io/displaced-service: {{ . | quote }}
+{{- end }}
 spec:
   group: {{ .group }}
   version: {{ .version }}
@@ -119,4 +124,100 @@ spec:
   {{- else }}
   insecureSkipTLSVerify: true
   {{- end }}
+{{- end -}}
+
+{{/*
+The APIServices this release registers, as a YAML list of {group, version, priority, value}: value is the
+chart value that switches it off. Empty unless adapter.enabled.
+*/}}
+{{- define "gpuwarden.apiServiceList" -}}
+{{- $v := .Values -}}
+{{- $list := list -}}
+{{- if $v.adapter.enabled -}}
+{{- if $v.apiServices.customMetrics.enabled -}}
+{{- $list = append $list (dict "group" "custom.metrics.k8s.io" "version" "v1beta1" "priority" 100 "value" "apiServices.customMetrics.enabled=false") -}}
+{{- $list = append $list (dict "group" "custom.metrics.k8s.io" "version" "v1beta2" "priority" 200 "value" "apiServices.customMetrics.enabled=false") -}}
+{{- end -}}
+{{- $external := $v.apiServices.externalMetrics.enabled -}}
+{{- if kindIs "invalid" $external }}{{ $external = not $v.keda.enabled }}{{ end -}}
+{{- if $external -}}
+{{- $list = append $list (dict "group" "external.metrics.k8s.io" "version" "v1beta1" "priority" 100 "value" "apiServices.externalMetrics.enabled=false") -}}
+{{- end -}}
+{{- if include "gpuwarden.resourceMetrics" . -}}
+{{- $list = append $list (dict "group" "metrics.k8s.io" "version" "v1beta1" "priority" 100 "value" "resourceMetrics.enabled=false") -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $list -}}
+{{- end -}}
+
+{{/*
+The APIService (dict "root" $ "api" <an apiServiceList item>) as the cluster has it now (lookup; nothing in
+`helm template`): "" when absent or this release's own (its Service is gpuwarden-adapter in the release
+namespace, or Helm's release annotations name this release). Served by someone else: fails naming the owner
+and the value to set, or with apiServices.takeOver returns "<namespace>/<name>" of the displaced Service.
+*/}}
+{{- define "gpuwarden.apiServiceOwner" -}}
+{{- $root := .root -}}
+{{- $name := printf "%s.%s" .api.version .api.group -}}
+{{- $found := lookup "apiregistration.k8s.io/v1" "APIService" "" $name -}}
+{{- if $found -}}
+{{- $ns := include "gpuwarden.namespace" $root -}}
+{{- $svc := $found.spec.service | default dict -}}
+{{- $meta := $found.metadata.annotations | default dict -}}
+{{- $labels := $found.metadata.labels | default dict -}}
+{{- $ourService := and (eq ($svc.name | default "") "gpuwarden-adapter") (eq ($svc.namespace | default "") $ns) -}}
+{{- $ourRelease := and (eq (index $meta "meta.helm.sh/release-name" | default "") $root.Release.Name) (eq (index $meta "meta.helm.sh/release-namespace" | default "") $root.Release.Namespace) -}}
+{{- if not (or $ourService $ourRelease) -}}
+{{- $owner := "kube-apiserver itself (a Local APIService)" -}}
+{{- if $svc.name -}}
+{{- $owner = printf "Service %s/%s" $svc.namespace $svc.name -}}
+{{- with index $meta "meta.helm.sh/release-name" -}}
+{{- $owner = printf "%s of Helm release %s/%s" $owner (index $meta "meta.helm.sh/release-namespace") . -}}
+{{- else -}}
+{{- with index $labels "app.kubernetes.io/name" -}}{{- $owner = printf "%s (app.kubernetes.io/name=%s)" $owner . -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $root.Values.apiServices.takeOver -}}
+{{- fail (printf "APIService %s is served by %s. To leave it to its owner set %s; to move it to gpuwarden set apiServices.takeOver=true and run helm with --take-ownership (docs/install.md#beside-prometheus-adapter-and-keda)." $name $owner .api.value) -}}
+{{- end -}}
+{{- if $svc.name -}}{{ printf "%s/%s" $svc.namespace $svc.name }}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Which capabilities' rights the controller's RBAC grants, read from the config it runs with (include
+"gpuwarden.config": controller.capabilities, mode and config: merged), so RBAC and behaviour cannot disagree.
+rbac.everyCapability: all of them (as deploy/base, whose config can switch any on).
+*/}}
+{{- define "gpuwarden.controllerRights" -}}
+{{- $cfg := include "gpuwarden.config" . | fromYaml -}}
+{{- $all := .Values.rbac.everyCapability -}}
+{{- $get := dict -}}
+{{- range $name := list "health" "nominations" "drain" "idle" "extender" -}}
+{{- $_ := set $get $name (or $all (index $cfg $name | default dict).enabled) -}}
+{{- end -}}
+{{- $room := or $all ((($cfg.preemption | default dict).make_room | default dict).enabled) -}}
+{{- $escalation := or $all (((($cfg.nominations | default dict).escalation | default dict).enabled) | default false) -}}
+{{- $validation := or $all (((($cfg.health | default dict).validation | default dict).enabled) | default false) -}}
+health: {{ $get.health }}
+nominations: {{ $get.nominations }}
+drain: {{ $get.drain }}
+idle: {{ $get.idle }}
+extender: {{ $get.extender }}
+gpuPreemption: {{ $room }}
+validation: {{ and $validation $get.health }}
+eviction: {{ or $get.drain $room $get.idle (and $escalation $get.nominations) }}
+{{- end -}}
+
+{{/*
+gpuwarden-scheduler's image: scheduler.image when pinned, else kube-scheduler of the cluster's own version
+(.Capabilities.KubeVersion, "v1.36.2-eks-1f2a" -> v1.36.2), as a managed control plane runs it.
+*/}}
+{{- define "gpuwarden.schedulerImage" -}}
+{{- if .Values.scheduler.image -}}
+{{- .Values.scheduler.image -}}
+{{- else -}}
+{{- printf "registry.k8s.io/kube-scheduler:%s" (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{- end -}}
