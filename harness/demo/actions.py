@@ -88,15 +88,19 @@ class Actions:
                 for n, v in (
                     ("gpu_utilization", d.hpa.gpu_utilization),
                     ("requests_per_second", d.hpa.requests_per_second),
-                    (f"{manifests.GATEWAY_METRIC} (External)", d.hpa.gateway_requests_per_second),
                 )
                 if v is not None
             ]
+            targets += [f"{n} {v:g} (External)" for n, v in d.hpa.external_targets.items()]
             text += f"; HPA {d.hpa.min}-{d.hpa.max} on {' and '.join(targets)}"
         if d.qps is not None:
             body = {"namespace": d.namespace, "workload": d.name, "qps": d.qps, "qps_per_gpu": d.qps_per_gpu}
+            if d.engine is not None:
+                body["engine"] = d.engine
             await self._simulator("POST", "/control/load", body)
             text += f"; serving {d.qps:g} QPS ({d.qps_per_gpu:g} QPS per GPU at 100 %)"
+            if d.engine is not None:
+                text += f", a {d.engine} engine per pod behind a router"
         self.t.action(text)
 
     async def _job(self, j: Job) -> None:

@@ -208,6 +208,18 @@ class Checks:
         )
         return ok, detail
 
+    async def probe_rescaled(self, e: sc.Rescaled) -> Verdict:
+        notes = [
+            str(x.get("note", ""))
+            for x in await self.events("SuccessfulRescale", e.namespace)
+            if (x.get("regarding") or {}).get("kind") == "HorizontalPodAutoscaler"
+            and x["regarding"].get("name") == e.name
+        ]
+        wanted = [n for n in notes if "above target" in n and any(f" {m}(" in n for m in e.metrics)]
+        said = [n.split("(", 1)[0] + (" above target" if "above target" in n else "") for n in notes]
+        detail = f"SuccessfulRescale on HPA {e.namespace}/{e.name}: {'; '.join(said) or 'none'}"
+        return bool(wanted), detail
+
     async def probe_series_follow_pods(self, e: sc.FollowPods) -> Verdict:
         pods = {p["metadata"]["name"] for p in self.bound(e.namespace, e.workload) if gpu_ids(p)}
         seen: dict[str, set[str]] = {}

@@ -16,7 +16,6 @@ from pathlib import Path
 from gpuwarden.kube import JsonObject
 from harness.demo import plots, queries
 from harness.demo import scenario as sc
-from harness.demo.manifests import GATEWAY_METRIC
 
 TAINT_COLOUR = "#8B1A1A"
 XID_COLOURS = {13: plots.AMBER, 31: plots.AMBER, 43: plots.AMBER, 45: plots.AMBER}
@@ -85,6 +84,15 @@ SCALE_TO_ZERO_CAPTION = (
     "replicas: there is nothing to divide by), with its target."
 )
 
+ENGINE_SCALE_TO_ZERO_CAPTION = (
+    "Scale to zero on a serving engine: a vLLM-shaped Deployment whose HPA (minReplicas 0) reads only "
+    "External metrics from the gpuwarden adapter. Top: the HPA's desired replicas and, in grey, the requests "
+    "per second offered to the workload. Below, per replica as the HPA controller read them: the router's "
+    "queue (requests it holds while no pod runs: what wakes the workload, then 0 once pods take them), the "
+    "engines' waiting requests and their KV-cache use (each pod's vLLM series summed over the workload, 0 "
+    "while no pod runs), each with its target. No reading while at zero replicas: nothing to divide by."
+)
+
 
 def _involves(step: sc.Step, namespace: str, name: str) -> bool:
     """The step acts on the workload or expects something of it (by name or workload, in its namespace)."""
@@ -132,13 +140,24 @@ def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
         util = ctx.reader.range(queries.gpu_utilization(d.namespace, d.name))
         qps = ctx.reader.range(queries.offered_qps(d.namespace, d.name))
         zero = d.hpa.min == 0
-        title = (
-            f"HPA {d.namespace}/{d.name}: minReplicas 0 on the gateway's request rate (External, from the "
-            "gpuwarden adapter): parked at zero, woken by traffic, parked again"
-            if zero
-            else f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
-            "gpuwarden adapter"
-        )
+        if zero and d.engine is not None:
+            title = (
+                f"HPA {d.namespace}/{d.name} ({d.engine}): minReplicas 0 on the router's queue and the "
+                "engines' queue and KV cache (External, from the gpuwarden adapter): parked, woken, parked"
+            )
+            caption = ENGINE_SCALE_TO_ZERO_CAPTION
+        elif zero:
+            title = (
+                f"HPA {d.namespace}/{d.name}: minReplicas 0 on the gateway's request rate (External, from "
+                "the gpuwarden adapter): parked at zero, woken by traffic, parked again"
+            )
+            caption = SCALE_TO_ZERO_CAPTION
+        else:
+            title = (
+                f"HPA {d.namespace}/{d.name}: replicas follow GPU utilization and QPS served by the "
+                "gpuwarden adapter"
+            )
+            caption = AUTOSCALING_CAPTION
         path = plots.autoscaling(
             ctx.out / f"autoscaling-{d.name}.png",
             title=title,
@@ -150,10 +169,10 @@ def autoscaling_figures(ctx: Context) -> list[tuple[Path, str]]:
             metrics=dict(sorted(metrics.items())),
             dcgm_utilization=util[0].points if util else [],
             offered_qps=qps[0].points if qps else [],
-            external=frozenset({GATEWAY_METRIC}),
+            external=frozenset(sc.EXTERNAL_METRICS),
             window=workload_window(ctx, d.namespace, d.name),
         )
-        out.append((path, SCALE_TO_ZERO_CAPTION if zero else AUTOSCALING_CAPTION))
+        out.append((path, caption))
     return out
 
 

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from gpuwarden.wellknown import TOPOLOGY_POLICY
-from harness.demo.scenario import Deploy, Fleet, Hpa, Job, Workload
+from harness.demo.scenario import ENGINE_METRICS, Deploy, Fleet, Hpa, Job, Workload
 from harness.simulator.hardware import gpu_uuid
 from harness.testbed import GpuNodeSpec
 
@@ -26,6 +26,11 @@ GATEWAY_SERIES = "gateway_requests_total"
 GATEWAY_METRIC = "gateway_requests_per_second"
 """The External metric the adapter serves from the simulator's `gateway_requests_total{namespace, service}`
 (the stack's adapter config has the rule), selected per workload by `service=<workload>`."""
+ROUTER_METRIC, ENGINE_QUEUE_METRIC, ENGINE_KV_METRIC = ENGINE_METRICS
+"""The External metrics of a Deployment with an engine (named in the scenario model, the `Hpa` fields):
+the router's queue, the adapter's `router_queue` preset under its default name, selected per workload by
+`service=<workload>`; the engine's queue and KV cache, which the stack's adapter config makes of the pods'
+vLLM series summed per namespace (stack.engine_rules)."""
 
 
 def topology(fleet: Fleet, node: str) -> dict[str, dict[str, Any]]:
@@ -142,10 +147,19 @@ def deployment(d: Deploy) -> dict[str, Any]:
     }
 
 
+def external_selector(d: Deploy, metric: str) -> dict[str, Any] | None:
+    """The gateway's and the router's metrics are per service (`service=<workload>`); the engine's workload
+    sums are per namespace (the simulator's engine series carry no workload label), so they take none."""
+    if metric in (GATEWAY_METRIC, ROUTER_METRIC):
+        return {"matchLabels": {"service": d.name}}
+    return None
+
+
 def hpa(d: Deploy, spec: Hpa) -> dict[str, Any]:
     """autoscaling/v2 on the adapter's Pods metrics (gpu_utilization, requests_per_second) and its External
-    gateway request rate; `minReplicas: 0` is allowed by the API server only when every metric is External
-    (or Object), which the scenario model already checked."""
+    ones (the gateway's request rate; the router's queue and the engine's queue and KV cache); `minReplicas:
+    0` is allowed by the API server only when every metric is External (or Object), which the scenario model
+    already checked. Every External target is an AverageValue: the workload's value per replica."""
     targets = (("gpu_utilization", spec.gpu_utilization), ("requests_per_second", spec.requests_per_second))
     metrics = [
         {
@@ -158,16 +172,16 @@ def hpa(d: Deploy, spec: Hpa) -> dict[str, Any]:
         for name, value in targets
         if value is not None
     ]
-    if spec.gateway_requests_per_second is not None:
+    for name, value in spec.external_targets.items():
+        metric: dict[str, Any] = {"name": name}
+        if (selector := external_selector(d, name)) is not None:
+            metric["selector"] = selector
         metrics.append(
             {
                 "type": "External",
                 "external": {
-                    "metric": {"name": GATEWAY_METRIC, "selector": {"matchLabels": {"service": d.name}}},
-                    "target": {
-                        "type": "AverageValue",
-                        "averageValue": f"{spec.gateway_requests_per_second:g}",
-                    },
+                    "metric": metric,
+                    "target": {"type": "AverageValue", "averageValue": f"{value:g}"},
                 },
             }
         )

@@ -49,15 +49,24 @@ class Fleet(Section):
         return gpu * self.numa_nodes // self.gpus_per_node
 
 
+ENGINE_METRICS = ("router_queue_depth", "vllm_workload_queue_depth", "vllm_workload_kv_cache_usage")
+"""External metrics of a Deployment with a serving engine (the stack's adapter config serves them)."""
+EXTERNAL_METRICS = ("gateway_requests_per_second", *ENGINE_METRICS)
+"""Every External metric an `Hpa` can target, in the order its manifest lists them."""
+
+
 class Hpa(Section):
     """An autoscaling/v2 HPA on the Deployment, with metrics served by the gpuwarden adapter: Pods metrics
-    (custom.metrics.k8s.io) and the gateway's request rate (External, external.metrics.k8s.io)."""
+    (custom.metrics.k8s.io), the gateway's request rate and, for a Deployment with a serving engine, the
+    router's queue and the engine's queue and KV cache summed over the workload (External,
+    external.metrics.k8s.io). Each field is named after the metric it targets."""
 
     min: int = Field(
         1,
         ge=0,
         description="minReplicas; 0 parks the Deployment at zero when idle (HPAScaleToZero: beta and on from "
-        "Kubernetes 1.37), which needs every metric to be External: only `gateway_requests_per_second`",
+        "Kubernetes 1.37), which needs every metric to be External: `gateway_requests_per_second`, "
+        "`router_queue_depth`, `vllm_workload_queue_depth`, `vllm_workload_kv_cache_usage`",
     )
     max: int = Field(ge=1)
     gpu_utilization: float | None = Field(None, gt=0, description="target average GPU utilization (%)")
@@ -70,12 +79,45 @@ class Hpa(Section):
         "simulator's `gateway_requests_total`): it exists while no pod runs, so it can wake a Deployment "
         "parked at zero",
     )
+    router_queue_depth: float | None = Field(
+        None,
+        gt=0,
+        description="target requests waiting per replica at the router in front of a Deployment with an "
+        "`engine` (External `router_queue_depth{service=<name>}`, the adapter's `router_queue` preset over "
+        "the simulator's router gauge): the router holds requests while no pod runs, so it wakes the "
+        "workload from zero",
+    )
+    vllm_workload_queue_depth: float | None = Field(
+        None,
+        gt=0,
+        description="target requests waiting in the vLLM engines per replica (External: "
+        "`vllm:num_requests_waiting` summed over the namespace's pods, 0 while none runs; per replica it "
+        "is the average of the per-pod `vllm_queue_depth`, which as a Pods metric could not be read at zero)",
+    )
+    vllm_workload_kv_cache_usage: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="target KV-cache use (0-1) per replica (External: each pod's fullest cache, "
+        "`vllm:kv_cache_usage_perc`, summed over the namespace's pods, 0 while none runs: per replica the "
+        "average of the per-pod `vllm_kv_cache_usage`)",
+    )
     scale_down_stabilization_seconds: int = Field(0, ge=0)
+
+    @property
+    def external_targets(self) -> dict[str, float]:
+        """External metric name -> target average value per replica, for the metrics set."""
+        return {n: v for n in EXTERNAL_METRICS if (v := getattr(self, n)) is not None}
+
+    @property
+    def engine_targets(self) -> list[str]:
+        """The metrics set that only a Deployment with a serving engine has."""
+        return [n for n in ENGINE_METRICS if getattr(self, n) is not None]
 
     @model_validator(mode="after")
     def _metrics_fit_the_bounds(self) -> Hpa:
         pods_metrics = [n for n in ("gpu_utilization", "requests_per_second") if getattr(self, n) is not None]
-        if not pods_metrics and self.gateway_requests_per_second is None:
+        if not pods_metrics and not self.external_targets:
             raise ValueError("give at least one metric target")
         if self.min == 0 and pods_metrics:
             raise ValueError(
@@ -113,7 +155,21 @@ class Deploy(Workload):
     replicas: int = Field(1, ge=0)
     qps: float | None = Field(None, ge=0)
     qps_per_gpu: float = Field(100.0, gt=0, description="QPS one GPU serves at 100 % utilization")
+    engine: Literal["vllm"] | None = Field(
+        None,
+        description="the simulator serves a vLLM-shaped engine per pod (queue, running batch, KV cache, "
+        "TTFT, tokens) and the router's queue in front of the workload (harness/simulator/engine.py); needs "
+        "`qps`",
+    )
     hpa: Hpa | None = None
+
+    @model_validator(mode="after")
+    def _engine_metrics_need_an_engine(self) -> Deploy:
+        if self.engine is not None and self.qps is None:
+            raise ValueError("`engine` needs `qps` (the load the engine serves; 0 for none yet)")
+        if self.hpa is not None and self.engine is None and self.hpa.engine_targets:
+            raise ValueError(f"{', '.join(self.hpa.engine_targets)} need `engine: vllm`")
+        return self
 
 
 class Job(Workload):
@@ -294,6 +350,17 @@ class ParkedAtZero(Section):
     namespace: str = "default"
 
 
+class Rescaled(Section):
+    """The HPA scaled its Deployment up on one of `metrics`: a `SuccessfulRescale` Event on the HPA whose
+    reason names that metric as above its target (kube-controller-manager writes `New size: 3; reason:
+    external metric router_queue_depth(<selector>) above target`, naming the metric that asked for the most
+    replicas). What proves which metric woke a Deployment or scaled it out, not only that it did."""
+
+    name: str
+    namespace: str = "default"
+    metrics: list[str] = Field(min_length=1, description="any one of these metric names")
+
+
 class TopPods(Selected):
     """`kubectl top pods` (metrics.k8s.io, served by the adapter) lists every running pod of the workload,
     each with CPU and the memory working set Prometheus holds for it."""
@@ -322,6 +389,7 @@ class Expect(Section):
     gpu_preempting: GpuPreempting | None = None
     top_pods: TopPods | None = None
     parked_at_zero: ParkedAtZero | None = None
+    rescaled: Rescaled | None = None
     within: Seconds | None = Field(None, gt=0, description="default: the step's `within`")
     hold: Seconds = Field(0.0, ge=0, description="after first holding, must keep holding this long")
 
@@ -402,12 +470,22 @@ def _cross_problems(s: DemoScenario) -> list[tuple[str, str]]:
             (f"fleet.pools.{pool}.nodes", f"unknown node {n!r}") for n in spec.nodes if n not in nodes
         ]
     seen: set[str] = set()
+    engine_in: dict[str, str] = {}  # namespace -> its engine Deployment
     for i, step in enumerate(s.steps):
         if step.name in seen:
             problems.append((f"steps[{i}].name", f"duplicate step name {step.name!r}"))
         seen.add(step.name)
         for j, action in enumerate(step.do):
             where = f"steps[{i}].do[{j}]"
+            d = action.deploy
+            if d is not None and d.engine is not None and engine_in.setdefault(d.namespace, d.name) != d.name:
+                problems.append(
+                    (
+                        f"{where}.deploy.engine",
+                        f"{d.namespace} already has the engine Deployment {engine_in[d.namespace]!r}: the "
+                        "workload's engine metrics are summed per namespace, give each its own",
+                    )
+                )
             w = action.deploy or action.job
             if w is not None:
                 if w.pool is not None and w.pool not in s.fleet.pools:

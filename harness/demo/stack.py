@@ -54,6 +54,11 @@ APIS = (
     ("metrics.k8s.io", "v1beta1"),  # kubectl top, from the simulator's cAdvisor series
 )
 RATE = "[5s]"  # five 1 s scrapes (kube-prometheus: 120 s = four 30 s scrapes)
+ENGINE_WAITING = "vllm:num_requests_waiting"
+ENGINE_KV = "vllm:kv_cache_usage_perc"
+"""The vLLM series the engine rules read (vLLM V1's names, as the simulator exports them). Their home is
+`adapter.engines`, which the demo may not import (the CLI starts it, and the kernel imports no deployable):
+tests/unit/test_demo_scenario.py holds these equal to it."""
 SCALE_TO_ZERO_GATE = {"kubeFeatureGates": "HPAScaleToZero=true"}
 """HPA `minReplicas: 0` on External metrics: beta and on by default from 1.37 (the test bed's release), alpha
 and off before; set explicitly so the demo also parks at zero on a test bed built for an older release."""
@@ -69,6 +74,28 @@ def gateway_rule() -> dict[str, Any]:
         "name": {"matches": f"^{manifests.GATEWAY_SERIES}$", "as": manifests.GATEWAY_METRIC},
         "metricsQuery": f"sum(rate(<<.Series>>{{<<.LabelMatchers>>}}{RATE})) by (namespace)",
     }
+
+
+def engine_rules() -> list[dict[str, Any]]:
+    """`externalRules` entries for a Deployment with a vLLM engine, per namespace (one engine Deployment per
+    namespace, which the scenario model checks): the pods' waiting requests summed, and each pod's fullest
+    KV cache summed, so an HPA's AverageValue target reads the per-pod average of `vllm_queue_depth` /
+    `vllm_kv_cache_usage` (the adapter's per-pod engine presets, a Pods metric an HPA at zero replicas cannot
+    read). Discovered from the router's gauge, which exists while no pod runs; with no pod both are 0 (`or`
+    the router's series times 0), so an HPA parked at zero reads every metric and stays ScalingActive."""
+    router = f'{manifests.ROUTER_METRIC}{{namespace!=""}}'
+    at_zero = "(0 * sum(<<.Series>>{<<.LabelMatchers>>}) by (namespace))"
+    waiting = f"sum({ENGINE_WAITING}{{<<.LabelMatchers>>}}) by (namespace)"
+    kv = f"sum(max({ENGINE_KV}{{<<.LabelMatchers>>}}) by (namespace, pod)) by (namespace)"
+    return [
+        {
+            "seriesQuery": router,
+            "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
+            "name": {"matches": f"^{manifests.ROUTER_METRIC}$", "as": metric},
+            "metricsQuery": f"{query} or {at_zero}",
+        }
+        for metric, query in ((manifests.ENGINE_QUEUE_METRIC, waiting), (manifests.ENGINE_KV_METRIC, kv))
+    ]
 
 
 def resource_rule(series: str, rate: bool) -> dict[str, Any]:
@@ -128,7 +155,7 @@ def gpuwarden_config(
                 "cpu": resource_rule("container_cpu_usage_seconds_total", rate=True),
                 "memory": resource_rule("container_memory_working_set_bytes", rate=False),
             },
-            "externalRules": [gateway_rule()],
+            "externalRules": [gateway_rule(), *engine_rules()],
         },
         "health": {
             "loop_interval_seconds": 1,

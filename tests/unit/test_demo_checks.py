@@ -115,6 +115,15 @@ def event(reason: str, name: str, ns: str = "t", note: str = "n") -> dict[str, A
     return {"reason": reason, "note": note, "regarding": {"name": name, "namespace": ns}}
 
 
+def hpa_event(note: str, hpa: str = "w") -> dict[str, Any]:
+    """kube-controller-manager's Event on an HPA that rescaled its target."""
+    regarding = {"kind": "HorizontalPodAutoscaler", "name": hpa, "namespace": "t"}
+    return {"reason": "SuccessfulRescale", "note": note, "regarding": regarding}
+
+
+WOKEN = {"rescaled": {"name": "w", "namespace": "t", "metrics": ["router_queue_depth"]}}
+
+
 def make(
     pods: list[dict[str, Any]] = (),
     nodes: list[dict[str, Any]] = (),
@@ -491,6 +500,48 @@ CASES = [
     ),
     pytest.param(make(hpas=[zero_hpa(min_replicas=1)]), PARKED, False, "minReplicas 1", id="min-one"),
     pytest.param(make(), PARKED, False, "no HPA t/w", id="no-hpa"),
+    pytest.param(
+        make(
+            events=[
+                hpa_event(
+                    "New size: 2; reason: external metric router_queue_depth(&LabelSelector{}) above target"
+                )
+            ]
+        ),
+        WOKEN,
+        True,
+        "router_queue_depth above target",
+        id="woken-by-the-router",
+    ),
+    pytest.param(
+        make(
+            events=[
+                hpa_event("New size: 4; reason: external metric vllm_workload_queue_depth(nil) above target")
+            ]
+        ),
+        WOKEN,
+        False,
+        "vllm_workload_queue_depth above target",
+        id="rescaled-on-another-metric",
+    ),
+    pytest.param(
+        make(events=[hpa_event("New size: 0; reason: All metrics below target")]),
+        WOKEN,
+        False,
+        "New size: 0; reason: All metrics below target",
+        id="scaled-down-only",
+    ),
+    pytest.param(
+        make(
+            events=[
+                hpa_event("New size: 2; reason: external metric router_queue_depth(nil) above target", "x")
+            ]
+        ),
+        WOKEN,
+        False,
+        "none",
+        id="another-hpa",
+    ),
 ]
 
 

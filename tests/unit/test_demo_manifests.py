@@ -235,3 +235,23 @@ def test_view_gauges_follow_the_caches() -> None:
     assert 'gpuwarden_demo_node_quarantined{node="n0",reason="xid-79"} 1.0' in text
     assert 'pod="a",terminating="false",workload="llm"} 1.0' in text
     assert 'gpuwarden_demo_pod_nominated{namespace="inf",node="n3",pod="p",workload="llm"} 1.0' in text
+
+
+def test_an_engine_hpa_reads_the_router_per_service_and_the_engine_sums_per_namespace() -> None:
+    targets = {"router_queue_depth": 10, "vllm_workload_queue_depth": 5, "vllm_workload_kv_cache_usage": 0.8}
+    d = Deploy(name="vllm", namespace="serving", qps=0, engine="vllm", hpa=Hpa(min=0, max=5, **targets))
+    _, hpa = manifests.workload_objects(d)
+    assert hpa["spec"]["minReplicas"] == 0
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["External"] * 3
+    got = {
+        m["external"]["metric"]["name"]: (m["external"]["metric"].get("selector"), m["external"]["target"])
+        for m in hpa["spec"]["metrics"]
+    }
+    assert got == {
+        "router_queue_depth": (
+            {"matchLabels": {"service": "vllm"}},
+            {"type": "AverageValue", "averageValue": "10"},
+        ),
+        "vllm_workload_queue_depth": (None, {"type": "AverageValue", "averageValue": "5"}),
+        "vllm_workload_kv_cache_usage": (None, {"type": "AverageValue", "averageValue": "0.8"}),
+    }

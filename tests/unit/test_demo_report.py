@@ -145,10 +145,11 @@ def test_each_hpa_of_the_default_scenario_gets_a_figure_and_the_parked_one_says_
     )
     ctx = figures.Context(tmp_path, t0, t0 + 120, [("one", 0.0)], reader, [], load_demo_scenario())  # type: ignore[arg-type]
     made = {path.name: caption for path, caption in figures.autoscaling_figures(ctx)}
-    assert set(made) == {"autoscaling-llm-serve.png", "autoscaling-llm-burst.png"}
+    assert set(made) == {"autoscaling-llm-serve.png", "autoscaling-llm-burst.png", "autoscaling-vllm.png"}
     assert made["autoscaling-llm-burst.png"].startswith(
         "Scale to zero without KEDA: an HPA with minReplicas 0"
     )
+    assert made["autoscaling-vllm.png"].startswith("Scale to zero on a serving engine")
     assert "minReplicas 0" not in made["autoscaling-llm-serve.png"]
     width, height = png_size(tmp_path / "autoscaling-llm-burst.png")
     assert width > 500 and height > 200

@@ -9,18 +9,21 @@ from typing import Any
 import pytest
 import yaml
 
+from adapter import engines
 from adapter.naming import compile_rules
 from gpuwarden.config.root import Config
 from gpuwarden.errors import ConfigError
 from harness.demo import manifests
 from harness.demo.scenario import (
     DEFAULT_SCENARIO,
+    DemoScenario,
     Expect,
     Faults,
     load_demo_scenario,
     parse_demo_scenario,
 )
-from harness.demo.stack import deep_merge, gpuwarden_config
+from harness.demo.stack import ENGINE_KV, ENGINE_WAITING, deep_merge, gpuwarden_config
+from harness.simulator.exposition import ROUTER_QUEUE
 
 MINIMAL: dict[str, Any] = {
     "name": "t",
@@ -63,26 +66,54 @@ def test_the_default_scenario_parses_and_tells_the_whole_story() -> None:
     assert DEFAULT_SCENARIO.is_file()
 
 
-def test_the_default_scenario_parks_wakes_and_parks_again_an_hpa_with_min_zero_on_an_external_metric() -> (
-    None
-):
-    scenario = load_demo_scenario()
-    zero = [
-        a.deploy for s in scenario.steps for a in s.do if a.deploy and a.deploy.hpa and a.deploy.hpa.min == 0
-    ]
-    assert len(zero) == 1 and zero[0].hpa is not None
-    name = zero[0].name
-    assert zero[0].replicas >= 1  # the HPA, not the manifest, takes it to zero first
-    assert zero[0].hpa.gateway_requests_per_second is not None
-    story = [
-        (e.key, getattr(e.body, "min", None))
+def _story(scenario: DemoScenario, name: str) -> list[tuple[str, Any]]:
+    """The expectations about one workload, in order: (key, min replicas or the metrics it names)."""
+    return [
+        (e.key, getattr(e.body, "min", None) or tuple(getattr(e.body, "metrics", ())) or None)
         for s in scenario.steps
         for e in s.expect
         if getattr(e.body, "name", getattr(e.body, "workload", None)) == name
     ]
+
+
+def test_the_default_scenario_parks_wakes_and_parks_again_an_hpa_with_min_zero_on_an_external_metric() -> (
+    None
+):
+    scenario = load_demo_scenario()
+    zero = {
+        a.deploy.name: a.deploy
+        for s in scenario.steps
+        for a in s.do
+        if a.deploy and a.deploy.hpa and a.deploy.hpa.min == 0
+    }
+    assert set(zero) == {"llm-burst", "vllm"}
+    burst = zero["llm-burst"]
+    assert burst.replicas >= 1  # the HPA, not the manifest, takes it to zero first
+    assert burst.hpa is not None and burst.hpa.gateway_requests_per_second is not None
+    story = _story(scenario, burst.name)
     parked, woken = ("parked_at_zero", None), ("replicas", 3)
     assert story[0] == parked and woken in story and story[-1] == parked
     assert story.index(woken) < len(story) - 1
+
+
+def test_the_default_scenario_parks_a_vllm_deployment_wakes_it_on_the_router_and_sizes_it_on_the_engine() -> (
+    None
+):
+    scenario = load_demo_scenario()
+    (vllm,) = [a.deploy for s in scenario.steps for a in s.do if a.deploy and a.deploy.engine == "vllm"]
+    assert vllm.replicas >= 1 and vllm.hpa is not None and vllm.hpa.min == 0
+    assert set(vllm.hpa.external_targets) == {
+        "router_queue_depth",
+        "vllm_workload_queue_depth",
+        "vllm_workload_kv_cache_usage",
+    }
+    story = _story(scenario, vllm.name)
+    parked = ("parked_at_zero", None)
+    woken = ("rescaled", ("router_queue_depth",))
+    sized = ("rescaled", ("vllm_workload_queue_depth", "vllm_workload_kv_cache_usage"))
+    assert story[0] == parked and story[-1] == parked
+    assert story.index(parked) < story.index(woken) < len(story) - 1
+    assert sized in story and ("replicas", 4) in story
 
 
 def test_a_scale_to_zero_hpa_on_the_gateway_rate_parses() -> None:
@@ -101,9 +132,15 @@ def test_the_demo_config_with_the_default_scenario_merged_is_a_valid_gpuwarden_c
     # the boot-flap step runs inside the grace, the fabric step outside it (examples/demo/default.yaml)
     assert config.health.signals.boot_grace_seconds == 90
     # the External metric the scale-to-zero HPA reads is what the adapter's rule makes of the gateway series
-    (rule,) = compile_rules(config.adapter.external_rules, external=True)
+    rule, *engine = compile_rules(config.adapter.external_rules, external=True)
     assert rule.metric_name(manifests.GATEWAY_SERIES) == manifests.GATEWAY_METRIC
     assert rule.accepts(manifests.GATEWAY_SERIES) and rule.namespaced
+    # the engine's workload sums are discovered from the router's gauge, which exists at zero replicas
+    names = [r.metric_name(manifests.ROUTER_METRIC) for r in engine if r.accepts(manifests.ROUTER_METRIC)]
+    assert names == [manifests.ENGINE_QUEUE_METRIC, manifests.ENGINE_KV_METRIC]
+    assert manifests.ROUTER_METRIC == ROUTER_QUEUE == config.adapter.presets.router_queue.name
+    vllm = {m.quantity: m.series for m in engines.catalog(["vllm"])}
+    assert (vllm["queue_depth"][0], vllm["kv_cache_usage"][0]) == (ENGINE_WAITING, ENGINE_KV)
 
 
 def test_a_minimal_scenario_parses() -> None:
@@ -144,6 +181,24 @@ def _with(path: str, value: Any) -> dict[str, Any]:
             "steps[0].do[0].deploy.gpu",
             "Extra inputs",
             id="unknown-key",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.hpa", {"min": 0, "max": 4, "router_queue_depth": 10}),
+            "steps[0].do[0].deploy",
+            "router_queue_depth need `engine: vllm`",
+            id="engine-metric-without-an-engine",
+        ),
+        pytest.param(
+            _with("steps.0.do.0.deploy.engine", "vllm"),
+            "steps[0].do[0].deploy",
+            "`engine` needs `qps`",
+            id="engine-without-qps",
+        ),
+        pytest.param(
+            _with("steps.0.do", [{"deploy": {"name": n, "qps": 0, "engine": "vllm"}} for n in ("a", "b")]),
+            "steps[0].do[1].deploy.engine",
+            "already has the engine Deployment 'a'",
+            id="two-engine-deployments-in-one-namespace",
         ),
         pytest.param(
             _with("steps.0.do.0.deploy.pool", "nope"),
