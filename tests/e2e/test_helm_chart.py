@@ -277,12 +277,28 @@ def test_prometheus_adapter_values_are_mapped() -> None:
         (["keda.tls.mutualTLS=true"], "keda.tls.mutualTLS: needs keda.tls.existingSecret"),
         (["keda.enabled=true", "keda.port=6443"], "keda.port: 6443 is listenPort too"),
         (["keda.tls.mtls=true"], "at '/keda/tls'"),
+        (["scheduler.extender.httpTimeout=1m"], "at '/scheduler/extender/httpTimeout'"),
     ],
 )
 def test_a_wrong_value_is_rejected_with_its_key(sets: list[str], message: str) -> None:
     done = helm("template", "gpuwarden", str(CHART), *values_args(sets))
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("timeout", "seconds"), [("5s", "5"), ("1500ms", "1.5"), ("2.5s", "2.5")])
+def test_the_controller_binds_within_the_schedulers_http_timeout(timeout: str, seconds: str) -> None:
+    """The scheduler's extender httpTimeout and the controller's bind deadline come from one value."""
+    objects = template(["scheduler.enabled=true", f"scheduler.extender.httpTimeout={timeout}"])
+    [controller] = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpuwarden-controller"
+    ]
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUWARDEN_EXTENDER__SCHEDULER_HTTP_TIMEOUT_SECONDS"] == seconds
+    [scheduler_config] = [
+        o for o in objects if o["kind"] == "ConfigMap" and "httpTimeout" in str(o.get("data", {}))
+    ]
+    assert f"httpTimeout: {timeout}" in str(scheduler_config["data"])
 
 
 def test_the_worked_example_of_the_docs_is_the_tested_file() -> None:
