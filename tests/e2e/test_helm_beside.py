@@ -402,8 +402,15 @@ def fenced(cluster: Cluster) -> Iterator[None]:
     finally:
         kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", input=as_list(objects))
         kubectl(cluster, "annotate", "node", NODE, "example.com/probe-", "gpuwarden.io/probe-")
-        kubectl(cluster, "taint", "node", NODE, "gpuwarden.io/gpu-unhealthy-", "example.com/other-")
+        untaint(cluster, NODE, "gpuwarden.io/gpu-unhealthy", "example.com/other")
         kubectl(cluster, "delete", "namespace", VAP_NS, "--ignore-not-found", "--wait=false")
+
+
+def untaint(cluster: Cluster, node: str, *keys: str) -> None:
+    """Remove each taint key that is there. One `kubectl taint` per key: given several, kubectl removes
+    none when one of them is absent (a taint left on a shared node keeps later modules' pods pending)."""
+    for key in keys:
+        kubectl(cluster, "taint", "node", node, f"{key}-")
 
 
 def as_controller(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -573,7 +580,7 @@ def test_uninstall_lifts_ours_and_keeps_theirs(cluster: Cluster, tmp_path: Path)
     finally:
         kubectl(cluster, "label", "node", node, "gpuwarden.io/exclude-")
         kubectl(cluster, "annotate", "node", node, "example.com/theirs-", "gpuwarden.io/quarantine-")
-        kubectl(cluster, "taint", "node", node, "example.com/theirs-", "gpuwarden.io/gpu-unhealthy-")
+        untaint(cluster, node, "example.com/theirs", "gpuwarden.io/gpu-unhealthy")
         for name in ("gpuwarden-e2e-ours", "driver-e2e-theirs"):
             kubectl(cluster, "delete", "devicetaintrule", name, "--ignore-not-found")
         for name, value in topology.items():  # the test bed's, lifted too: other tests place GPUs by it
