@@ -92,7 +92,7 @@ EQUIVALENT = {
         "resourceMetrics.kubePrometheusRules=true",
     ],
     "overlays/keda": [*ACT, "keda.enabled=true"],
-    "overlays/leader-bind": [*ACT, "controller.bindProtocol=leader"],
+    "overlays/claim-bind": [*ACT, "controller.bindProtocol=claim"],
     "overlays/extender-mtls": [
         *ACT,
         "scheduler.enabled=true",

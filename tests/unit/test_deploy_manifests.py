@@ -225,26 +225,30 @@ def test_dry_run_overlay_only_adds_the_flag_and_claims_no_apiservice() -> None:
         assert obj == base[key], key
 
 
-def test_leader_bind_overlay_only_switches_the_bind_protocol_and_the_pod_ip_is_there(tmp_path: Path) -> None:
+def test_the_shipped_bind_protocol_is_leader_and_claim_bind_only_switches_it(tmp_path: Path) -> None:
     base = by_identity(rendered("base"))
-    leader = by_identity(rendered("overlays/leader-bind"))
-    assert base.keys() == leader.keys()
-    key = next(k for k in leader if k[1:] == ("Deployment", NAMESPACE, "gpuwarden-controller"))
-    container = leader[key]["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in container["env"]}
-    assert env["POD_IP"]["valueFrom"] == {
-        "fieldRef": {"fieldPath": "status.podIP"}
-    }  # what the Lease advertises
-    override = env.pop("GPUWARDEN_EXTENDER__BIND_PROTOCOL")
-    cm = one("overlays/leader-bind", "ConfigMap", "gpuwarden-config")
+    claim = by_identity(rendered("overlays/claim-bind"))
+    assert base.keys() == claim.keys()
+    key = next(k for k in claim if k[1:] == ("Deployment", NAMESPACE, "gpuwarden-controller"))
+    cm = one("base", "ConfigMap", "gpuwarden-config")
     (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
-    loaded = load_config(tmp_path / "config.yaml", env={override["name"]: override["value"]})
-    assert loaded.extender.bind_protocol == "leader"  # as the container's loader reads it
-    assert config_of("base").extender.bind_protocol == "claim"
-    container["env"] = list(env.values())
-    assert yaml.safe_load(yaml.safe_dump(leader[key])) == base[key]
-    for k in leader.keys() - {key}:
-        assert leader[k] == base[k], k
+    protocols = {}
+    for name, objects in (("base", base), ("claim-bind", claim)):
+        container = objects[key]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        # POD_IP: what the Lease advertises
+        assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        override = env["GPUWARDEN_EXTENDER__BIND_PROTOCOL"]
+        loaded = load_config(tmp_path / "config.yaml", env={override["name"]: override["value"]})
+        protocols[name] = loaded.extender.bind_protocol  # as the container's loader reads it
+    assert protocols == {"base": "leader", "claim-bind": "claim"}
+    container = claim[key]["spec"]["template"]["spec"]["containers"][0]
+    for e in container["env"]:
+        if e["name"] == "GPUWARDEN_EXTENDER__BIND_PROTOCOL":
+            e["value"] = "leader"
+    assert yaml.safe_load(yaml.safe_dump(claim[key])) == base[key]
+    for k in claim.keys() - {key}:
+        assert claim[k] == base[k], k
 
 
 # -------------------------------------------------------------------------------------------------- RBAC

@@ -29,7 +29,7 @@ OVERLAYS = (
     "overlays/node-agent",
     "overlays/resource-metrics",
     "overlays/keda",
-    "overlays/leader-bind",
+    "overlays/claim-bind",
     "overlays/extender-mtls",
 )
 SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "labels", "images", "patches"}
