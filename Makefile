@@ -71,7 +71,7 @@ upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .c
 promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/promqlcheck (PromQL property tests)
 	bash tests/promql/build.sh
 
-keda-client: ## build KEDA's external-scaler client (tests/keda, KEDA's pkg/scalers) into .cache/kedaclient
+keda-client: ## build KEDA's external-scaler client (tests/keda: 4 of pkg/scalers' files) into .cache/kedaclient
 	bash tests/keda/build.sh
 
 # The image (deploy/Dockerfile, the one recipe) is built without a registry or a daemon: buildah 1.28 (vfs
