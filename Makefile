@@ -71,7 +71,7 @@ upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .c
 promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/promqlcheck (PromQL property tests)
 	bash tests/promql/build.sh
 
-keda-client: ## build KEDA's external-scaler client (tests/keda, KEDA's pkg/scalers) into .cache/kedaclient
+keda-client: ## build KEDA's external-scaler client (tests/keda: 4 of pkg/scalers' files) into .cache/kedaclient
 	bash tests/keda/build.sh
 
 # The image (deploy/Dockerfile, the one recipe) is built without a registry or a daemon: buildah 1.28 (vfs
@@ -116,7 +116,10 @@ unit: deps ## pure cores, wire formats, respx error paths
 # test_dashboards_live runs in a pytest process of its own: after the other modules of the tier, its
 # module-scoped event loop's teardown was seen to hang on this machine kind (the fake API server's watch
 # handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
-integration: deps prometheus promql-check keda-client ## against a real Prometheus server (its PromQL parser, KEDA's client)
+# The Go builds each tier needs; `make test` starts them all early (see test:).
+INTEGRATION_BUILDS := promql-check keda-client
+E2E_BUILDS := testbed helm keda
+integration: deps prometheus $(INTEGRATION_BUILDS) ## against a real Prometheus server (its PromQL parser, KEDA's client)
 	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
 	$(PYTEST) -q tests/integration/test_dashboards_live.py
 
@@ -125,12 +128,20 @@ rules-test: prometheus ## promtool check + test of rules/
 
 # test_installed_image runs in a pytest process of its own: it needs the machine's one real kubelet node (with
 # kube-proxy and the image), which the other modules' session-wide node cluster holds until their session ends.
-e2e: deps prometheus node-runtime testbed helm keda image ## against the real control plane and a real kubelet node
+e2e: deps prometheus node-runtime $(E2E_BUILDS) image ## against the real control plane and a real kubelet node
 	$(PYTEST) -q --durations=15 tests/e2e --ignore=tests/e2e/test_installed_image.py
 	$(PYTEST) -q tests/e2e/test_installed_image.py
 
-test: lint unit integration rules-test image-test e2e ## every tier (what CI runs)
-	@echo "make test: all tiers passed"
+# `make test` (harness/maketest.py): the virtualenv and Debian packages first, then the Go builds of
+# INTEGRATION_BUILDS and E2E_BUILDS in the background, one at a time (logs in .cache/ci/), while the tiers run in
+# order; integration and e2e wait for their builds. It stops at the first failure (a failed build's log tail is
+# shown), prints each build's and tier's wall time, and exits with the failing make's status. The image is built
+# by image-test in the foreground (buildah, not a Go build). `make e2e` alone still builds what it needs.
+TEST_SETUP := deps prometheus node-runtime image-tools
+TEST_TIERS := lint unit rules-test image-test integration e2e
+test: ## every tier (what CI runs); Go builds started early in the background; times at the end
+	@python3 -m harness.maketest --make "$(MAKE)" --setup "$(TEST_SETUP)" --builds "$(INTEGRATION_BUILDS) $(E2E_BUILDS)" \
+	  --tiers "$(TEST_TIERS)" --needs "integration=$(INTEGRATION_BUILDS)" --needs "e2e=$(E2E_BUILDS)" --logs .cache/ci
 
 # The contract suites on the oldest supported Kubernetes (README "Supported Kubernetes versions"): extender verbs
 # and preemption against the real kube-scheduler, device plugin + PodResources + eviction against the real

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controller.drain.cancel import EVENT_CANCELLED, CancelStep, after_cancel
 from controller.drain.plan import (
+    RATE_WINDOW_SECONDS,
     DrainPlan,
     DrainVerdict,
     Eviction,
@@ -79,9 +80,18 @@ class ActResult:
 
 class DrainActuator:
     def __init__(
-        self, kube: KubeClient, events: EventRecorder, metrics: DrainMetrics, clock: Callable[[], float]
+        self,
+        kube: KubeClient,
+        events: EventRecorder,
+        metrics: DrainMetrics,
+        clock: Callable[[], float],
+        *,
+        rate_window: float = RATE_WINDOW_SECONDS,
     ) -> None:
         self.kube = kube
+        self.rate_window = (
+            rate_window  # drain.gate.rate_window_seconds: how long the ledger keeps an eviction
+        )
         self.events = events
         self.metrics = metrics
         self.clock = clock
@@ -163,7 +173,7 @@ class DrainActuator:
                 # The ledger first: a leader killed after the Eviction still leaves it counted and evented.
                 entry = Eviction(key, action.pod.uid, float(math.ceil(now)))
                 ledger[key] = entry
-                written = state.with_(evictions=prune_ledger(ledger.values(), (), now))
+                written = state.with_(evictions=prune_ledger(ledger.values(), (), now, self.rate_window))
                 if not await self._write_state(plan.node, written):
                     ledger.pop(key)
                     continue
@@ -192,7 +202,7 @@ class DrainActuator:
             blocked=blocked,
             history={k: v for k, v in history.items() if k in pending},
             done=state.done if state.done is not None else (now if plan.done else None),
-            evictions=prune_ledger(ledger.values(), [a.pod for a in plan.actions], now),
+            evictions=prune_ledger(ledger.values(), [a.pod for a in plan.actions], now, self.rate_window),
         )
 
     @staticmethod

@@ -72,7 +72,9 @@ class DrainLoop:
         self.pods, self.nodes = pods, nodes
         self.metrics = DrainMetrics(registry)
         events = EventRecorder(kube, component="drain", instance=instance or socket.gethostname())
-        self.actuator = DrainActuator(kube, events, self.metrics, clock)
+        self.actuator = DrainActuator(
+            kube, events, self.metrics, clock, rate_window=self.policy.gate.rate_window_seconds
+        )
         self.handoff = Handoff(kube, events)
         self._evicted_at: deque[float] = deque()
         self.last_plan: DrainPlan | None = None
@@ -101,7 +103,8 @@ class DrainLoop:
 
     async def run_once(self, leading: asyncio.Event | None = None) -> DrainPlan:
         now = self.clock()
-        while self._evicted_at and now - self._evicted_at[0] > 60.0:
+        window = self.policy.gate.rate_window_seconds
+        while self._evicted_at and now - self._evicted_at[0] > window:
             self._evicted_at.popleft()
         claims = await read_claims(self.kube, self.nodes.objects(), self.pods.objects(), self.page_size)
         snap = self.snapshot(claims, await self.dra_classes())
@@ -110,7 +113,9 @@ class DrainLoop:
             snap.pods_by_node,
             self.policy,
             now,
-            evictions_last_minute=max(len(self._evicted_at), evictions_in_window(snap.ledgers(), now)),
+            evictions_last_minute=max(
+                len(self._evicted_at), evictions_in_window(snap.ledgers(), now, window)
+            ),
             gpu_nodes=snap.gpu_nodes,
             schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
         )
@@ -241,7 +246,7 @@ def plan_from(
         snap.pods_by_node,
         config.drain,
         now,
-        evictions_last_minute=evictions_in_window(snap.ledgers(), now),
+        evictions_last_minute=evictions_in_window(snap.ledgers(), now, config.drain.gate.rate_window_seconds),
         gpu_nodes=snap.gpu_nodes,
         schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
     )

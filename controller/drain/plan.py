@@ -27,7 +27,7 @@ from enum import StrEnum
 
 from controller.gpus.devices import holds_any
 from controller.gpus.physical import MigPlace, physical_gpus
-from gpuwarden.config.drain import DrainConfig, DrainMode
+from gpuwarden.config.drain import DrainConfig, DrainGate, DrainMode
 from gpuwarden.gpusharing import GpuSharing
 from gpuwarden.quarantine import DeviceRef
 
@@ -94,11 +94,14 @@ class Eviction:
 
 
 RATE_WINDOW_SECONDS = 60.0
+"""The rate limit's default window (`drain.gate.rate_window_seconds`): max_evictions_per_minute's minute."""
 
 
-def evictions_in_window(ledgers: Iterable[Iterable[Eviction]], now: float) -> int:
-    """Evictions (sent or about to be) in the last minute across the fleet: the rate limit's count."""
-    return sum(1 for ledger in ledgers for e in ledger if now - e.at < RATE_WINDOW_SECONDS)
+def evictions_in_window(
+    ledgers: Iterable[Iterable[Eviction]], now: float, window: float = RATE_WINDOW_SECONDS
+) -> int:
+    """Evictions (sent or about to be) in the last `window` seconds, fleet-wide: the rate limit's count."""
+    return sum(1 for ledger in ledgers for e in ledger if now - e.at < window)
 
 
 def _gone_or_going(e: Eviction, pods: Iterable[DrainPod]) -> bool:
@@ -111,11 +114,12 @@ def events_owed(ledger: Iterable[Eviction], pods: Sequence[DrainPod]) -> tuple[E
     return tuple(e for e in ledger if not e.evented and _gone_or_going(e, pods))
 
 
-def prune_ledger(ledger: Iterable[Eviction], pods: Sequence[DrainPod], now: float) -> tuple[Eviction, ...]:
-    """The ledger kept: evictions of the last minute (the rate), and older ones whose Event is still owed."""
-    return tuple(
-        e for e in ledger if now - e.at < RATE_WINDOW_SECONDS or (not e.evented and _gone_or_going(e, pods))
-    )
+def prune_ledger(
+    ledger: Iterable[Eviction], pods: Sequence[DrainPod], now: float, window: float = RATE_WINDOW_SECONDS
+) -> tuple[Eviction, ...]:
+    """The ledger kept: evictions of the rate's window (the last minute by default), and older ones whose
+    Event is still owed."""
+    return tuple(e for e in ledger if now - e.at < window or (not e.evented and _gone_or_going(e, pods)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +322,12 @@ def _actions(node: DrainNode, chosen: Scope, policy: DrainConfig, now: float) ->
     return out
 
 
+def rate_limit_note(gate: DrainGate) -> str:
+    """Why a pass evicts no more: "eviction rate limit (10/min)", or "(2 per 15s)" with a shorter window."""
+    per = "/min" if gate.rate_window_seconds == RATE_WINDOW_SECONDS else f" per {gate.rate_window_seconds:g}s"
+    return f"eviction rate limit ({gate.max_evictions_per_minute}{per})"
+
+
 def plan_drains(
     nodes: Sequence[DrainNode],
     pods_by_node: Mapping[str, Sequence[DrainPod]],
@@ -371,8 +381,8 @@ def plan_drains(
                     limited.append(
                         PodAction(a.pod, DrainVerdict.BACKOFF, a.mode, a.rule, "eviction rate limit")
                     )
-                    if f"eviction rate limit ({gate.max_evictions_per_minute}/min)" not in held:
-                        held.append(f"eviction rate limit ({gate.max_evictions_per_minute}/min)")
+                    if rate_limit_note(gate) not in held:
+                        held.append(rate_limit_note(gate))
                     continue
                 budget -= 1
             limited.append(a)

@@ -56,6 +56,11 @@ class DrainGate(Section):
         default=10,
         description="Fleet-wide evictions per minute. 10: the scheduler and the jobs' controllers keep up.",
     )
+    rate_window_seconds: Seconds = Field(
+        default=60.0,
+        description="The window max_evictions_per_minute counts evictions over, in seconds. 60 (the minute "
+        "the name says): leave it; the e2e tests shorten it so a rate across leaders is proven in seconds.",
+    )
     min_schedulable_percent: Percent = Field(
         default=75.0,
         description="No new drain while fewer than this percentage of GPU nodes accept pods (untainted, "

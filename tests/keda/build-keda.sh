@@ -2,7 +2,8 @@
 # Builds the KEDA operator and metrics server (github.com/kedacore/keda/v2/cmd/{operator,adapter}, the
 # version tests/keda/go.mod pins) into .cache/keda/<version>_<go>/bin, for tests/e2e/test_keda_e2e.py. Only the
 # Go module proxy is contacted; go.mod/go.sum are committed and not rewritten (-mod=readonly). Skipped when
-# go.mod, go.sum and the Go version are unchanged. Shares Go's build cache with build.sh (pkg/scalers).
+# go.mod, go.sum, workspace.sh and the Go version are unchanged. Compiled from the copy of KEDA's module that
+# workspace.sh prepares, as build.sh's client is, so the two share every compiled package but pkg/scalers.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,7 +18,7 @@ export GOFLAGS="${KEDA_GOFLAGS:--mod=readonly} -buildvcs=false"
 export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
 export GOPROXY="${GOPROXY%,direct}"
 
-want=$({ cat "$HERE/go.mod" "$HERE/go.sum"; go env GOVERSION; } | sha256sum | cut -d' ' -f1)
+want=$({ cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/workspace.sh"; go env GOVERSION; } | sha256sum | cut -d' ' -f1)
 mkdir -p "$OUT/bin"
 if [[ -x "$OUT/bin/keda-operator" && -x "$OUT/bin/keda-adapter" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   echo "==> KEDA $VERSION: up to date ($OUT/bin)"
@@ -25,6 +26,9 @@ if [[ -x "$OUT/bin/keda-operator" && -x "$OUT/bin/keda-adapter" && -f "$STAMP" &
 fi
 echo "==> building KEDA $VERSION operator and metrics server with $(go env GOVERSION)"
 t0=$(date +%s)
+# shellcheck source=workspace.sh
+source "$HERE/workspace.sh"
+keda_workspace "$HERE" "${KEDASRC_CACHE:-$ROOT/.cache/kedasrc}"
 cd "$HERE"
 go build -p "$(nproc)" -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$VERSION" \
   -o "$OUT/bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator

@@ -38,6 +38,8 @@ from gpuwarden.wellknown import DRAIN, QUARANTINE_RECORD, QUARANTINE_TAINT
 NOW = 1_700_000_000.0
 GPU = "nvidia.com/gpu"
 POLICY = DrainConfig.model_validate({"gate": {"max_evictions_per_minute": 2}})
+# the e2e tests' shorter window (drain.gate.rate_window_seconds): 2 evictions per 15 s
+SHORT = DrainConfig.model_validate({"gate": {"max_evictions_per_minute": 2, "rate_window_seconds": 15}})
 
 
 class Killed(Exception):
@@ -105,44 +107,59 @@ def pod(name: str) -> JsonObject:
             "status": {"phase": "Running"}}  # fmt: skip
 
 
-async def leader_pass(api: Api) -> None:
+async def leader_pass(api: Api, policy: DrainConfig = POLICY) -> None:
     """One drain pass of a leader with no memory (what DrainLoop.run_once does, over the API's objects)."""
     nodes = list(api.nodes.values())
     snap = build_snapshot(nodes, list(api.pods.values()), resource=GPU)
-    now = api.now
+    now, window = api.now, policy.gate.rate_window_seconds
     plan = plan_drains(
-        snap.nodes, snap.pods_by_node, POLICY, now,
-        evictions_last_minute=evictions_in_window((n.evictions for n in snap.nodes), now),
+        snap.nodes, snap.pods_by_node, policy, now,
+        evictions_last_minute=evictions_in_window((n.evictions for n in snap.nodes), now, window),
         gpu_nodes=snap.gpu_nodes, schedulable_gpu_nodes=snap.schedulable_gpu_nodes,
     )  # fmt: skip
     events = EventRecorder(api, component="drain", instance="leader")  # type: ignore[arg-type]
-    actuator = DrainActuator(api, events, DrainMetrics(CollectorRegistry()), lambda: now)  # type: ignore[arg-type]
+    actuator = DrainActuator(
+        api,
+        events,
+        DrainMetrics(CollectorRegistry()),
+        lambda: now,
+        rate_window=window,  # type: ignore[arg-type]
+    )
     objs = {n["metadata"]["name"]: n for n in nodes}
     await actuator.apply(plan, snap.states, objs, dry_run=False)
 
 
-def max_in_any_minute(times: list[float]) -> int:
-    return max((sum(1 for u in times if t <= u < t + 60) for t in times), default=0)
+def max_in_any_window(times: list[float], window: float = 60) -> int:
+    return max((sum(1 for u in times if t <= u < t + window) for t in times), default=0)
 
 
+# The same run with the window a quarter as long (the lease and every pass step scaled with it): what the
+# e2e SIGKILL test relies on when it shortens drain.gate.rate_window_seconds to keep its wait short.
+@pytest.mark.parametrize(
+    ("policy", "scale"), [(POLICY, 1.0), (SHORT, 0.25)], ids=["60s-window", "15s-window"]
+)
 @pytest.mark.parametrize("k", range(9), ids=lambda k: f"killed-after-{k}-writes")
-def test_drain_killed_between_writes(k: int) -> None:
+def test_drain_killed_between_writes(k: int, policy: DrainConfig, scale: float) -> None:
     api = Api(kill_before=k)
     try:
-        asyncio.run(leader_pass(api))
+        asyncio.run(leader_pass(api, policy))
         killed = False
     except Killed:
         killed = True
     assert killed == (k < 8)
     api.kill_before = None
-    api.now = NOW + 8  # the next leader, one lease later
+    api.now = NOW + 8 * scale  # the next leader, one lease later
     for _ in range(12):
-        asyncio.run(leader_pass(api))
-        api.now += 30
+        asyncio.run(leader_pass(api, policy))
+        api.now += 30 * scale
 
     names = [name for name, _ in api.evicted]
     assert sorted(names) == ["a", "b", "c"], "every pod on the failed node evicted exactly once"
-    assert max_in_any_minute([t for _, t in api.evicted]) <= 2, api.evicted
+    window = policy.gate.rate_window_seconds
+    assert max_in_any_window([t for _, t in api.evicted], window) <= 2, api.evicted
+    # the limit binds: the third eviction waited for the first to leave the window
+    times = sorted(t for _, t in api.evicted)
+    assert times[2] - times[0] >= window, api.evicted
     evicted_events = sorted(e["regarding"]["name"] for e in api.events if e["reason"] == "GPUPodEvicted")
     assert evicted_events == ["a", "b", "c"], "one GPUPodEvicted Event per evicted pod"
     assert [e["reason"] for e in api.events].count("GPUDrainStarted") == 1
@@ -157,6 +174,9 @@ def test_ledger_round_trip_and_window() -> None:
     assert why == "" and back is not None and back.evictions == ledger
     assert evictions_in_window([ledger], NOW) == 1  # 60 s ago is outside the last minute
     assert evictions_in_window([ledger, ledger], NOW - 1) == 4
+    assert evictions_in_window([ledger], NOW, window=58.5) == 0  # drain.gate.rate_window_seconds
+    assert evictions_in_window([ledger], NOW - 45, window=15) == 1  # 14 s and 15 s ago: half-open
+    assert evictions_in_window([ledger], NOW - 45, window=15.5) == 2
 
 
 def test_old_drain_state_without_ledger_still_decodes() -> None:
@@ -186,3 +206,6 @@ def test_events_owed_and_prune(
     assert events_owed([entry], pods) == ((entry,) if owed else ())
     assert prune_ledger([entry], pods, NOW + 90) == ((entry,) if kept_at_now_plus_90 else ())
     assert prune_ledger([entry], pods, NOW + 30) == (entry,)  # within the minute: always counted
+    # a 15 s window (drain.gate.rate_window_seconds) keeps only what a 15 s rate counts, and what is owed
+    assert prune_ledger([entry], pods, NOW + 20, window=15) == ((entry,) if kept_at_now_plus_90 else ())
+    assert prune_ledger([entry], pods, NOW + 10, window=15) == (entry,)

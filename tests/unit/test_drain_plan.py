@@ -14,6 +14,7 @@ from controller.drain.plan import (
     in_scope,
     plan_drains,
     pod_actions,
+    rate_limit_note,
 )
 from gpuwarden.config.drain import DrainConfig
 
@@ -127,6 +128,28 @@ def test_gate_limits_draining_nodes_and_evictions() -> None:
     )
     assert len([a for p in plan.nodes for a in p.actions if a.verdict is DrainVerdict.EVICT]) == 2
     assert any("rate limit" in why for why in plan.gate_closed)
+
+
+@pytest.mark.parametrize(
+    ("window", "note"),
+    [(60, "eviction rate limit (10/min)"), (15, "eviction rate limit (10 per 15s)"),
+     (2.5, "eviction rate limit (10 per 2.5s)")],
+)  # fmt: skip
+def test_rate_limit_note_names_the_window(window: float, note: str) -> None:
+    policy = DrainConfig.model_validate({"enabled": True, "gate": {"rate_window_seconds": window}})
+    nodes = [DrainNode("n1", frozenset(), UUIDS)]
+    pods = {"n1": [pod(f"p{j}", str(j)) for j in range(3)]}
+    plan = plan_drains(
+        nodes, pods, policy, NOW, evictions_last_minute=10, gpu_nodes=100, schedulable_gpu_nodes=100
+    )
+    assert note in plan.gate_closed
+    assert rate_limit_note(policy.gate) == note
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "a minute"])
+def test_rate_window_must_be_positive_seconds(bad: object) -> None:
+    with pytest.raises(ValueError):
+        DrainConfig.model_validate({"gate": {"rate_window_seconds": bad}})
 
 
 def test_capacity_floor_holds_new_drains_but_not_running_ones() -> None:
