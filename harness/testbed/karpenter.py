@@ -13,9 +13,9 @@ still runs (so its termination finalizers are handled), then stops it. `gpu_node
 8-GPU nodes that carry the labels GPU feature discovery writes and gpuwarden's topology annotation, the way
 the fleet's own nodes look (harness.testbed.nodes).
 
-Facts relied on (Karpenter v1.15 sources; reference autoscalers-and-domains.md section A): the Node gets the
-NodeClaim's labels and annotations (NodePool ``template.metadata``); its ``status.allocatable`` is the instance
-type's; pods are provisionable only with ``PodScheduled`` reason ``Unschedulable`` and no
+Facts relied on (Karpenter v1.15 sources; reference autoscalers-and-domains.md section A): the Node gets
+the NodeClaim's labels and annotations (NodePool ``template.metadata``); its ``status.allocatable`` is the
+instance type's; pods are provisionable only with ``PodScheduled`` reason ``Unschedulable`` and no
 ``nominatedNodeName``; existing nodes (managed or not) are simulated first.
 """
 
@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden import ports
+from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
 from harness.testbed.binaries import TestbedMissingError, repo_root
 from harness.testbed.cluster import Cluster
-from harness.testbed.nodes import GPU_RESOURCE, TOPOLOGY_ANNOTATION, GpuNodeSpec
+from harness.testbed.nodes import GPU_RESOURCE, GpuNodeSpec
 from harness.testbed.waiting import poll
 
 ENV_DIR = "GPUWARDEN_KARPENTER_DIR"
@@ -66,8 +67,8 @@ class KarpenterBuild:
         if not os.access(binary, os.X_OK) or not crds:
             raise TestbedMissingError(
                 f"Karpenter (kwok provider) missing in {root}: build it with `make karpenter` "
-                f"(bash tests/karpenter/build.sh), or point ${ENV_DIR} at a directory with bin/karpenter-kwok "
-                "and crds/*.yaml."
+                f"(bash tests/karpenter/build.sh), or point ${ENV_DIR} at a directory with "
+                "bin/karpenter-kwok and crds/*.yaml."
             )
         return cls(binary=binary, crds=crds)
 
@@ -76,7 +77,7 @@ def gpu_instance_types(
     gpus: int = 8, cpu: str = "64", memory: str = "512Gi", price: float = 32.0
 ) -> list[dict[str, Any]]:
     """The instance-types file: one on-demand `gpus`-GPU type in one zone (the kwok provider's JSON shape,
-    `kwok/cloudprovider/instance_types.json`; `resources` is a ResourceList, so `nvidia.com/gpu` is offered)."""
+    `kwok/cloudprovider/instance_types.json`; `resources` is a ResourceList: `nvidia.com/gpu` is offered)."""
     return [
         {
             "name": INSTANCE_TYPE,
@@ -185,6 +186,7 @@ class Karpenter:
                 "apiVersion": "karpenter.kwok.sh/v1alpha1",
                 "kind": "KWOKNodeClass",
                 "metadata": {"name": NODECLASS},
+                "spec": {"nodeRegistrationDelay": self.registration_delay},
             }
         )
 
