@@ -20,6 +20,7 @@ pending pod fits an existing node, and NodeClaims when it launches.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,9 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from controller.health.act import Actuator
+from controller.health.metrics import HealthMetrics
+from controller.health.plan import Action, BreakerDecision, HealthPlan
+from controller.health.snapshot import BreakerState, Taint
+from gpuwarden.kube import EventRecorder, KubeClient
 from gpuwarden.quarantine import Evidence, QuarantineRecord
-from gpuwarden.wellknown import QUARANTINE_RECORD, QUARANTINE_TAINT
+from gpuwarden.wellknown import DISRUPTION_HOLD, KARPENTER_DO_NOT_DISRUPT, QUARANTINE_RECORD, QUARANTINE_TAINT
 from harness.testbed import Cluster, ensure_namespace, poll
 from harness.testbed.binaries import TestbedMissingError
 from harness.testbed.karpenter import Karpenter, KarpenterBuild, gpu_node_pool
@@ -65,6 +72,10 @@ OUTCOMES = {
     "make-room on a fragmented node": "right",
     "make-room short by count (idle reclaim)": "needless node",
     "consolidation of a quarantined empty node": "removed",
+}
+"""Before: gpuwarden as it was (every switch at its default). `AFTER`: with the switch named."""
+AFTER = {
+    "consolidation of a quarantined empty node": "kept until released (health.hold_autoscaler_disruption)"
 }
 
 
@@ -306,3 +317,74 @@ def test_consolidation_removes_an_empty_node_under_quarantine(
     disrupted = [line for line in autoscaled.karpenter.lines("disrupting node(s)") if node in line]
     assert disrupted, "the node left otherwise than by Karpenter's disruption"
     assert "delete" in disrupted[0].lower(), disrupted[0]
+
+
+def health_plan(node: str, action: Action, now: float) -> HealthPlan:
+    """A one-action plan as the health loop's decision makes it (the decision is table-tested in unit)."""
+    starts = ((node, now),) if action.kind == "quarantine" else ()
+    breaker = BreakerDecision(before=BreakerState(), after=BreakerState(starts=starts), quarantined=1,
+                              limit=10, new_in_window=len(starts), new_limit=10)  # fmt: skip
+    return HealthPlan(now=now, dry_run=False, actions=(action,), skips=(), breaker=breaker)
+
+
+def apply_plan(cluster: Cluster, namespace: str, plan: HealthPlan, *, hold: bool) -> None:
+    """The health loop's actuator (health.hold_autoscaler_disruption = `hold`) applies `plan`."""
+
+    async def go() -> None:
+        kube = KubeClient.from_config(kubeconfig=cluster.kubeconfig)
+        try:
+            recorder = EventRecorder(kube, component="health", instance="e2e")
+            actuator = Actuator(
+                kube,
+                recorder,
+                HealthMetrics(CollectorRegistry()),
+                namespace=namespace,
+                breaker_configmap=f"breaker-{uuid.uuid4().hex[:5]}",
+                hold_disruption=hold,
+            )
+            result = await actuator.apply(plan)
+            assert result.failures == 0, result
+        finally:
+            await kube.aclose()
+
+    asyncio.run(go())
+
+
+def node_events(cluster: Cluster, node: str, reason: str) -> list[str]:
+    items = cluster.get_json(
+        "events", "-A", "--field-selector", f"involvedObject.name={node},reason={reason}"
+    )
+    return [str(e.get("message") or "") for e in items["items"]]
+
+
+def test_with_the_hold_consolidation_keeps_a_quarantined_node_until_its_release(
+    cluster: Cluster, port: int, autoscaled: Autoscaled, namespace: str
+) -> None:
+    """After: `health.hold_autoscaler_disruption` on. The health loop's actuator quarantines the launched
+    node (taint, record, and Karpenter's do-not-disrupt with our mark); emptied, the node stays - Karpenter
+    says why in a `DisruptionBlocked` Event - until the release lifts the hold with the taint, and then
+    consolidation removes it."""
+    pool = autoscaled.pool
+    with running(cluster, port):
+        cluster.apply(pool.pod(namespace, "p", 4, "high"))
+        poll(lambda: running_on(cluster, namespace, "p"), timeout=120, what="p bound on a launched node")
+    (node,) = autoscaled.launched()
+    now = time.time()
+    record = QuarantineRecord("quarantined", "gpu-missing", reason_class="hw_pcie",
+                              evidence=(Evidence("gpu-missing"),), quarantined_at=now)  # fmt: skip
+    taint = Taint(QUARANTINE_TAINT, "gpu-missing", "NoSchedule")
+    quarantine_action = Action("quarantine", node, "gpu-missing", "e2e", add_taint=taint, record=record)
+    apply_plan(cluster, namespace, health_plan(node, quarantine_action, now), hold=True)
+    annotations = cluster.get_json("node", node)["metadata"]["annotations"]
+    assert annotations[KARPENTER_DO_NOT_DISRUPT] == "true" and annotations[DISRUPTION_HOLD] == "quarantine"
+    cluster.kubectl("delete", "pod", "-n", namespace, "p", "--wait=true", timeout=60)
+    poll(lambda: any("do-not-disrupt" in m for m in node_events(cluster, node, "DisruptionBlocked")),
+         timeout=60, what="Karpenter's DisruptionBlocked Event")  # fmt: skip
+    time.sleep(OBSERVE_SECONDS)  # consolidateAfter is 5 s: the unheld node of the test above went in < 20 s
+    assert autoscaled.launched() == [node]
+
+    release = Action("release", node, "healthy-period", "e2e", remove_taint=taint, remove_record=True)
+    apply_plan(cluster, namespace, health_plan(node, release, time.time()), hold=True)
+    annotations = cluster.get_json("node", node)["metadata"].get("annotations") or {}
+    assert KARPENTER_DO_NOT_DISRUPT not in annotations and DISRUPTION_HOLD not in annotations
+    poll(lambda: not autoscaled.launched(), timeout=120, what="the released node consolidated away")
