@@ -120,6 +120,7 @@ def one_round(
             time.sleep(2)  # a NodeClaim Karpenter created in the same batch shows up by now
         return bound, len(karpenter.nodeclaims(name))
     finally:
+        cluster.kubectl("delete", "pods", "-n", ns, "--all", "--wait=false", check=False)
         karpenter.delete_pool(name)
         pool.delete()
 
