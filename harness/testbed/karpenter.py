@@ -41,7 +41,6 @@ from harness.testbed.waiting import poll
 ENV_DIR = "GPUWARDEN_KARPENTER_DIR"
 NODECLASS = "gpuwarden-e2e"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 INSTANCE_TYPE = "gpu-8x-h100"
 ZONE = "test-zone-a"
 
