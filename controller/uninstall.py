@@ -34,6 +34,8 @@ from gpuwarden.kube import (
     Resource,
 )
 from gpuwarden.wellknown import (
+    DISRUPTION_HOLD,
+    KARPENTER_DO_NOT_DISRUPT,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     WRITTEN_NODE_ANNOTATIONS,
@@ -92,7 +94,10 @@ def _meta(obj: JsonObject, key: str) -> dict[str, str]:
 def lift_node(node: JsonObject) -> Lift | None:
     """Our annotations, taint and conditions on one Node; None when it carries none."""
     name = str(node["metadata"]["name"])
-    annotations = tuple(k for k in WRITTEN_NODE_ANNOTATIONS if k in _meta(node, "annotations"))
+    present = _meta(node, "annotations")
+    annotations = tuple(k for k in WRITTEN_NODE_ANNOTATIONS if k in present)
+    if DISRUPTION_HOLD in present and present.get(KARPENTER_DO_NOT_DISRUPT) == "true":
+        annotations += (KARPENTER_DO_NOT_DISRUPT,)  # the hold the health loop set (its mark says so)
     taints = list(node.get("spec", {}).get("taints") or [])
     conditions = list(node.get("status", {}).get("conditions") or [])
     lift = Lift(

@@ -110,6 +110,15 @@ removed."""
 IDLE_EXCLUDE = "gpuwarden.io/idle-exclude"
 """Pod label (the config default of `idle.exclude_label`): `true` means the pod is never judged idle."""
 
+# --- nodes: autoscalers (Karpenter) ----------------------------------------------------------------------
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+"""Karpenter's node annotation (not ours): `true` keeps consolidation and drift away from the node (not
+expiration, repair or forced termination). The health loop sets it on a quarantined node while
+`health.hold_autoscaler_disruption` is on, so the evidence and the validation Job are not deleted with it."""
+DISRUPTION_HOLD = "gpuwarden.io/disruption-hold"
+"""Node annotation (set by gpuwarden): `quarantine` when the health loop set `KARPENTER_DO_NOT_DISRUPT` - it
+lifts only a hold it set (an operator's own `do-not-disrupt` has no such mark and is never touched)."""
+
 # --- namespaces: tenants (the preemption rule across tenants) -----------------------------------------------
 TENANT = "gpuwarden.io/tenant"
 """Namespace label: the tenant (team) the namespace belongs to; namespaces with one value form one tenant
@@ -117,7 +126,8 @@ TENANT = "gpuwarden.io/tenant"
 
 # --- what gpuwarden writes on objects it does not own (lifted by `gpuwarden uninstall`) -------------------
 # Operator overrides (release, exclude, drain-pause, idle-ack-until, ...) and users' labels are theirs: kept.
-WRITTEN_NODE_ANNOTATIONS = (QUARANTINE_RECORD, DEGRADATION, DRAIN, REMEDIATION, GPU_TOPOLOGY)
+WRITTEN_NODE_ANNOTATIONS = (QUARANTINE_RECORD, DEGRADATION, DRAIN, REMEDIATION, GPU_TOPOLOGY, DISRUPTION_HOLD)
+"""`KARPENTER_DO_NOT_DISRUPT` is lifted with `DISRUPTION_HOLD`, and only where that mark says we set it."""
 WRITTEN_NODE_CONDITIONS = (GPU_HEALTHY_CONDITION, GPU_DEGRADED_CONDITION)
 WRITTEN_NODE_TAINTS = (QUARANTINE_TAINT,)
 WRITTEN_POD_ANNOTATIONS = (

@@ -45,7 +45,9 @@ from gpuwarden.kube import (
 from gpuwarden.quarantine import QuarantineRecord, decode
 from gpuwarden.wellknown import BREAKER_RESET as BREAKER_RESET_ANNOTATION
 from gpuwarden.wellknown import DEGRADATION as DEGRADATION_ANNOTATION
+from gpuwarden.wellknown import DISRUPTION_HOLD as DISRUPTION_HOLD_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
+from gpuwarden.wellknown import KARPENTER_DO_NOT_DISRUPT as DO_NOT_DISRUPT_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
@@ -53,6 +55,8 @@ from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
 log = logging.getLogger(__name__)
 
 BREAKER_CONFIGMAP = "gpuwarden-quarantine-breaker"
+HOLD_REASON = "quarantine"
+"""The value of our `gpuwarden.io/disruption-hold` mark."""
 
 
 @dataclass
@@ -64,8 +68,12 @@ class ActResult:
     events: int = 0
 
 
-def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
-    """The merge patch for `action` computed from the Node as just read; None when nothing changes."""
+def node_patch(current: JsonObject, action: Action, *, hold_disruption: bool = False) -> JsonObject | None:
+    """The merge patch for `action` computed from the Node as just read; None when nothing changes.
+
+    `hold_disruption` (`health.hold_autoscaler_disruption`): while our taint stays on the node, Karpenter's
+    `do-not-disrupt` is set with our mark (`disruption_changes`); a hold we marked is lifted with the taint,
+    or once the switch is off."""
     meta = current.get("metadata") or {}
     if (meta.get("labels") or {}).get(EXCLUDE_LABEL, "").lower() == "true":
         return None  # excluded since the plan was made
@@ -93,9 +101,33 @@ def node_patch(current: JsonObject, action: Action) -> JsonObject | None:
         changes[RELEASE_ANNOTATION] = None
     if action.degradation is not None and annotations.get(DEGRADATION_ANNOTATION) != action.degradation:
         changes[DEGRADATION_ANNOTATION] = action.degradation  # before the condition: the Event is owed
+    if action.add_taint is not None:
+        tainted = True
+    elif action.remove_taint is not None:
+        tainted = False
+    else:
+        tainted = bool(ours)
+    changes.update(disruption_changes(annotations, quarantined=tainted, hold=hold_disruption))
     if changes:
         patch["metadata"] = {"annotations": changes}
     return patch or None
+
+
+def disruption_changes(annotations: JsonObject, *, quarantined: bool, hold: bool) -> dict[str, str | None]:
+    """Karpenter's `do-not-disrupt` for a node under quarantine (its evidence, its validation Job): set
+    with our mark while `quarantined` and `hold`; lifted, mark and all, when either ends - only where our
+    mark says we set it. An operator's own `do-not-disrupt` (no mark) is never set over or removed."""
+    ours = annotations.get(DISRUPTION_HOLD_ANNOTATION) is not None
+    if quarantined and hold:
+        if annotations.get(DO_NOT_DISRUPT_ANNOTATION) is None:
+            return {DO_NOT_DISRUPT_ANNOTATION: "true", DISRUPTION_HOLD_ANNOTATION: HOLD_REASON}
+        return {}
+    if not ours:
+        return {}
+    changes: dict[str, str | None] = {DISRUPTION_HOLD_ANNOTATION: None}
+    if annotations.get(DO_NOT_DISRUPT_ANNOTATION) == "true":
+        changes[DO_NOT_DISRUPT_ANNOTATION] = None
+    return changes
 
 
 def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:
@@ -165,8 +197,10 @@ class Actuator:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         breaker_configmap: str = BREAKER_CONFIGMAP,
         job_namespace: str = "",
+        hold_disruption: bool = False,
     ) -> None:
         self.client, self.events, self.metrics = client, events, metrics
+        self.hold_disruption = hold_disruption
         self.namespace = namespace
         self.job_namespace = job_namespace or namespace
         self.breaker_configmap = breaker_configmap
@@ -308,7 +342,7 @@ class Actuator:
 
         def compute(current: JsonObject) -> JsonObject | None:
             nonlocal wrote
-            body = node_patch(current, action)
+            body = node_patch(current, action, hold_disruption=self.hold_disruption)
             wrote = body is not None
             return body
 

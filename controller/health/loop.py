@@ -112,6 +112,7 @@ class HealthLoop:
             namespace=self.namespace,
             breaker_configmap=config.health.breaker.configmap_name,
             job_namespace=config.health.validation.namespace,
+            hold_disruption=config.health.hold_autoscaler_disruption,
         )
         self.last_plan: HealthPlan | None = None
         self.streaks: dict[str, Streak] = {}  # debounce state between passes (see debounce.py)

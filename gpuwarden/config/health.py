@@ -269,6 +269,14 @@ class HealthConfig(Section):
         default_factory=SignalsConfig,
         description="Fabric and degradation signals, each graded quarantine / degrade / observe.",
     )
+    hold_autoscaler_disruption: bool = Field(
+        default=False,
+        description="Set Karpenter's `karpenter.sh/do-not-disrupt: true` on a node while it is quarantined "
+        "(its evidence pending, its validation Job running), marked `gpuwarden.io/disruption-hold`, and lift "
+        "it with the quarantine: consolidation would otherwise delete an emptied quarantined node, evidence "
+        "and all (docs/extender.md#autoscalers). false: no autoscaler annotation is written. An operator's "
+        "own do-not-disrupt is never touched.",
+    )
     validation: ValidationConfig = Field(
         default_factory=ValidationConfig,
         description="A validation Job that must succeed before a release after the healthy period.",

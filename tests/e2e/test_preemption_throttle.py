@@ -372,7 +372,7 @@ def cascade(cluster: Cluster, namespace: str, stack_port: int, pool: Pool, overr
             w5 = [p for p in pods if p["metadata"]["name"].startswith("w5-") and p["spec"].get("nodeName")]
             if not w5 or terminating or len(pending) != 1:
                 return None
-            scheduled = next(
+            scheduled: dict[str, Any] = next(
                 (c for c in pending[0]["status"].get("conditions") or [] if c["type"] == "PodScheduled"), {}
             )
             return len(victims(cluster, namespace)) if scheduled.get("reason") == "Unschedulable" else None

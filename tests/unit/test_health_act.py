@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.health.act import condition_patch, node_patch
+from controller.health.act import condition_patch, disruption_changes, node_patch
 from controller.health.plan import Action, ConditionUpdate
 from controller.health.snapshot import Taint
 from gpuwarden.quarantine import QuarantineRecord
@@ -70,6 +70,52 @@ def node(taints: list[dict[str, Any]] | None = None, annotations: dict[str, str]
 )
 def test_node_patch(current: dict[str, Any], action: Action, expected: dict[str, Any] | None) -> None:
     assert node_patch(current, action) == expected
+
+
+DND, HOLD = "karpenter.sh/do-not-disrupt", "gpuwarden.io/disruption-hold"
+OURS_HELD = {DND: "true", HOLD: "quarantine"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "quarantined", "hold", "expected"),
+    [
+        pytest.param({}, True, True, OURS_HELD, id="quarantined-held"),
+        pytest.param(OURS_HELD, True, True, {}, id="held-already"),
+        pytest.param({DND: "true"}, True, True, {}, id="operators-hold-not-marked-as-ours"),
+        pytest.param({DND: "5m"}, True, True, {}, id="operators-duration-kept"),
+        pytest.param({}, True, False, {}, id="switch-off-writes-nothing"),
+        pytest.param(OURS_HELD, False, True, {DND: None, HOLD: None}, id="released-lifts-ours"),
+        pytest.param(OURS_HELD, True, False, {DND: None, HOLD: None}, id="switch-turned-off-lifts-ours"),
+        pytest.param({DND: "true"}, False, True, {}, id="released-keeps-operators"),
+        pytest.param(
+            {DND: "5m", HOLD: "quarantine"}, False, True, {HOLD: None}, id="changed-by-operator-kept"
+        ),
+        pytest.param({}, False, True, {}, id="healthy-nothing"),
+    ],
+)
+def test_disruption_changes(
+    annotations: dict[str, str], quarantined: bool, hold: bool, expected: dict[str, str | None]
+) -> None:
+    assert disruption_changes(annotations, quarantined=quarantined, hold=hold) == expected
+
+
+def test_node_patch_holds_a_quarantined_node_and_lifts_the_hold_with_the_taint() -> None:
+    held = node_patch(node(), Q, hold_disruption=True)
+    assert held is not None
+    assert held["metadata"]["annotations"] == {"gpuwarden.io/quarantine": REC.encode(), **OURS_HELD}
+    released = node_patch(
+        node([OURS], {"gpuwarden.io/quarantine": "x", **OURS_HELD}), R, hold_disruption=True
+    )
+    assert released == {
+        "spec": {"taints": None},
+        "metadata": {"annotations": {"gpuwarden.io/quarantine": None, DND: None, HOLD: None}},
+    }
+    # a pass that only rewrites the record of a quarantined node adds the hold it lacked
+    update = Action("update-record", "n1", "xid-79", "m", record=REC)
+    assert node_patch(
+        node([OURS], {"gpuwarden.io/quarantine": REC.encode()}), update, hold_disruption=True
+    ) == {"metadata": {"annotations": OURS_HELD}}
+    assert node_patch(node(), Q) == node_patch(node(), Q, hold_disruption=False)  # default: no hold
 
 
 WALL = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -49,6 +49,12 @@ def pod(annotations: dict[str, str], labels: dict[str, str] | None = None) -> di
             Lift("Node", "n1", annotations=("gpuwarden.io/gpu-topology",)),
             id="node-agent-topology",
         ),
+        pytest.param(
+            node({"karpenter.sh/do-not-disrupt": "true", "gpuwarden.io/disruption-hold": "quarantine"}),
+            Lift("Node", "n1", annotations=("gpuwarden.io/disruption-hold", "karpenter.sh/do-not-disrupt")),
+            id="our-karpenter-hold-lifted-with-its-mark",
+        ),
+        pytest.param(node({"karpenter.sh/do-not-disrupt": "true"}), None, id="operators-karpenter-hold-kept"),
     ],
 )  # fmt: skip
 def test_node_lifts(obj: dict[str, Any], expected: Lift | None) -> None:
