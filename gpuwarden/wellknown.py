@@ -36,6 +36,13 @@ GPU_DEGRADED_CONDITION = "GPUDegraded"
 DEGRADATION = "gpuwarden.io/degradation"
 """Node annotation, JSON, present only while a `GPUDegraded` change's Event is owed: the change (status,
 message), the Event's note and when it was decided (`at`, RFC 3339, whole seconds: the Event's name)."""
+NVLINK_DOMAIN_HEALTH = "gpuwarden.io/nvlink-domain-health"
+"""Node label on every member of an NVLink domain (the clique) we judge `degraded` or `failed`; absent while
+the domain is healthy. What multi-node schedulers read (Kueue TAS: required node affinity `DoesNotExist`)."""
+NVLINK_DOMAIN_TAINT = "gpuwarden.io/nvlink-domain-degraded"
+"""Taint on every member of a degraded domain, only when `domains.health.action` is `quarantine`."""
+NVLINK_DOMAIN_CONDITION = "NVLinkDomainHealthy"
+"""Node condition type on every member of a graded domain (False while the domain is degraded or failed)."""
 DEVICE_RULE_NODE = "gpuwarden.io/quarantine-node"
 """Label on a DeviceTaintRule of ours (resource.k8s.io/v1): the node whose quarantine it belongs to. The
 rule is named `gpuwarden-<node>-<hash of driver/pool/device>` and also labelled
