@@ -6,17 +6,20 @@ choosing that clique, while single-node work may keep using its healthy trays. P
 that; this module aggregates the node signals per domain (../shared/reference/autoscalers-and-domains.md §C).
 
 Rules, table-tested in tests/unit/test_health_domains.py:
-- the evidence is the node grading (`grading.py`): only confirmed hits count, so a tray's own debounce and
-  boot grace apply (GB200 reports Fabric Manager `not_started` where no host FM runs; during a boot's grace
-  nothing counts); a signal set to `off` is never read, one set to `observe` still counts for its domain;
+- the evidence is the node grading (`grading.py`): the hits that held this pass, confirmed or still
+  debouncing, so boot grace applies (GB200 reports Fabric Manager `not_started` where no host FM runs; during
+  a boot's grace nothing counts) and the domain's own debounce (below) runs alongside the tray's: with equal
+  `consecutive` the domain is published in the pass its tray's signal is confirmed, not `consecutive` passes
+  later; a signal set to `off` is never read, one set to `observe` still counts for its domain;
 - *fabric down* on a tray: Fabric Manager status failing or a fatal NVSwitch SXid; *bandwidth lost*: a fabric
   health mask fault or NVLink errors over the threshold;
 - `failed` when more than `failed_percent` of the members report fabric down (the fabric, not one tray);
 - `degraded` when any tray lost bandwidth or reports fabric down, or more than `max_trays_out` trays are out
   (quarantined by us, or missing from `expected_trays` labelled members);
 - `unknown` when nothing above holds but a member's telemetry is unknown (safety rule 1: never healthy on
-  missing data); an unknown domain neither starts nor releases anything and keeps its streaks;
-- a verdict counts after `consecutive` passes in a row (`debounce.advance`, keys `<domain>/domain_<state>/`):
+  missing data; an excluded member is not read and does not make its domain unknown); an unknown domain
+  neither starts nor releases anything and keeps its streaks;
+- a verdict counts after `consecutive` passes in a row (`debounce.advance`, `is_domain_key` streaks):
   publishing and release both wait for it, so a published domain stays so until `healthy` held as long.
 
 What it must not do: no I/O, no clock reads, no patches or Events (the plan says what to write; act writes).
@@ -29,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from controller.gpus.domains import node_domain
+from controller.health import plan as p
 from controller.health.debounce import advance, streak_key
 from controller.health.grading import FleetGrading, Graded
 from controller.health.snapshot import NodeState, Streak
 from gpuwarden.config.domains import DomainHealth, DomainsConfig
-from gpuwarden.wellknown import NVLINK_DOMAIN_HEALTH
+from gpuwarden.wellknown import NVLINK_DOMAIN_CONDITION, NVLINK_DOMAIN_HEALTH
 
 DomainState = Literal["healthy", "degraded", "failed", "unknown"]
 Published = Literal["degraded", "failed"]
@@ -61,8 +65,8 @@ class Tray:
 
 
 def tray_of(node: NodeState, graded: Iterable[Graded], known: bool) -> Tray:
-    """The member's evidence from its confirmed graded hits (pending and silenced hits do not count)."""
-    confirmed = [g for g in graded if g.confirmed and g.action != "off"]
+    """The member's evidence from the graded hits that held this pass (silenced ones are not graded)."""
+    confirmed = [g for g in graded if g.action != "off"]
     down = tuple(sorted({f"{g.hit.reason} on {g.hit.gpu or 'node'}" for g in confirmed
                          if g.hit.signal in FABRIC_DOWN_SIGNALS}))  # fmt: skip
     lost = tuple(sorted({f"{g.hit.reason} on {g.hit.gpu or 'node'}" for g in confirmed
@@ -97,7 +101,7 @@ def judge(trays: tuple[Tray, ...], cfg: DomainHealth) -> tuple[DomainState, tupl
         why.append(f"{out} trays out (> {cfg.max_trays_out}): {', '.join(parts)}")
     if why:
         return "degraded", tuple(why)
-    unknown = [t.node for t in trays if not t.known]
+    unknown = [t.node for t in trays if not t.known and not t.excluded]
     if unknown:
         return "unknown", (f"telemetry unknown on {', '.join(unknown)}",)
     return "healthy", ()
@@ -154,8 +158,17 @@ def _published(trays: Iterable[Tray]) -> Published | None:
     return "failed" if "failed" in values else "degraded" if values - {None} else None
 
 
+DOMAIN_KEY_PREFIX = "domain:"
+"""Domain streaks share the health loop's streak map with the node signals' (`<node>/<signal>/<gpu>`): a
+node name never holds a colon, so a key `domain:<name>/domain_<state>/` is never a node's."""
+
+
+def is_domain_key(key: str) -> bool:
+    return key.startswith(DOMAIN_KEY_PREFIX)
+
+
 def _key(domain: str, state: DomainState) -> str:
-    return streak_key(domain, f"domain_{state}", "")
+    return streak_key(DOMAIN_KEY_PREFIX + domain, f"domain_{state}", "")
 
 
 def grade_domains(
@@ -230,3 +243,22 @@ def _message(domain: str, target: Published | None, why: tuple[str, ...]) -> str
     if target is None:
         return f"NVLink domain {domain} is healthy"
     return f"NVLink domain {domain} is {target}: " + "; ".join(why)
+
+
+def publication_action(change: MemberChange) -> p.Action:
+    """A member change as a health plan action: the label (and taint, by option), the `NVLinkDomainHealthy`
+    condition, and an Event on the node (dry-run: the Event only, as for every health action)."""
+    pub = p.DomainPublication(change.label, change.taint and change.label is not None)
+    if change.label is None:
+        condition = p.ConditionUpdate(
+            "True", "NVLinkDomainHealthy", change.message, type=NVLINK_DOMAIN_CONDITION
+        )
+        event = p.EventSpec(EVENT_DOMAIN_RELEASED, "Normal", change.message, "ReleaseDomain")
+        return p.Action("domain-release", change.node, "nvlink-domain-healthy", change.message,
+                        condition=condition, event=event, domain=pub)  # fmt: skip
+    reason = f"NVLinkDomain{change.label.capitalize()}"
+    condition = p.ConditionUpdate("False", reason, change.message, type=NVLINK_DOMAIN_CONDITION)
+    note = change.message + ("; members tainted" if pub.taint else "; no taint: single-node work may stay")
+    event = p.EventSpec(EVENT_DOMAIN_DEGRADED, "Warning", note, "DegradeDomain")
+    return p.Action("domain-degrade", change.node, f"nvlink-domain-{change.label}", change.message,
+                    condition=condition, event=event, domain=pub)  # fmt: skip

@@ -137,13 +137,13 @@ def test_a_confirmed_fabric_fault_degrades_the_domain_after_its_debounce() -> No
 @pytest.mark.parametrize(
     ("hit", "degraded"),
     [
-        (("fabric_health", "quarantine", False), False),  # still debouncing on the node
+        (("fabric_health", "quarantine", False), True),  # debouncing on the node: the domain's runs alongside
         (("fabric_health", "observe", True), True),  # observe on the node still counts for the domain
         (("pcie_replay", "degrade", True), False),  # not a fabric signal
         (("nvswitch_non_fatal", "observe", True), False),  # informational SXid
         (("nvswitch_fatal", "quarantine", True), True),
     ],
-    ids=["node-debouncing", "observe-counts", "pcie-not-fabric", "non-fatal-sxid", "fatal-sxid"],
+    ids=["node-debouncing-counts", "observe-counts", "pcie-not-fabric", "non-fatal-sxid", "fatal-sxid"],
 )
 def test_which_node_hits_count(hit: tuple[SignalName, str, bool], degraded: bool) -> None:
     out = run(rack(t07=(hit,)), 3)
