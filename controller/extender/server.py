@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from controller.extender import answers as node_answers
 from controller.extender.answers import (
     AnswerCache,
+    domain_prioritize_body,
     filter_body,
     may_be_settling,
     pass_all,
@@ -49,6 +50,7 @@ from controller.extenderv1 import (
     ExtenderPreemptionResult,
     NodeList,
 )
+from controller.gpus.domains import job_group, preferred_domains
 from controller.gpus.fit import FleetSettings, Settings
 from controller.gpus.model import Claim, ClusterModel, NodeView, NotSynced
 from controller.gpus.objects import PodInfo, pod_info
@@ -252,7 +254,18 @@ class ExtenderService:
                 self.metrics.filter_nodes.labels(label).inc(count)
 
     async def prioritize(self, args: ExtenderArgs) -> Encoded:
-        return Encoded(prioritize_body(self._answers(self._pod(args), args.candidate_names())))
+        pod = self._pod(args)
+        answers = self._answers(pod, args.candidate_names())
+        placement = self.model.placement
+        if placement is not None and pod.gpus > 0:
+            meta = args.pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            group = job_group(str(meta.get("namespace", "")), labels, placement.job_labels)
+            if group is not None:  # a pod of a multi-pod job: toward its siblings' NVLink domain
+                preferred = preferred_domains(self.model.sibling_domains(group))
+                where = self.model.node_domain
+                return Encoded(domain_prioritize_body(answers, where, preferred, placement.weight))
+        return Encoded(prioritize_body(answers))
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         return await self.preempt_hook(args)

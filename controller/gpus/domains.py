@@ -10,17 +10,28 @@ The whole label value is the domain's name: two racks may share a clique id unde
 (dra-driver-nvidia-gpu #377), so the id alone never names a domain. A node without the label is in no domain
 (GFD omits it while the fabric is not attached, or when the GPUs disagree): it is never guessed into one.
 
-What it must not do: no I/O, no clock, no decision about health or placement (those are health's and the
-extender's); it only describes.
+Placement inside a domain is worded here too (`job_group`, `placement_score`), as a pure rule the extender
+applies to its answers: a pod of a multi-pod job (pods sharing a job or pod-group label) is steered toward
+the domain its siblings already run in, and never toward one health published degraded or failed; pods of
+no such job (single-node work) are scored as before, so they may keep using a degraded rack's healthy trays.
+
+What it must not do: no I/O, no clock, no decision about health (health's); it only describes, and words
+the placement rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.gpus.objects import NodeInfo, node_info
+from gpuwarden.wellknown import NVLINK_DOMAIN_HEALTH
+
+JobGroup = tuple[str, str, str]
+"""(namespace, label key, label value): the pods of one multi-pod job."""
+UNHEALTHY = frozenset({"degraded", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +122,51 @@ def domain_rows(domains: Mapping[str, Domain]) -> list[dict[str, Any]]:
         }
         for d in domains.values()
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class DomainPlacement:
+    """The placement rule's settings (config `domains`): which label names a node's domain, which pod labels
+    make siblings, and how much of the 0-10 score the sibling domain is worth."""
+
+    clique_label: str
+    job_labels: tuple[str, ...]
+    weight: int
+
+
+def job_group(namespace: str, labels: Mapping[str, str], keys: Sequence[str]) -> JobGroup | None:
+    """The pod's job by the first of `keys` it carries with a non-empty value (None: no multi-pod job)."""
+    for key in keys:
+        value = labels.get(key)
+        if value:
+            return (namespace, key, value)
+    return None
+
+
+def node_placement(labels: Mapping[str, str], clique_label: str) -> tuple[str | None, str | None]:
+    """(the node's domain, the health health published on it: degraded / failed / None)."""
+    return node_domain(labels, clique_label), labels.get(NVLINK_DOMAIN_HEALTH) or None
+
+
+def preferred_domains(siblings: Counter[str]) -> frozenset[str]:
+    """The domains holding the most of a job's placed pods (all of them on a tie)."""
+    if not siblings:
+        return frozenset()
+    most = max(siblings.values())
+    return frozenset(d for d, n in siblings.items() if n == most)
+
+
+def placement_score(
+    score: int, domain: str | None, health: str | None, preferred: frozenset[str], weight: int
+) -> int:
+    """A job pod's 0-10 score on a node, from its GPU-topology `score` there:
+    - a node of a domain published degraded or failed scores 0 (never preferred; filter is not changed, so
+      a job that fits nowhere else still runs: the schedulers of multi-node jobs avoid it by the label);
+    - no sibling placed yet (`preferred` empty): the topology score;
+    - else `weight` for a node of the preferred domain, plus the topology score scaled into the rest."""
+    if health in UNHEALTHY:
+        return 0
+    if not preferred:
+        return score
+    bonus = weight if domain is not None and domain in preferred else 0
+    return bonus + score * (10 - weight) // 10

@@ -10,6 +10,8 @@ Defaults and their sources are in docs/health.md and docs/extender.md ("NVLink d
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
 from gpuwarden.config.base import Section
@@ -79,10 +81,11 @@ class DomainsConfig(Section):
         "within the pod's namespace): Job (Kubernetes >= 1.27), JobSet, Kueue's plain pod groups, the "
         "scheduler-plugins coscheduling PodGroup.",
     )
-    placement_weight: Count = Field(
-        default=10,
-        description="Extender score (0-10 scale, as kube-scheduler's extender priorities) for a node in the "
-        "clique the job's siblings already use; other healthy cliques score 0 from this rule, degraded ones "
-        "are never preferred. 0 turns the preference off.",
+    placement_weight: Annotated[Count, Field(le=10)] = Field(
+        default=5,
+        description="The share of the extender's 0-10 score given to a node in the NVLink domain a job's "
+        "siblings already use (most of them; the GPU-topology score is scaled into the rest). 5: the "
+        "domain decides between racks, the GPU set still ranks nodes inside one. Nodes of a domain "
+        "published degraded or failed score 0 for job pods whatever this is; 0 turns the preference off.",
     )
     health: DomainHealth = Field(default_factory=DomainHealth, description="Domain health rules.")
