@@ -22,9 +22,10 @@ GPUS_PER_TRAY = 4
 CLIQUE_ID = 17044
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 GB200_PRODUCT = "NVIDIA-GB200"
-GB200_MODEL = {
+GB200_MEMORY_MIB = 189471
+GB200_MODEL: dict[str, Any] = {
     "model_name": "NVIDIA GB200",
-    "memory_mib": 189471,
+    "memory_mib": GB200_MEMORY_MIB,
     "power_idle_watts": 150.0,
     "power_max_watts": 1200.0,
 }

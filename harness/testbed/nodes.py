@@ -214,7 +214,7 @@ def nvl72_node_specs(racks: int, prefix: str = "nvl72-", **kwargs: Any) -> list[
             name=name,
             gpus=nvl72.GPUS_PER_TRAY,
             gpu_product=nvl72.GB200_PRODUCT,
-            gpu_memory_mib=int(nvl72.GB200_MODEL["memory_mib"]),
+            gpu_memory_mib=nvl72.GB200_MEMORY_MIB,
             labels={nvl72.CLIQUE_LABEL: clique, **extra},
             **kwargs,
         )
