@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test release
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda kueue lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test release
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -103,6 +103,9 @@ image-test: deps image ## the built image: product only (no harness, tests, pip,
 
 keda: ## build the KEDA operator and metrics server (tests/keda/build-keda.sh) into .cache/keda (e2e)
 	bash tests/keda/build-keda.sh
+
+kueue: ## build Kueue's manager v0.17.0 (tests/kueue/build-kueue.sh) into .cache/kueue (NVLink-domain e2e; not yet a make test prerequisite)
+	bash tests/kueue/build-kueue.sh
 
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
