@@ -12,8 +12,9 @@ The whole label value is the domain's name: two racks may share a clique id unde
 
 Placement inside a domain is worded here too (`job_group`, `placement_score`), as a pure rule the extender
 applies to its answers: a pod of a multi-pod job (pods sharing a job or pod-group label) is steered toward
-the domain its siblings already run in, and never toward one health published degraded or failed; pods of
-no such job (single-node work) are scored as before, so they may keep using a degraded rack's healthy trays.
+the domain its siblings already run in, and never placed into one health published degraded or failed
+(`domain_refusal`: filter rejects those members); pods of no such job (single-node work) are filtered and
+scored as before, so they may keep using a degraded rack's healthy trays.
 
 What it must not do: no I/O, no clock, no decision about health (health's); it only describes, and words
 the placement rule.
@@ -160,8 +161,7 @@ def placement_score(
     score: int, domain: str | None, health: str | None, preferred: frozenset[str], weight: int
 ) -> int:
     """A job pod's 0-10 score on a node, from its GPU-topology `score` there:
-    - a node of a domain published degraded or failed scores 0 (never preferred; filter is not changed, so
-      a job that fits nowhere else still runs: the schedulers of multi-node jobs avoid it by the label);
+    - a node of a domain published degraded or failed scores 0 (filter has rejected it: `domain_refusal`);
     - no sibling placed yet (`preferred` empty): the topology score;
     - else `weight` for a node of the preferred domain, plus the topology score scaled into the rest."""
     if health in UNHEALTHY:
@@ -170,3 +170,17 @@ def placement_score(
         return score
     bonus = weight if domain is not None and domain in preferred else 0
     return bonus + score * (10 - weight) // 10
+
+
+def domain_refusal(domain: str | None, health: str | None, group: JobGroup) -> str | None:
+    """Why a pod of the multi-pod job `group` may not be placed on a node of `domain` whose published health
+    is `health` (the filter's per-node reason), None when it may: members of a degraded or failed domain are
+    refused, whatever their own GPUs' state (the job needs the domain's fabric, not one tray)."""
+    if health not in UNHEALTHY:
+        return None
+    where = f"NVLink domain {domain}" if domain else "its NVLink domain"
+    _, key, value = group
+    return (
+        f"gpuwarden: node is in {where}, published {health} ({NVLINK_DOMAIN_HEALTH}); "
+        f"pods of multi-pod job {key}={value} are not placed in a {health} domain"
+    )

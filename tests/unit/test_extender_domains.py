@@ -1,6 +1,7 @@
 """Placement inside an NVLink domain: a pod of a multi-pod job is scored toward the domain its siblings run in
-and never toward one health published degraded; other pods score as before. The rule as a table, the GPU
-model's job index, and the extender's prioritize answer end to end."""
+and never placed into one health published degraded or failed (filter rejects its members); other pods are
+filtered and scored as before. The rules as tables, the GPU model's job index, and the extender's filter
+and prioritize answers end to end."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from prometheus_client import CollectorRegistry
 from controller.extender.metrics import extender_metrics
 from controller.extender.server import ExtenderService
 from controller.extenderv1 import ExtenderArgs
-from controller.gpus.domains import DomainPlacement, job_group, placement_score, preferred_domains
+from controller.gpus.domains import (
+    DomainPlacement,
+    domain_refusal,
+    job_group,
+    placement_score,
+    preferred_domains,
+)
 from controller.gpus.fit import Settings
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.domains import CLIQUE_LABEL
@@ -45,6 +52,26 @@ def test_placement_score(
     score: int, domain: str | None, health: str | None, preferred: frozenset[str], weight: int, expected: int
 ) -> None:
     assert placement_score(score, domain, health, preferred, weight) == expected
+
+
+@pytest.mark.parametrize(
+    ("domain", "health", "refused"),
+    [
+        (A, None, False),  # healthy (nothing published): placed as any node
+        (A, "degraded", True),
+        (A, "failed", True),
+        (None, None, False),  # in no domain
+        (A, "unknown", False),  # not a value health publishes as unhealthy: not refused
+        (None, "degraded", True),  # the label without a clique label still refuses (health published it)
+    ],
+    ids=["healthy", "degraded", "failed", "no-domain", "other-value", "label-only"],
+)
+def test_domain_refusal(domain: str | None, health: str | None, refused: bool) -> None:
+    reason = domain_refusal(domain, health, ("ml", JOB, "train"))
+    assert (reason is not None) == refused
+    if reason is not None:
+        assert f"published {health}" in reason and f"{JOB}=train" in reason and NVLINK_DOMAIN_HEALTH in reason
+        assert (domain or "its NVLink domain") in reason
 
 
 def test_job_group_and_preferred_domains() -> None:
@@ -122,3 +149,53 @@ async def test_single_pod_work_scores_as_before_on_a_degraded_domain() -> None:
     plain.nodes_synced = plain.pods_synced = True
     assert with_rule == await scores(plain, worker("solo", None))
     assert with_rule["b0"] > 0
+
+
+async def filtered(m: ClusterModel, obj: dict[str, Any]) -> dict[str, Any]:
+    service = ExtenderService(m, Settings(), extender_metrics(CollectorRegistry()), clock=lambda: NOW)
+    body = (await service.filter(ExtenderArgs(pod=obj, node_names=m.node_names()))).to_json()
+    result: dict[str, Any] = json.loads(body)
+    return result
+
+
+@pytest.mark.parametrize("health", ["degraded", "failed"])
+async def test_filter_rejects_a_degraded_domains_members_for_a_job_pod(health: str) -> None:
+    got = await filtered(fleet(b_health=health), worker("w0", "train"))
+    assert sorted(got["NodeNames"]) == ["a0", "a1", "a2", "plain"]
+    assert got["FailedNodes"] == {}
+    refused = got["FailedAndUnresolvableNodes"]
+    assert sorted(refused) == ["b0", "b1", "b2"]
+    assert refused["b1"] == domain_refusal(B, health, ("ml", JOB, "train"))
+
+
+async def test_filter_passes_a_degraded_domains_members_for_single_pod_work() -> None:
+    got = await filtered(fleet(b_health="degraded"), worker("solo", None))
+    assert sorted(got["NodeNames"]) == ["a0", "a1", "a2", "b0", "b1", "b2", "plain"]
+    assert got["FailedAndUnresolvableNodes"] == {} and got["FailedNodes"] == {}
+
+
+async def test_filter_refusal_replaces_a_full_members_own_failure() -> None:
+    """A degraded member that is also full would fail resolvably (preemption may help); for a job pod it is
+    unresolvable with the domain's reason: preemption cannot make the domain healthy."""
+    m = fleet(b_health="degraded", placed=(("w9", "b0"),))
+    solo = await filtered(m, worker("solo", None))
+    assert "b0" in solo["FailedNodes"]  # full: preemption might help a single-node pod
+    got = await filtered(m, worker("w0", "train"))
+    assert "b0" not in got["FailedNodes"]
+    assert got["FailedAndUnresolvableNodes"]["b0"] == domain_refusal(B, "degraded", ("ml", JOB, "train"))
+
+
+async def test_filter_and_cache_agree_after_a_domain_recovers() -> None:
+    """The refusal is applied per request on top of the cached per-node answers: once the label goes, the
+    same service passes the members again (nothing stale kept)."""
+    m = fleet(b_health="degraded")
+    service = ExtenderService(m, Settings(), extender_metrics(CollectorRegistry()), clock=lambda: NOW)
+
+    async def names() -> list[str]:
+        args = ExtenderArgs(pod=worker("w0", "train"), node_names=m.node_names())
+        return sorted(json.loads((await service.filter(args)).to_json())["NodeNames"])
+
+    assert "b0" not in await names()
+    for i in range(3):
+        m.upsert_node(tray(f"b{i}", B))
+    assert await names() == ["a0", "a1", "a2", "b0", "b1", "b2", "plain"]
