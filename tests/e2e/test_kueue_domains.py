@@ -315,7 +315,8 @@ def health_config(cluster: Cluster, prom_url: str) -> Config:
                 "max_sample_age_seconds": 10,
                 "healthy_period_seconds": 3,
                 "breaker": {"max_absolute": 10},
-                "signals": {"window_seconds": 30},
+                # the trays became Ready a minute ago: a 1 s boot grace, or their signals would be held
+                "signals": {"window_seconds": 30, "boot_grace_seconds": 1},
             },
         }
     )
