@@ -104,7 +104,7 @@ image-test: deps image ## the built image: product only (no harness, tests, pip,
 keda: ## build the KEDA operator and metrics server (tests/keda/build-keda.sh) into .cache/keda (e2e)
 	bash tests/keda/build-keda.sh
 
-kueue: ## build Kueue's manager v0.17.0 (tests/kueue/build-kueue.sh) into .cache/kueue (NVLink-domain e2e; not yet a make test prerequisite)
+kueue: ## build Kueue's manager v0.17.0 (tests/kueue/build-kueue.sh) into .cache/kueue (tests/e2e/test_kueue_domains.py; not a make test/e2e prerequisite)
 	bash tests/kueue/build-kueue.sh
 
 lint: deps ## ruff, mypy (strict), import-linter contracts
