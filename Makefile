@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda karpenter e2e-karpenter lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test release
+.PHONY: help lock deps protos keda-protos prometheus node-runtime testbed testbed-oldest helm upstream-adapter promql-check keda-client keda karpenter e2e-karpenter kueue lint unit integration rules-test e2e test test-oldest bench demo clean image-tools image-lock wheelhouse image image-test release
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -107,6 +107,9 @@ keda: ## build the KEDA operator and metrics server (tests/keda/build-keda.sh) i
 karpenter: ## build Karpenter's kwok cloud provider (tests/karpenter/build.sh) into .cache/karpenter (e2e: test_karpenter_*)
 	bash tests/karpenter/build.sh
 
+kueue: ## build Kueue's manager v0.17.0 (tests/kueue/build-kueue.sh) into .cache/kueue (e2e: test_kueue_domains.py)
+	bash tests/kueue/build-kueue.sh
+
 lint: deps ## ruff, mypy (strict), import-linter contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -121,7 +124,7 @@ unit: deps ## pure cores, wire formats, respx error paths
 # handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
 # The Go builds each tier needs; `make test` starts them all early (see test:).
 INTEGRATION_BUILDS := promql-check keda-client
-E2E_BUILDS := testbed helm keda
+E2E_BUILDS := testbed helm keda kueue
 integration: deps prometheus $(INTEGRATION_BUILDS) ## against a real Prometheus server (its PromQL parser, KEDA's client)
 	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
 	$(PYTEST) -q tests/integration/test_dashboards_live.py

@@ -545,6 +545,7 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
     and PodDisruptionBudgets are listed once, through one client, and one GPU model is built from them."""
     from controller.drain.loop import plan_from as drain_plan
     from controller.drain.plan import plan_to_dict
+    from controller.gpus.domains import domain_rows, domains_of
     from controller.gpus.feed import model_from_lists
     from controller.gpus.objects import node_info
     from controller.gpus.shared import sharing_rows
@@ -577,6 +578,9 @@ async def plan_once(config: Config, *, kubeconfig: Path | None = None) -> Contro
         room.to_dict(),
         idle,
         sharing_rows(node_info(n, k.gpu_resource_name) for n in nodes),
+        domain_rows(domains_of(nodes, config.domains.clique_label, k.gpu_resource_name))
+        if config.domains.enabled
+        else [],
     )
 
 
@@ -592,10 +596,13 @@ class ControllerPlan:
     idle: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
     """Per GPU node: how it shares its GPUs and how many physical GPUs it has (controller.gpus.shared)."""
+    nvlink_domains: list[dict[str, Any]] = field(default_factory=list)
+    """Per NVLink domain (clique): its members and their GPUs (controller.gpus.domains)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus,
+            "nvlink_domains": self.nvlink_domains,
             "quarantine": self.quarantine,
             "nominations": self.nominations,
             "drain": self.drain,
@@ -659,8 +666,19 @@ class ControllerPlan:
             lines.append("  ".join(v.ljust(w) for v, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
         return [*lines, ""]
 
+    def domains_table(self) -> list[str]:
+        if not self.nvlink_domains:
+            return []
+        lines = ["NVLINK DOMAINS"]
+        for d in self.nvlink_domains:
+            out = f", {d['quarantined_trays']} quarantined" if d["quarantined_trays"] else ""
+            lines.append(f"  {d['domain']}: {d['trays']} trays, {d['gpus']} GPUs{out}")
+            lines.append("    " + ", ".join(m["node"] for m in d["members"]))
+        return [*lines, ""]
+
     def render_table(self) -> str:
-        lines = [*self.gpus_table(), "QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
+        lines = [*self.gpus_table(), *self.domains_table()]
+        lines += ["QUARANTINE", self.quarantine_table, "", "NOMINATIONS"]
         rows = [("clear", c["pod"], c["node"], c["reason"], c["message"]) for c in self.nominations["clear"]]
         rows += [("evict", e["pod"], e["node"], "ttl", e["message"]) for e in self.nominations["evict"]]
         rows += [("hold", h["pod"], h["node"], h["reason"], h["message"]) for h in self.nominations["hold"]]

@@ -40,6 +40,7 @@ from gpuwarden.wellknown import (
     MANAGED_BY_LABEL,
     WRITTEN_NODE_ANNOTATIONS,
     WRITTEN_NODE_CONDITIONS,
+    WRITTEN_NODE_LABELS,
     WRITTEN_NODE_TAINTS,
     WRITTEN_POD_ANNOTATIONS,
     WRITTEN_POD_LABELS,
@@ -98,18 +99,20 @@ def lift_node(node: JsonObject) -> Lift | None:
     annotations = tuple(k for k in WRITTEN_NODE_ANNOTATIONS if k in present)
     if DISRUPTION_HOLD in present and present.get(KARPENTER_DO_NOT_DISRUPT) == "true":
         annotations += (KARPENTER_DO_NOT_DISRUPT,)  # the hold the health loop set (its mark says so)
+    labels = tuple(k for k in WRITTEN_NODE_LABELS if k in _meta(node, "labels"))
     taints = list(node.get("spec", {}).get("taints") or [])
     conditions = list(node.get("status", {}).get("conditions") or [])
     lift = Lift(
         "Node",
         name,
         annotations=annotations,
+        labels=labels,
         taints=tuple((i, str(t["key"])) for i, t in enumerate(taints) if t.get("key") in WRITTEN_NODE_TAINTS),
         conditions=tuple(
             (i, str(c["type"])) for i, c in enumerate(conditions) if c.get("type") in WRITTEN_NODE_CONDITIONS
         ),
     )
-    return lift if (annotations or lift.taints or lift.conditions) else None
+    return lift if (annotations or labels or lift.taints or lift.conditions) else None
 
 
 def lift_pod(pod: JsonObject) -> Lift | None:

@@ -586,6 +586,20 @@ def fleet_health() -> Dashboard:
                 description="Nodes with condition GPUDegraded=True: slower, not broken; no taint.",
             ),
             Panel(
+                "NVLink domains (cliques) by state",
+                [
+                    Target(
+                        "max by (domain, state, published) (gpuwarden_health_nvlink_domains)",
+                        "{{domain}} {{state}}",
+                    )
+                ],
+                kind="table",
+                description="Trays per NVLink domain (nvidia.com/gpu.clique) at the last pass: state is this "
+                "pass's verdict (healthy, degraded, failed, unknown); published is what the members carry "
+                "(label gpuwarden.io/nvlink-domain-health, condition NVLinkDomainHealthy) once the verdict "
+                "held domains.health.consecutive passes. Multi-node schedulers avoid a published domain.",
+            ),
+            Panel(
                 "Stalled GPUs (fresh samples, frozen values)",
                 [Target("max(gpuwarden_health_stalled_gpus)", "stalled")],
                 thresholds=[(None, "green"), (1, "orange")],

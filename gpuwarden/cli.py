@@ -469,8 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
         "uninstall",
         help="lift what gpuwarden wrote (taints, conditions, annotations, DeviceTaintRules, Lease)",
         description="Stop the controller (scale to 0) and the node agent (its DaemonSet deleted), then lift "
-        "exactly what gpuwarden wrote on objects it does not own: its taint, GPUHealthy/GPUDegraded "
-        "conditions, annotations, its DeviceTaintRules, its Lease and breaker ConfigMap (docs/uninstall.md). "
+        "exactly what gpuwarden wrote on objects it does not own: its taints, GPUHealthy/GPUDegraded/"
+        "NVLinkDomainHealthy conditions, its NVLink-domain label, annotations, its DeviceTaintRules, its "
+        "Lease and breaker ConfigMap (docs/uninstall.md). "
         "The chart runs it as a pre-delete hook.",
     )
     _add_common(p)

@@ -36,6 +36,13 @@ GPU_DEGRADED_CONDITION = "GPUDegraded"
 DEGRADATION = "gpuwarden.io/degradation"
 """Node annotation, JSON, present only while a `GPUDegraded` change's Event is owed: the change (status,
 message), the Event's note and when it was decided (`at`, RFC 3339, whole seconds: the Event's name)."""
+NVLINK_DOMAIN_HEALTH = "gpuwarden.io/nvlink-domain-health"
+"""Node label on every member of an NVLink domain (the clique) we judge `degraded` or `failed`; absent while
+the domain is healthy. What multi-node schedulers read (Kueue TAS: required node affinity `DoesNotExist`)."""
+NVLINK_DOMAIN_TAINT = "gpuwarden.io/nvlink-domain-degraded"
+"""Taint on every member of a degraded domain, only when `domains.health.action` is `quarantine`."""
+NVLINK_DOMAIN_CONDITION = "NVLinkDomainHealthy"
+"""Node condition type on every member of a graded domain (False while the domain is degraded or failed)."""
 DEVICE_RULE_NODE = "gpuwarden.io/quarantine-node"
 """Label on a DeviceTaintRule of ours (resource.k8s.io/v1): the node whose quarantine it belongs to. The
 rule is named `gpuwarden-<node>-<hash of driver/pool/device>` and also labelled
@@ -128,8 +135,9 @@ TENANT = "gpuwarden.io/tenant"
 # Operator overrides (release, exclude, drain-pause, idle-ack-until, ...) and users' labels are theirs: kept.
 WRITTEN_NODE_ANNOTATIONS = (QUARANTINE_RECORD, DEGRADATION, DRAIN, REMEDIATION, GPU_TOPOLOGY, DISRUPTION_HOLD)
 """`KARPENTER_DO_NOT_DISRUPT` is lifted with `DISRUPTION_HOLD`, and only where that mark says we set it."""
-WRITTEN_NODE_CONDITIONS = (GPU_HEALTHY_CONDITION, GPU_DEGRADED_CONDITION)
-WRITTEN_NODE_TAINTS = (QUARANTINE_TAINT,)
+WRITTEN_NODE_CONDITIONS = (GPU_HEALTHY_CONDITION, GPU_DEGRADED_CONDITION, NVLINK_DOMAIN_CONDITION)
+WRITTEN_NODE_TAINTS = (QUARANTINE_TAINT, NVLINK_DOMAIN_TAINT)
+WRITTEN_NODE_LABELS = (NVLINK_DOMAIN_HEALTH,)
 WRITTEN_POD_ANNOTATIONS = (
     GPU_IDS,
     NUMA_NODE,

@@ -31,6 +31,7 @@ from json.encoder import encode_basestring
 from operator import countOf, itemgetter, not_
 from typing import NamedTuple
 
+from controller.gpus.domains import JobGroup, domain_refusal, placement_score
 from controller.gpus.fit import FilterResult, FitVerdict, Settings, assess, choose_gpus
 from controller.gpus.model import NodeView
 from controller.gpus.objects import PodInfo
@@ -240,3 +241,45 @@ def _explained(pod: PodInfo, answers: Sequence[Answer], settings: Settings, now:
 def prioritize_body(answers: Iterable[Answer]) -> bytes:
     """The `HostPriorityList` JSON for these answers: `encode_host_priorities(score_nodes(...))`'s bytes."""
     return ("[" + ",".join(map(_SCORE, answers)) + "]").encode()
+
+
+def job_answers(
+    answers: Sequence[Answer], where: Callable[[str], tuple[str | None, str | None]], group: JobGroup
+) -> list[Answer]:
+    """The answers for a pod of the multi-pod job `group`: a member of a domain published degraded or failed
+    (`where(name)`: the node's domain and published health) fails unresolvably with `domains.domain_refusal`'s
+    reason, whatever its own answer was (preemption cannot make the domain healthy); every other node keeps
+    its answer. Filter and prioritize both read these, so a refused node is neither passed nor scored."""
+    out = list(answers)
+    for i, a in enumerate(out):
+        domain, health = where(a.name)
+        reason = domain_refusal(domain, health, group)
+        if reason is not None:
+            quoted = encode_basestring(a.name)
+            entry = quoted + ":" + encode_basestring(reason)
+            out[i] = Answer(
+                UNRESOLVABLE, a.name, "", "", entry, '{"Host":' + quoted + ',"Score":0}', _INF, a.view, reason
+            )
+    return out
+
+
+def domain_prioritize_body(
+    answers: Iterable[Answer],
+    where: Callable[[str], tuple[str | None, str | None]],
+    preferred: frozenset[str],
+    weight: int,
+) -> bytes:
+    """`prioritize_body` for a pod of a multi-pod job: each node's score passed through the NVLink-domain
+    placement rule (`domains.placement_score`; `where(name)`: the node's domain and published health,
+    `preferred`: the domains its siblings already use). Nodes the rule leaves alone keep their fragment."""
+    parts = []
+    for a in answers:
+        domain, health = where(a.name)
+        if domain is None and health is None and not preferred:
+            parts.append(a.score)
+            continue
+        cut = a.score.rindex(":") + 1
+        score = int(a.score[cut:-1])
+        new = placement_score(score, domain, health, preferred, weight)
+        parts.append(a.score if new == score else f"{a.score[:cut]}{new}}}")
+    return ("[" + ",".join(parts) + "]").encode()

@@ -31,7 +31,9 @@ from pydantic import BaseModel, ValidationError
 from controller.extender import answers as node_answers
 from controller.extender.answers import (
     AnswerCache,
+    domain_prioritize_body,
     filter_body,
+    job_answers,
     may_be_settling,
     pass_all,
     prioritize_body,
@@ -49,6 +51,7 @@ from controller.extenderv1 import (
     ExtenderPreemptionResult,
     NodeList,
 )
+from controller.gpus.domains import JobGroup, job_group, preferred_domains
 from controller.gpus.fit import FleetSettings, Settings
 from controller.gpus.model import Claim, ClusterModel, NodeView, NotSynced
 from controller.gpus.objects import PodInfo, pod_info
@@ -229,6 +232,9 @@ class ExtenderService:
                 answers = self._answers(pod, names)
         except NotSynced:
             return ExtenderFilterResult(error=NOT_SYNCED)
+        group = self._job_group(args, pod)
+        if group is not None:  # a pod of a multi-pod job: never into a degraded NVLink domain
+            answers = job_answers(answers, self.model.node_domain, group)
         body, counts = filter_body(pod, answers, self.current_settings(), self.clock())
         self._count_filtered(*counts)
         if (counts.failed or counts.unresolvable) and log.isEnabledFor(logging.DEBUG):
@@ -252,7 +258,23 @@ class ExtenderService:
                 self.metrics.filter_nodes.labels(label).inc(count)
 
     async def prioritize(self, args: ExtenderArgs) -> Encoded:
-        return Encoded(prioritize_body(self._answers(self._pod(args), args.candidate_names())))
+        pod = self._pod(args)
+        answers = self._answers(pod, args.candidate_names())
+        group = self._job_group(args, pod)
+        if group is not None and self.model.placement is not None:  # toward its siblings' NVLink domain
+            answers = job_answers(answers, self.model.node_domain, group)
+            preferred = preferred_domains(self.model.sibling_domains(group))
+            weight = self.model.placement.weight
+            return Encoded(domain_prioritize_body(answers, self.model.node_domain, preferred, weight))
+        return Encoded(prioritize_body(answers))
+
+    def _job_group(self, args: ExtenderArgs, pod: PodInfo) -> JobGroup | None:
+        """The multi-pod job a GPU pod belongs to (`domains.job_labels`), None without domain placement."""
+        placement = self.model.placement
+        if placement is None or pod.gpus <= 0:
+            return None
+        meta = args.pod.get("metadata") or {}
+        return job_group(str(meta.get("namespace", "")), meta.get("labels") or {}, placement.job_labels)
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         return await self.preempt_hook(args)

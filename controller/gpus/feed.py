@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from controller.gpus.domains import DomainPlacement
 from controller.gpus.fit import FleetSettings, settings_from_config
 from controller.gpus.model import ClusterModel
 from gpuwarden.config.root import Config
@@ -299,6 +300,14 @@ class GpuModel:
             raise failed.exceptions[0] from failed
 
 
+def domain_placement(config: Config) -> DomainPlacement | None:
+    """The extender's NVLink-domain placement settings (config `domains`); None when off."""
+    d = config.domains
+    if not d.enabled or (d.placement_weight == 0 and d.health.action == "off"):
+        return None
+    return DomainPlacement(d.clique_label, tuple(d.job_labels), d.placement_weight)
+
+
 def build_gpu_model(
     config: Config,
     kube: KubeClient,
@@ -312,7 +321,7 @@ def build_gpu_model(
     the process's shared informers (live pods), else the feed runs its own."""
     cfg = config.extender
     resource = config.kubernetes.gpu_resource_name
-    model = ClusterModel(resource, topology_source=cfg.topology_source)
+    model = ClusterModel(resource, topology_source=cfg.topology_source, placement=domain_placement(config))
     feed = ModelFeed(
         kube,
         model,

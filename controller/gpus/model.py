@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.gpus.domains import DomainPlacement, JobGroup, job_group, node_placement
 from controller.gpus.dra import dra_class_for_node, extended_resource_classes, passthrough_note
 from controller.gpus.objects import NodeInfo, PodInfo, node_info, pod_info
 from controller.gpus.shared import shared_note
@@ -226,7 +227,12 @@ class ClusterModel:
     GPUs, else the annotation; nrt or annotation = only that source.
     """
 
-    def __init__(self, resource: str = "nvidia.com/gpu", topology_source: str = "auto") -> None:
+    def __init__(
+        self,
+        resource: str = "nvidia.com/gpu",
+        topology_source: str = "auto",
+        placement: DomainPlacement | None = None,
+    ) -> None:
         if topology_source not in ("auto", "nrt", "annotation"):
             raise ValueError(f"topology_source must be auto, nrt or annotation, not {topology_source!r}")
         self.resource = resource
@@ -248,6 +254,13 @@ class ClusterModel:
         self.nodes_synced = False
         self.pods_synced = False
         self._change_listeners: list[Callable[[Collection[str]], None]] = []
+        self.placement = placement
+        """NVLink-domain placement of multi-pod jobs (domains.py); None: off."""
+        self._domain_of: dict[str, tuple[str | None, str | None]] = {}
+        """node -> (its domain, the health published on it), for nodes in a domain or carrying our label."""
+        self._jobs: dict[JobGroup, dict[str, str]] = {}
+        """a multi-pod job -> its pods bound to a node (pod key -> node name)."""
+        self._job_of: dict[str, JobGroup] = {}
 
     @property
     def synced(self) -> bool:
@@ -287,6 +300,13 @@ class ClusterModel:
 
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         info = node_info(obj, self.resource)
+        if self.placement is not None:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            where = node_placement(labels, self.placement.clique_label)
+            if where != (None, None):
+                self._domain_of[info.name] = where
+            else:
+                self._domain_of.pop(info.name, None)
         if self.topology_source == "nrt":
             info = replace(info, topology=None, topology_error="")
         old = self._nodes.get(info.name)
@@ -298,6 +318,7 @@ class ClusterModel:
 
     def delete_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self._domain_of.pop(name, None)
         self._topology_changed(name)
         self._dirty([name])
         self._stale.pop(name, None)  # no view will be built for it again to take this one's place
@@ -322,6 +343,8 @@ class ClusterModel:
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         info = pod_info(obj, self.resource)
+        if self.placement is not None:
+            self._index_job(info, (obj.get("metadata") or {}).get("labels") or {})
         old = self._pods.get(info.key)
         if not info.holds_gpus:
             self.delete_pod(info.key)
@@ -342,7 +365,43 @@ class ClusterModel:
             self._by_node.setdefault(name, set()).add(info.key)
         self._dirty(old_nodes | new_nodes)
 
+    def _index_job(self, info: PodInfo, labels: Mapping[str, str]) -> None:
+        """Keep the job index: a bound, live GPU pod of a multi-pod job under its job."""
+        assert self.placement is not None
+        group = job_group(info.key.split("/", 1)[0], labels, self.placement.job_labels)
+        placed = group is not None and info.node_name and info.holds_gpus and not info.terminating
+        if not placed:
+            self._unindex_job(info.key)
+            return
+        assert group is not None
+        if self._job_of.get(info.key) not in (None, group):
+            self._unindex_job(info.key)
+        self._job_of[info.key] = group
+        self._jobs.setdefault(group, {})[info.key] = info.node_name
+
+    def _unindex_job(self, key: str) -> None:
+        group = self._job_of.pop(key, None)
+        if group is not None:
+            pods = self._jobs.get(group, {})
+            pods.pop(key, None)
+            if not pods:
+                self._jobs.pop(group, None)
+
+    def sibling_domains(self, group: JobGroup) -> Counter[str]:
+        """How many of the job's bound pods run in each NVLink domain."""
+        out: Counter[str] = Counter()
+        for node in self._jobs.get(group, {}).values():
+            domain = self._domain_of.get(node, (None, None))[0]
+            if domain is not None:
+                out[domain] += 1
+        return out
+
+    def node_domain(self, name: str) -> tuple[str | None, str | None]:
+        """(the node's NVLink domain, the health published on it), (None, None) when it has neither."""
+        return self._domain_of.get(name, (None, None))
+
     def delete_pod(self, key: str) -> None:
+        self._unindex_job(key)
         old = self._pods.pop(key, None)
         if old is None:
             return

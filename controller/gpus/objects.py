@@ -212,12 +212,12 @@ def read_pod_info(
 
 class DecodedPod(dict[str, Any]):
     """A pod decoded straight into its `PodInfo` (`podproto.decoded_pod`, the GPU model's own protobuf pod
-    feed): as a dict, only what an informer keys it by (metadata's name, namespace and resourceVersion);
-    `info` is what `pod_info` of its JSON gives for `resource`."""
+    feed): as a dict, only what an informer keys it by (metadata's name, namespace and resourceVersion) and
+    its labels; `info` is what `pod_info` of its JSON gives for `resource`."""
 
     __slots__ = ("info", "resource")
 
-    def __init__(self, metadata: dict[str, str], info: PodInfo, resource: str) -> None:
+    def __init__(self, metadata: dict[str, Any], info: PodInfo, resource: str) -> None:
         super().__init__(metadata=metadata)
         self.info = info
         self.resource = resource

@@ -270,13 +270,14 @@ def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
     """The pod's message straight into the `PodInfo` the GPU model reads (`resource`: its GPU resource),
     without the dict `pod_object` builds: `pod_info(pod_object(raw), resource)`, and refused where
     `pod_object` refuses (tests/unit/test_fuzz_podproto.py holds the two paths together). The dict part
-    is the metadata an informer keys it by (name, namespace, resourceVersion, as `pod_object` writes them).
+    is the metadata an informer keys it by (name, namespace, resourceVersion, as `pod_object` writes them)
+    and the labels, by which the model finds a multi-pod job's siblings.
     """
     pod = Pod()
     try:
         pod.ParseFromString(raw)
         m, s, st = pod.metadata, pod.spec, pod.status
-        meta = {
+        meta: dict[str, Any] = {
             name: _text(value)
             for name in ("name", "namespace", "resourceVersion")
             if (value := getattr(m, name))
@@ -289,6 +290,8 @@ def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
             _checked(st.startTime)
         _utf8_keys(m.labels)
         _utf8_keys(s.nodeSelector)
+        if m.labels:  # the model indexes a multi-pod job's siblings by label (domains.job_group)
+            meta["labels"] = _strings(m.labels)
         annotations = _strings(m.annotations)
         disruptions = []
         for c in st.conditions:
@@ -298,7 +301,7 @@ def decoded_pod(raw: bytes, resource: str) -> DecodedPod:
         info = read_pod_info(
             key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
             uid=_text(m.uid),
-            resource_version=meta.get("resourceVersion", ""),
+            resource_version=str(meta.get("resourceVersion", "")),
             gpus=effective_request(
                 (_amount(c.resources, resource) for c in s.containers),
                 [(_amount(c.resources, resource), c.restartPolicy == "Always") for c in s.initContainers],

@@ -28,7 +28,15 @@ from typing import Any
 from controller.health import breaker, devicerules
 from controller.health.metrics import HealthMetrics
 from controller.health.observe import BREAKER_DATA_KEY, DEVICE_TAINT_RULES, JOBS, encode_breaker
-from controller.health.plan import Action, ConditionUpdate, EventSpec, HealthPlan, RuleSpec, RuleSync
+from controller.health.plan import (
+    Action,
+    ConditionUpdate,
+    DomainPublication,
+    EventSpec,
+    HealthPlan,
+    RuleSpec,
+    RuleSync,
+)
 from controller.health.snapshot import BreakerState
 from gpuwarden.errors import KubeConflict, KubeError, KubeNotFound
 from gpuwarden.kube import (
@@ -48,6 +56,7 @@ from gpuwarden.wellknown import DEGRADATION as DEGRADATION_ANNOTATION
 from gpuwarden.wellknown import DISRUPTION_HOLD as DISRUPTION_HOLD_ANNOTATION
 from gpuwarden.wellknown import EXCLUDE as EXCLUDE_LABEL
 from gpuwarden.wellknown import KARPENTER_DO_NOT_DISRUPT as DO_NOT_DISRUPT_ANNOTATION
+from gpuwarden.wellknown import NVLINK_DOMAIN_HEALTH, NVLINK_DOMAIN_TAINT
 from gpuwarden.wellknown import QUARANTINE_RECORD as RECORD_ANNOTATION
 from gpuwarden.wellknown import QUARANTINE_TAINT as TAINT_KEY
 from gpuwarden.wellknown import RELEASE as RELEASE_ANNOTATION
@@ -110,6 +119,8 @@ def node_patch(current: JsonObject, action: Action, *, hold_disruption: bool = F
     changes.update(disruption_changes(annotations, quarantined=tainted, hold=hold_disruption))
     if changes:
         patch["metadata"] = {"annotations": changes}
+    if action.domain is not None:
+        _domain_patch(patch, meta, taints, action.domain)
     return patch or None
 
 
@@ -128,6 +139,22 @@ def disruption_changes(annotations: JsonObject, *, quarantined: bool, hold: bool
     if annotations.get(DO_NOT_DISRUPT_ANNOTATION) == "true":
         changes[DO_NOT_DISRUPT_ANNOTATION] = None
     return changes
+
+
+def _domain_patch(
+    patch: JsonObject, meta: JsonObject, taints: list[JsonObject], pub: DomainPublication
+) -> None:
+    """An NVLink domain's publication on a member (added to `patch`): our label set or removed, our domain
+    taint added or removed (only our domain taint's key; the quarantine taint is never touched here)."""
+    if (meta.get("labels") or {}).get(NVLINK_DOMAIN_HEALTH) != pub.label:
+        patch.setdefault("metadata", {})["labels"] = {NVLINK_DOMAIN_HEALTH: pub.label}
+    current = (patch.get("spec") or {}).get("taints", taints) or []
+    has = any(t.get("key") == NVLINK_DOMAIN_TAINT for t in current)
+    if pub.taint and not has:
+        want = {"key": NVLINK_DOMAIN_TAINT, "value": pub.label or "degraded", "effect": "NoSchedule"}
+        patch["spec"] = {"taints": [*current, want]}
+    elif not pub.taint and has:
+        patch["spec"] = {"taints": [t for t in current if t.get("key") != NVLINK_DOMAIN_TAINT] or None}
 
 
 def after_event_patch(current: JsonObject, action: Action) -> JsonObject | None:

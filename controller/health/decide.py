@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from controller.health import breaker, devicerules
 from controller.health import plan as p
 from controller.health.degrade import finish_degraded, plan_degraded
+from controller.health.domains import DomainGrading, grade_domains, is_domain_key, publication_action
 from controller.health.findings import Assessment, Finding, assess_node, fresh_gpus, recovery_holds
 from controller.health.grading import FleetGrading, Graded, grade_fleet
 from controller.health.policy import HealthPolicy, reason_class
@@ -58,7 +59,11 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
         for n in nodes
         if not n.excluded and (a := assessments[n.name]) is not None and a.status != "unknown"
     }
-    grading = grade_fleet(known, policy.signals, snapshot.streaks, now)
+    node_streaks = {k: s for k, s in snapshot.streaks.items() if not is_domain_key(k)}
+    grading = grade_fleet(known, policy.signals, node_streaks, now)
+    domain_streaks = {k: s for k, s in snapshot.streaks.items() if is_domain_key(k)}
+    domains = grade_domains(nodes, grading, set(known), policy.domains, domain_streaks, now)
+    work.actions.extend(publication_action(c) for c in domains.changes)
     for node in nodes:
         assessment = assessments[node.name]
         # A GPUDegraded change whose Event is owed is finished whatever the telemetry says now.
@@ -87,13 +92,21 @@ def plan_quarantine(snapshot: FleetSnapshot, policy: HealthPolicy, now: float) -
         gpu_nodes=gpu_nodes,
         stats=dict(stats),
         signals=_signal_statuses(grading),
-        streaks=grading.streaks,
+        streaks={**grading.streaks, **domains.streaks},
+        domains=_domain_statuses(domains),
         stalled_gpus=sum(len(a.stalled) for a in assessments.values() if a is not None),
         rule_sync=devicerules.plan_rule_sync(
             nodes, actions, snapshot.owned_rules, effect=policy.device_taint_effect, dry_run=policy.dry_run
         )
         if snapshot.device_rules == "served"
         else p.RuleSync(),
+    )
+
+
+def _domain_statuses(domains: DomainGrading) -> tuple[p.DomainStatus, ...]:
+    return tuple(
+        p.DomainStatus(v.domain, v.state, v.target or "", len(v.members), v.count, v.needed, v.why)
+        for v in domains.verdicts.values()
     )
 
 

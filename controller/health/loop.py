@@ -89,7 +89,7 @@ class HealthLoop:
         informer: Informer | None = None,
     ) -> None:
         self.config = config
-        self.policy: HealthPolicy = policy_from_config(config.health, dry_run=dry_run)
+        self.policy: HealthPolicy = policy_from_config(config.health, dry_run=dry_run, domains=config.domains)
         self.prom, self.kube, self.clock = prom, kube, clock
         self.namespace = controller_namespace(config)
         self.metrics = HealthMetrics(registry)

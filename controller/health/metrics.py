@@ -32,6 +32,7 @@ class HealthMetrics:
         self._skips: dict[tuple[str, ...], float] = {}
         self._signals: dict[tuple[str, ...], float] = {}
         self._degraded: dict[tuple[str, ...], float] = {}
+        self._domains: dict[tuple[str, ...], float] = {}
         registry.register(
             SnapshotCollector(
                 "gpuwarden_health_signals",
@@ -48,6 +49,16 @@ class HealthMetrics:
                 "by signal.",
                 ["signal"],
                 lambda: dict(self._degraded),
+            )
+        )
+        registry.register(
+            SnapshotCollector(
+                "gpuwarden_health_nvlink_domains",
+                "NVLink domains (cliques) judged at the last pass, in trays, by domain, this pass's state "
+                "(healthy, degraded, failed, unknown) and what their members carry (degraded, failed or "
+                "none).",
+                ["domain", "state", "published"],
+                lambda: dict(self._domains),
             )
         )
         registry.register(
@@ -166,6 +177,7 @@ class HealthMetrics:
             (s.node, s.signal) for s in plan.signals if s.action == "degrade" and s.state == "confirmed"
         }
         self._degraded = {(sig,): float(n) for sig, n in Counter(sig for _, sig in degraded).items()}
+        self._domains = {(d.domain, d.state, d.published or "none"): float(d.trays) for d in plan.domains}
         for action in plan.actions:
             self.actions.labels(action.kind, action.reason, str(plan.dry_run).lower()).inc()
         self.last_pass.set(plan.now)

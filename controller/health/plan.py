@@ -24,6 +24,8 @@ ActionKind = Literal[
     "degrade",
     "clear-degraded",
     "start-validation",
+    "domain-degrade",
+    "domain-release",
 ]
 EventType = Literal["Normal", "Warning"]
 SignalState = Literal["confirmed", "debouncing", "boot-grace"]
@@ -79,6 +81,38 @@ class RuleSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainPublication:
+    """What a member of an NVLink domain should carry (domains.py): the `gpuwarden.io/nvlink-domain-health`
+    label's value (None: removed) and whether our domain taint is on (only with action `quarantine`)."""
+
+    label: str | None
+    taint: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DomainStatus:
+    """One NVLink domain at this pass, for metrics, JSON and the table."""
+
+    domain: str
+    state: str  # healthy | degraded | failed | unknown (this pass's verdict)
+    published: str  # what its members carry after this pass: degraded | failed | "" (nothing)
+    trays: int
+    count: int
+    needed: int
+    why: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "domain": self.domain,
+            "state": self.state,
+            "published": self.published,
+            "trays": self.trays,
+            "passes": f"{self.count}/{self.needed}",
+            "why": list(self.why),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSync:
     """This pass's DeviceTaintRule changes outside the actions' own: a rule recreated that someone deleted,
     one whose node is no longer quarantined (or gone) removed, the dry-run's `None` rules kept in step."""
@@ -127,6 +161,8 @@ class Action:
     already, a changed taint patched): a device-scoped quarantine on a DRA-backed node."""
     drop_rules: tuple[str, ...] = ()
     """DeviceTaintRules of ours deleted after the node write and before `event` (404 = gone already)."""
+    domain: DomainPublication | None = None
+    """An NVLink domain's publication on this member (label, taint by option); None: left alone."""
     degradation: str | None = None
     """The `gpuwarden.io/degradation` mark (encoded, `degrade.DegradationMark`): written before the
     GPUDegraded condition, removed once `event` exists (only while it still holds this value)."""
@@ -166,6 +202,9 @@ class Action:
             )
         if self.degradation is not None:
             out["after_event"] = "remove-degradation-mark"
+        if self.domain is not None:
+            out["domain_label"] = self.domain.label
+            out["domain_taint"] = self.domain.taint
         if self.rules:
             out["device_rules"] = [f"{r.name}={r.value}:{r.effect}" for r in self.rules]
         if self.drop_rules:
@@ -248,6 +287,7 @@ class HealthPlan:
     stalled_gpus: int = 0
     absent_series: tuple[str, ...] = ()  # `gpuwarden plan`: required series Prometheus lacks (series.py)
     rule_sync: RuleSync = field(default_factory=RuleSync)  # DeviceTaintRules kept in step (devicerules.py)
+    domains: tuple[DomainStatus, ...] = ()  # NVLink domains judged this pass (domains.py)
 
     def actions_of(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -274,6 +314,8 @@ class HealthPlan:
             out["absent_series"] = list(self.absent_series)
         if self.rule_sync:
             out["device_rules"] = self.rule_sync.to_dict()
+        if self.domains:
+            out["nvlink_domains"] = [d.to_dict() for d in self.domains]
         return out
 
     def render_table(self) -> str:
@@ -299,6 +341,11 @@ class HealthPlan:
                 f"device taint rules kept in step: {len(r.create)} to create, {len(r.update)} to update, "
                 f"{len(r.delete)} to delete"
             )
+        for d in self.domains:
+            if d.state != "healthy" or d.published:
+                shown = f", published {d.published}" if d.published else ""
+                lines.append(f"NVLink domain {d.domain}: {d.state} ({d.count}/{d.needed} passes{shown})"
+                             + (": " + "; ".join(d.why) if d.why else ""))  # fmt: skip
         if self.absent_series:
             lines.append("absent from Prometheus (those checks see nothing: unknown, not healthy):")
             lines += [f"  {line}" for line in self.absent_series]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.health.catalog import XID_CLASSES, XidCatalog, default_catalog, load_catalog
+from gpuwarden.config.domains import DomainsConfig
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.health_signals import SignalsConfig
 from gpuwarden.config.health_validation import ValidationConfig
@@ -78,6 +79,7 @@ class HealthPolicy:
     signals: SignalsConfig = field(default_factory=SignalsConfig)  # graded fabric/degradation signals
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # a Job before each release
     device_taint_effect: str = "NoSchedule"  # a DeviceTaintRule's effect outside dry-run (devicerules.py)
+    domains: DomainsConfig = field(default_factory=DomainsConfig)  # NVLink domain health (domains.py)
     dry_run: bool = False
 
     def effect_for(self, reason_class: str) -> str:
@@ -88,8 +90,11 @@ class HealthPolicy:
         return max(self.breaker_max_absolute, math.floor(self.breaker_max_percent * gpu_nodes / 100.0))
 
 
-def policy_from_config(cfg: HealthConfig, *, dry_run: bool | None = None) -> HealthPolicy:
-    """Build the policy from the `health:` config section; `dry_run` (the CLI flag) wins when given."""
+def policy_from_config(
+    cfg: HealthConfig, *, dry_run: bool | None = None, domains: DomainsConfig | None = None
+) -> HealthPolicy:
+    """Build the policy from the `health:` config section (and the root `domains:` one, which health shares
+    with the extender); `dry_run` (the CLI flag) wins when given."""
     catalog = load_catalog(dict(cfg.xid.overrides)) if cfg.xid.overrides else default_catalog()
     effects = _default_effects()
     effects.update(cfg.taint_effects.model_dump())
@@ -119,6 +124,7 @@ def policy_from_config(cfg: HealthConfig, *, dry_run: bool | None = None) -> Hea
         signals=cfg.signals,
         validation=cfg.validation,
         device_taint_effect=cfg.device_taint_effect,
+        domains=domains if domains is not None else DomainsConfig(),
         dry_run=cfg.dry_run if dry_run is None else dry_run,
     )
 

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from gpuwarden.config.adapter import AdapterConfig
 from gpuwarden.config.base import Section
+from gpuwarden.config.domains import DomainsConfig
 from gpuwarden.config.drain import DrainConfig
 from gpuwarden.config.extender import ExtenderConfig
 from gpuwarden.config.health import HealthConfig
@@ -49,6 +50,10 @@ class Config(Section):
         default_factory=PreemptionConfig, description="Cascading-preemption throttle."
     )
     extender: ExtenderConfig = Field(default_factory=ExtenderConfig, description="Scheduler extender.")
+    domains: DomainsConfig = Field(
+        default_factory=DomainsConfig,
+        description="NVLink domains (GB200/GB300 NVL72): domain health and placement inside one.",
+    )
     node_agent: NodeAgentConfig = Field(
         default_factory=NodeAgentConfig, description="The per-node agent (`gpuwarden node-agent`)."
     )

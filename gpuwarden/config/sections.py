@@ -14,6 +14,7 @@ SECTIONS = (
     "idle",
     "preemption",
     "extender",
+    "domains",
     "node_agent",
     "logging",
 )

@@ -32,6 +32,7 @@ from gpuwarden.gpusharing import (
     MIG_RESOURCE_PREFIX,
 )
 from gpuwarden.wellknown import GPU_TOPOLOGY as TOPOLOGY_ANNOTATION
+from harness.simulator import racks as nvl72
 from harness.testbed.cluster import Cluster
 from harness.testbed.waiting import poll
 
@@ -202,6 +203,23 @@ class GpuNodeSpec:
 def gpu_node_specs(count: int, prefix: str = "gpu-node-", **kwargs: Any) -> list[GpuNodeSpec]:
     """``count`` identical specs named ``<prefix>0`` .. ``<prefix><count-1>``."""
     return [GpuNodeSpec(name=f"{prefix}{i}", **kwargs) for i in range(count)]
+
+
+def nvl72_node_specs(racks: int, prefix: str = "nvl72-", **kwargs: Any) -> list[GpuNodeSpec]:
+    """The trays of `racks` GB200 NVL72 racks (harness.simulator.racks): 4 GPUs each, labelled with their
+    rack's `nvidia.com/gpu.clique`, named as the simulator names them so DCGM series and Nodes agree."""
+    extra = dict(kwargs.pop("labels", {}))
+    return [
+        GpuNodeSpec(
+            name=name,
+            gpus=nvl72.GPUS_PER_TRAY,
+            gpu_product=nvl72.GB200_PRODUCT,
+            gpu_memory_mib=nvl72.GB200_MEMORY_MIB,
+            labels={nvl72.CLIQUE_LABEL: clique, **extra},
+            **kwargs,
+        )
+        for name, clique in nvl72.trays(racks, prefix)
+    ]
 
 
 def time_sliced_node(

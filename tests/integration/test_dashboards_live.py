@@ -49,6 +49,7 @@ from controller.health.loop import HealthLoop
 from controller.idle.loop import IdleLoop
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
+from gpuwarden.config.domains import CLIQUE_LABEL
 from gpuwarden.config.drain import DrainConfig, DrainGate
 from gpuwarden.config.idle import IdleConfig
 from gpuwarden.config.root import Config
@@ -327,6 +328,10 @@ class FakeApiServer:
 
 
 # -------------------------------------------------------------------------------- cluster objects
+SIM_CLIQUE = "5f0c2a52-0000-4000-8000-000000000001.1"
+"""The simulated nodes form one NVLink domain (its panel needs a domain to show)."""
+
+
 def node_obj(name: str) -> Obj:
     topology = {str(i): {"numa": i // 4, "pcie": f"pci{i // 2}", "nvlink": f"nvl{i // 4}"} for i in range(8)}
     return {
@@ -334,7 +339,7 @@ def node_obj(name: str) -> Obj:
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {"kubernetes.io/hostname": name},
+            "labels": {"kubernetes.io/hostname": name, CLIQUE_LABEL: SIM_CLIQUE},
             "annotations": {"gpuwarden.io/gpu-topology": json.dumps(topology)},
         },
         "spec": {},
@@ -659,6 +664,7 @@ def stack_config(prom_url: str) -> Config:
         "max_sample_age_seconds": 15,
         "breaker": {"max_absolute": 3},
     }
+    data["domains"] = {"health": {"expected_trays": 4}}  # the 4 simulated nodes are the whole domain
     data["nominations"] = {"loop_interval_seconds": 2, "ttl_seconds": 60}
     # tenants: the preempt requests below stay within one namespace, so the rule changes none of them
     data.setdefault("preemption", {})["tenants"] = {"rule": "over-share"}

@@ -69,7 +69,7 @@ def test_a_pod_decoded_straight_gives_the_pod_info_of_its_json(obj: dict[str, An
     assert pod_info(decoded, RESOURCE) is decoded.info  # the model's reader takes what was decoded
     meta = obj["metadata"]
     assert decoded == {
-        "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if meta.get(k)}
+        "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion", "labels") if meta.get(k)}
     }
 
 
