@@ -69,16 +69,27 @@ class Finding:
         return f"[{self.status:^8}] {self.check}: {self.detail}{tail}"
 
 
-def decide(facts: Facts) -> list[Finding]:
-    findings = [_apiservice(name, owner) for name, owner in facts.apiservices.items()]
+@dataclass(frozen=True)
+class Intent:
+    """What the install would register, when known (the chart's hook passes it; `--claims`, `--take-over`).
+    claims None: unknown, judged as the chart's defaults (custom and external metrics, not metrics.k8s.io)."""
+
+    claims: frozenset[str] | None = None
+    take_over: bool = False
+
+
+def decide(facts: Facts, intent: Intent = Intent()) -> list[Finding]:
+    findings = [_apiservice(name, owner, intent) for name, owner in facts.apiservices.items()]
     findings.append(_device_plugin(facts))
     findings += _prometheus(facts)
     findings.append(_control_plane(facts.server_version))
     return findings
 
 
-def _apiservice(name: str, owner: str | None) -> Finding:
+def _apiservice(name: str, owner: str | None, intent: Intent) -> Finding:
     check = f"APIService {name}"
+    if intent.claims is not None:
+        return _claimed(check, owner, name in intent.claims, intent.take_over)
     if owner is None and name == "v1beta1.metrics.k8s.io":
         return Finding("ok", check, "not registered (the chart registers it with resourceMetrics.enabled)")
     if owner is None:
@@ -89,6 +100,23 @@ def _apiservice(name: str, owner: str | None) -> Finding:
         return Finding("ok", check, f"served by {owner}; the chart leaves it", APIS[name])
     return Finding("conflict", check, f"served by {owner}: the chart refuses it",
                    f"{APIS[name]}, or apiServices.takeOver=true with helm --take-ownership")  # fmt: skip
+
+
+def _claimed(check: str, owner: str | None, claimed: bool, take_over: bool) -> Finding:
+    """An APIService judged against what this install registers."""
+    if not claimed:
+        held = {None: "not registered", "": "served by gpuwarden"}.get(owner, f"served by {owner}")
+        return Finding("ok", check, f"{held}; this install leaves it")
+    if owner is None:
+        return Finding("ok", check, "not registered: this install registers it")
+    if owner == "":
+        return Finding("ok", check, "served by gpuwarden already")
+    if take_over:
+        return Finding("warn", check, f"served by {owner}: this install takes it over (apiServices.takeOver)",
+                       "docs/uninstall.md restores it from gpuwarden.io/displaced-service")  # fmt: skip
+    return Finding("conflict", check, f"served by {owner}: this install would take it",
+                   "switch it off (apiServices.*.enabled=false, resourceMetrics.enabled=false), or "
+                   "apiServices.takeOver=true with helm --take-ownership")  # fmt: skip
 
 
 def _device_plugin(facts: Facts) -> Finding:
