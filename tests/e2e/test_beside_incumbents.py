@@ -8,8 +8,9 @@ run as local processes behind APIServices whose Services are ExternalName -> 127
 
 Then `helm install` of the chart: refused while it would take their APIs (naming the owner); with
 `adapter.enabled=false` it installs and both APIs keep answering through the aggregator from their owners,
-APIService objects unchanged; with `apiServices.takeOver=true --take-ownership` it re-points both to
-gpuwarden's adapter and records the displaced Services; after `helm uninstall` the owners' registration,
+APIService objects unchanged; `helm upgrade` into `apiServices.takeOver=true` is refused (Helm would leave
+them with their owners and report success); a fresh `helm install --take-ownership` with it re-points both
+to gpuwarden's adapter and records the displaced Services; after `helm uninstall` the owners' registration,
 re-applied as docs/uninstall.md says, serves again. (gpuwarden's own adapter does not run here: its pods land
 on kwok nodes; tests/e2e/test_helm_chart.py serves through the chart's APIServices.)
 """
@@ -194,8 +195,15 @@ def test_the_chart_beside_a_real_prometheus_adapter_and_keda(
     for name in (CUSTOM, EXTERNAL):
         wait_apiservice_available(cluster, name, timeout=30)
 
+    # Taking over is a fresh install (docs/install.md): `helm upgrade --take-ownership` from the adapter-off
+    # release exits 0 and leaves the APIServices with their owners (Helm v3.22.0), so the chart refuses it.
     take = [*base, "apiServices.takeOver=true"]
-    moved = helm("upgrade", "gpuwarden", str(CHART), "-n", NS, "--take-ownership", *values_args(take),
+    upgrade = helm("upgrade", "gpuwarden", str(CHART), "-n", NS, "--take-ownership", *values_args(take),
+                   cluster=cluster)  # fmt: skip
+    assert upgrade.returncode != 0 and "helm install --take-ownership" in upgrade.stderr, upgrade.stderr
+    assert {name: spec_of(cluster, name) for name in (CUSTOM, EXTERNAL)} == before
+    assert helm("uninstall", "gpuwarden", "-n", NS, cluster=cluster).returncode == 0
+    moved = helm("install", "gpuwarden", str(CHART), "-n", NS, "--take-ownership", *values_args(take),
                  cluster=cluster)  # fmt: skip
     assert moved.returncode == 0, moved.stderr
     displaced = {}

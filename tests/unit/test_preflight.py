@@ -131,3 +131,15 @@ def test_an_unknown_intent_is_judged_as_the_charts_defaults() -> None:
     defaults = frozenset({CUSTOM, "v1beta2.custom.metrics.k8s.io", "v1beta1.external.metrics.k8s.io"})
     conflicts = [f.check for f in decide(facts, Intent(defaults)) if f.status == "conflict"]
     assert conflicts == [f.check for f in decide(facts) if f.status == "conflict"]
+
+
+def test_a_field_served_only_after_a_fault_is_not_called_missing() -> None:
+    """dcgm-exporter writes DCGM_FI_DEV_XID_ERRORS only once a GPU reported an XID: none while healthy."""
+    from dataclasses import replace
+
+    healthy = replace(CASES["stack"], dcgm_fields=frozenset(HEALTH_FIELDS) - {"DCGM_FI_DEV_XID_ERRORS"})
+    (fields,) = [f for f in decide(healthy) if f.check == "dcgm-exporter fields"]
+    assert fields.status == "ok"
+    without_ecc = replace(healthy, dcgm_fields=healthy.dcgm_fields - {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"})
+    (fields,) = [f for f in decide(without_ecc) if f.check == "dcgm-exporter fields"]
+    assert fields.detail == "missing from its CSV: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
