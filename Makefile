@@ -125,7 +125,7 @@ rules-test: prometheus ## promtool check + test of rules/
 
 # test_installed_image runs in a pytest process of its own: it needs the machine's one real kubelet node (with
 # kube-proxy and the image), which the other modules' session-wide node cluster holds until their session ends.
-e2e: deps prometheus node-runtime testbed helm keda image ## against the real control plane and a real kubelet node
+e2e: deps prometheus node-runtime testbed helm keda upstream-adapter image ## against the real control plane and a real kubelet node
 	$(PYTEST) -q --durations=15 tests/e2e --ignore=tests/e2e/test_installed_image.py
 	$(PYTEST) -q tests/e2e/test_installed_image.py
 

@@ -123,6 +123,11 @@ spec:
   caBundle: {{ $v.tls.ca | b64enc }}
   {{- else }}
   insecureSkipTLSVerify: true
+  {{- if .displaced }}
+  # taken over: the displaced owner's caBundle goes (Helm's patch of the live object would keep it, and the
+  # API server refuses insecureSkipTLSVerify beside a caBundle - seen against KEDA and prometheus-adapter)
+  caBundle: null
+  {{- end }}
   {{- end }}
 {{- end -}}
 
