@@ -124,9 +124,10 @@ spec:
   {{- else }}
   insecureSkipTLSVerify: true
   {{- if .displaced }}
-  # taken over: the displaced owner's caBundle goes (Helm's patch of the live object would keep it, and the
-  # API server refuses insecureSkipTLSVerify beside a caBundle - seen against KEDA and prometheus-adapter)
-  caBundle: null
+  # taken over: the displaced owner's caBundle is emptied (Helm's patch of the live object keeps a field the
+  # manifest leaves out or sets null, and the API server refuses insecureSkipTLSVerify beside a caBundle -
+  # seen against KEDA and prometheus-adapter)
+  caBundle: ""
   {{- end }}
   {{- end }}
 {{- end -}}
