@@ -65,7 +65,7 @@ testbed-oldest: ## the same for the oldest supported Kubernetes (tests/testbed/o
 helm: ## build helm v3.22.0 from its Go module into .cache/helm (chart tests: deploy/helm/gpuwarden)
 	bash tests/helm/build.sh
 
-upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench)
+upstream-adapter: ## build prometheus-adapter v0.12.0 from its Go module into .cache/upstream (bench; e2e: test_beside_incumbents.py)
 	bash tests/bench/upstream/build.sh
 
 promql-check: ## build Prometheus' PromQL parser (tests/promql) into .cache/promqlcheck (PromQL property tests)
@@ -124,7 +124,7 @@ unit: deps ## pure cores, wire formats, respx error paths
 # handlers never finish; 3 of 3 full-tier runs on 2026-12-01, the module alone passes).
 # The Go builds each tier needs; `make test` starts them all early (see test:).
 INTEGRATION_BUILDS := promql-check keda-client
-E2E_BUILDS := testbed helm keda kueue
+E2E_BUILDS := testbed helm keda kueue upstream-adapter
 integration: deps prometheus $(INTEGRATION_BUILDS) ## against a real Prometheus server (its PromQL parser, KEDA's client)
 	$(PYTEST) -q tests/integration --ignore=tests/integration/test_dashboards_live.py
 	$(PYTEST) -q tests/integration/test_dashboards_live.py

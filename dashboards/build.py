@@ -1038,6 +1038,34 @@ def gpuwarden_itself() -> Dashboard:
                     }
                 ],
             ),
+            Panel(
+                "Capability modes",
+                [Target("count by (capability, mode) (gpuwarden_capability_mode == 1)")],
+                kind="table",
+                width=16,
+                height=7,
+                description="What each controller capability does, per gpuwarden_capability_mode (Value: "
+                "replicas reporting it). off: not running; observe: plans, logs, emits [dry-run] Events and "
+                'counts (the dry_run="true" series), writes nothing else; act: writes. A fresh Helm install '
+                "observes; `helm upgrade --reuse-values --set mode=act` acts (per capability: "
+                "controller.capabilities.<name>.mode). One capability in two modes: replicas running two "
+                "configurations, e.g. mid-upgrade.",
+            ),
+            Panel(
+                "Capabilities acting",
+                [
+                    Target(
+                        "count(count by (capability) "
+                        '(gpuwarden_capability_mode{mode="act"} == 1)) or vector(0)'
+                    )
+                ],
+                kind="stat",
+                width=8,
+                height=7,
+                thresholds=[(None, "blue"), (1, "green")],
+                description="Capabilities that write (mode act) on at least one replica; 0: the install only "
+                "observes (blue).",
+            ),
             Row("Adapter"),
             Panel(
                 "Requests by route and code",

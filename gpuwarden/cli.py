@@ -242,7 +242,7 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_FAILED
     from gpuwarden.kube import KubeClient
-    from gpuwarden.preflight import decide, observe, render
+    from gpuwarden.preflight import APIS, Intent, decide, observe, render
     from gpuwarden.promclient import PrometheusClient
 
     k = config.kubernetes
@@ -254,7 +254,14 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
             return await observe(kube, prom, str(config.prometheus.url))
 
     facts = asyncio.run(run())
-    findings = decide(facts)
+    claims = None if args.claims is None else frozenset(c for c in args.claims.split(",") if c)
+    unknown = sorted((claims or frozenset()) - set(APIS))
+    if unknown:
+        print(
+            f"--claims: unknown APIService {', '.join(unknown)} (known: {', '.join(APIS)})", file=sys.stderr
+        )
+        return EXIT_FAILED
+    findings = decide(facts, Intent(claims, args.take_over))
     print(render(facts, findings), end="")
     return EXIT_FAILED if any(f.status == "conflict" for f in findings) and args.strict else EXIT_OK
 
@@ -463,6 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--prometheus-url", help="overrides prometheus.url")
     p.add_argument("--strict", action="store_true", help="exit 1 when a finding is a conflict")
+    p.add_argument(
+        "--claims",
+        help="comma-separated APIServices the install registers (the chart's hook passes its own; empty: "
+        "none); default: judged as the chart's defaults",
+    )
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="the install takes claimed APIServices over (apiServices.takeOver)",
+    )
     p.set_defaults(func=_cmd_preflight)
 
     p = sub.add_parser(

@@ -40,6 +40,9 @@ HEALTH_FIELDS = (
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
 )
+# Fields an exporter serves only once they have something to say: dcgm-exporter writes no XID series until a
+# GPU reports an XID, so its absence says nothing about the CSV (seen on the test bed's exporter).
+SILENT_UNTIL_FAULT = frozenset({"DCGM_FI_DEV_XID_ERRORS"})
 Status = Literal["ok", "warn", "conflict"]
 
 
@@ -69,16 +72,27 @@ class Finding:
         return f"[{self.status:^8}] {self.check}: {self.detail}{tail}"
 
 
-def decide(facts: Facts) -> list[Finding]:
-    findings = [_apiservice(name, owner) for name, owner in facts.apiservices.items()]
+@dataclass(frozen=True)
+class Intent:
+    """What the install would register, when known (the chart's hook passes it; `--claims`, `--take-over`).
+    claims None: unknown, judged as the chart's defaults (custom and external metrics, not metrics.k8s.io)."""
+
+    claims: frozenset[str] | None = None
+    take_over: bool = False
+
+
+def decide(facts: Facts, intent: Intent = Intent()) -> list[Finding]:
+    findings = [_apiservice(name, owner, intent) for name, owner in facts.apiservices.items()]
     findings.append(_device_plugin(facts))
     findings += _prometheus(facts)
     findings.append(_control_plane(facts.server_version))
     return findings
 
 
-def _apiservice(name: str, owner: str | None) -> Finding:
+def _apiservice(name: str, owner: str | None, intent: Intent) -> Finding:
     check = f"APIService {name}"
+    if intent.claims is not None:
+        return _claimed(check, owner, name in intent.claims, intent.take_over)
     if owner is None and name == "v1beta1.metrics.k8s.io":
         return Finding("ok", check, "not registered (the chart registers it with resourceMetrics.enabled)")
     if owner is None:
@@ -89,6 +103,23 @@ def _apiservice(name: str, owner: str | None) -> Finding:
         return Finding("ok", check, f"served by {owner}; the chart leaves it", APIS[name])
     return Finding("conflict", check, f"served by {owner}: the chart refuses it",
                    f"{APIS[name]}, or apiServices.takeOver=true with helm --take-ownership")  # fmt: skip
+
+
+def _claimed(check: str, owner: str | None, claimed: bool, take_over: bool) -> Finding:
+    """An APIService judged against what this install registers."""
+    if not claimed:
+        held = {None: "not registered", "": "served by gpuwarden"}.get(owner, f"served by {owner}")
+        return Finding("ok", check, f"{held}; this install leaves it")
+    if owner is None:
+        return Finding("ok", check, "not registered: this install registers it")
+    if owner == "":
+        return Finding("ok", check, "served by gpuwarden already")
+    if take_over:
+        return Finding("warn", check, f"served by {owner}: this install takes it over (apiServices.takeOver)",
+                       "docs/uninstall.md restores it from gpuwarden.io/displaced-service")  # fmt: skip
+    return Finding("conflict", check, f"served by {owner}: this install would take it",
+                   "switch it off (apiServices.*.enabled=false, resourceMetrics.enabled=false), or "
+                   "apiServices.takeOver=true with helm --take-ownership")  # fmt: skip
 
 
 def _device_plugin(facts: Facts) -> Finding:
@@ -124,7 +155,7 @@ def _prometheus(facts: Facts) -> list[Finding]:
     else:
         found.append(Finding("ok", "dcgm-exporter labels", "honorLabels: true (pod, namespace)"))
     if labels:
-        missing = [f for f in HEALTH_FIELDS if f not in facts.dcgm_fields]
+        missing = [f for f in HEALTH_FIELDS if f not in facts.dcgm_fields and f not in SILENT_UNTIL_FAULT]
         if missing:
             detail = "missing from its CSV: " + ", ".join(missing)
             csv = "add them to the exporter's CSV (deploy/dcgm-exporter/dcgm-metrics.csv)"

@@ -8,6 +8,10 @@ A module of its own: test_helm_beside's module-scoped fixtures hold objects of t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 
 import pytest
 import yaml
@@ -22,6 +26,15 @@ pytestmark = pytest.mark.e2e
 __all__ = ["keda_owns_external"]  # the fixture, used by name
 
 BESIDE_NS = "gw-beside"
+STEPS: dict[str, float] = {}
+"""Seconds each step of docs/install.md's walkthrough took on the test bed (printed; docs/install.md)."""
+
+
+def timed(step: str, run: Callable[[], subprocess.CompletedProcess[str]]) -> subprocess.CompletedProcess[str]:
+    t0 = time.monotonic()
+    done = run()
+    STEPS[step] = round(time.monotonic() - t0, 2)
+    return done
 
 
 def configmap_modes(cluster: Cluster) -> bool:
@@ -43,9 +56,9 @@ def test_helm_install_beside_keda_refuses_then_installs_without_the_adapter_and_
     before = json.loads(kubectl(cluster, "get", "apiservice", FOREIGN, "-o", "json").stdout)["spec"]
     base = ["uninstallHook.enabled=false"]  # kwok pods never complete a hook Job
     try:
-        refused = helm(
+        refused = timed("helm install, refused (KEDA owns external.metrics)", lambda: helm(
             "install", "gpuwarden", str(CHART), "-n", BESIDE_NS, *values_args(base), cluster=cluster
-        )
+        ))  # fmt: skip
         assert refused.returncode != 0
         assert "served by Service keda/keda-operator-metrics-apiserver" in refused.stderr, refused.stderr
         sets = [
@@ -54,22 +67,31 @@ def test_helm_install_beside_keda_refuses_then_installs_without_the_adapter_and_
             "nodeAgent.enabled=true",
             f"nodeAgent.namespace={BESIDE_NS}-node",
         ]
-        done = helm("install", "gpuwarden", str(CHART), "-n", BESIDE_NS, *values_args(sets), cluster=cluster)
+        done = timed("helm install, adapter off (observe)", lambda: helm(
+            "install", "gpuwarden", str(CHART), "-n", BESIDE_NS, *values_args(sets), cluster=cluster
+        ))  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "The adapter is off" in done.stdout and "health: observe" in done.stdout, done.stdout
         assert configmap_modes(cluster) is True
         after = json.loads(kubectl(cluster, "get", "apiservice", FOREIGN, "-o", "json").stdout)["spec"]
         assert after == before
         act = ["--reuse-values", "--set", "mode=act"]
-        upgraded = helm("upgrade", "gpuwarden", str(CHART), "-n", BESIDE_NS, *act, cluster=cluster)
+        upgraded = timed("helm upgrade --set mode=act", lambda: helm(
+            "upgrade", "gpuwarden", str(CHART), "-n", BESIDE_NS, *act, cluster=cluster
+        ))  # fmt: skip
         assert upgraded.returncode == 0, upgraded.stderr
         assert configmap_modes(cluster) is False
-        rolled = helm("rollback", "gpuwarden", "1", "-n", BESIDE_NS, cluster=cluster)
+        rolled = timed("helm rollback to observe", lambda: helm(
+            "rollback", "gpuwarden", "1", "-n", BESIDE_NS, cluster=cluster
+        ))  # fmt: skip
         assert rolled.returncode == 0, rolled.stderr
         assert configmap_modes(cluster) is True
     finally:
         # (no --wait: what is checked below is cluster-scoped; kwok's pods in the namespaces go when they go)
-        gone = helm("uninstall", "gpuwarden", "-n", BESIDE_NS, cluster=cluster)
+        gone = timed(
+            "helm uninstall", lambda: helm("uninstall", "gpuwarden", "-n", BESIDE_NS, cluster=cluster)
+        )
+        print(f"\n[walkthrough] seconds per step: {json.dumps(STEPS)}", file=sys.stderr)
         kubectl(cluster, "delete", "namespace", BESIDE_NS, "--ignore-not-found", "--wait=false")
     assert gone.returncode == 0, gone.stderr
     for kind in ("clusterrole", "clusterrolebinding", "validatingadmissionpolicy", "apiservice"):

@@ -160,13 +160,16 @@ def normalized(obj: Obj) -> Obj:
 
 
 # ------------------------------------------------------------------------------------------------ lint
-@pytest.mark.parametrize("case", ["defaults", "prometheus-adapter", "all-on", "extender-mtls"])
+@pytest.mark.parametrize(
+    "case", ["defaults", "prometheus-adapter", "all-on", "extender-mtls", "preflight-hook"]
+)
 def test_helm_lint_is_clean(case: str) -> None:
     args = {
         "defaults": [],
         "prometheus-adapter": ["-f", str(PA_DEFAULTS)],
         "all-on": values_args(ALL_ON),
         "extender-mtls": values_args([*ALL_ON, *EXTENDER_MTLS]),
+        "preflight-hook": values_args(["preflightHook.enabled=true", "apiServices.takeOver=true"]),
     }[case]
     done = helm("lint", "--strict", str(CHART), *args)
     assert done.returncode == 0, done.stdout + done.stderr

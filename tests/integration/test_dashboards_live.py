@@ -42,11 +42,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from adapter.app import Adapter
-from controller.app import run_loops
+from controller.app import register_modes, run_loops
 from controller.drain.loop import DrainLoop
 from controller.extender.runtime import build_extender
 from controller.health.loop import HealthLoop
 from controller.idle.loop import IdleLoop
+from controller.modes import capability_modes
 from controller.nominations.loop import NominationLoop
 from controller.preemption.hook import PreemptionThrottle
 from gpuwarden.config.domains import CLIQUE_LABEL
@@ -800,6 +801,7 @@ async def live(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
             preempt_hook=throttle,
         )
         extender.mount(controller_app)
+        register_modes(controller_registry, capability_modes(config, dry_run=None))  # as run_controller
         runner, controller_port = await serve(controller_app)
         stack.push_async_callback(bounded_cleanup, runner)
 

@@ -200,3 +200,31 @@ def test_metric_name_extraction() -> None:
         'sum by (node) (rate(DCGM_FI_DEV_X{pod!="a_b"}[5m])) / on (node) node:dcgm_gpus:count{node=~"$node"}'
     )
     assert metric_names(expr) == {"DCGM_FI_DEV_X", "node:dcgm_gpus:count"}
+
+
+def test_capability_mode_panels_read_the_labels_and_modes_the_controller_exports() -> None:
+    """The overview's mode panels query gpuwarden_capability_mode by the labels controller.app registers and
+    the mode values controller.modes can take: a renamed label or mode would leave the panels empty."""
+    from typing import get_args
+
+    from prometheus_client import CollectorRegistry
+
+    from controller.app import register_modes
+    from controller.modes import METRIC, Mode, capability_modes
+    from gpuwarden.config.root import Config
+
+    registry = CollectorRegistry()
+    register_modes(registry, capability_modes(Config(), dry_run=None))
+    (family,) = [f for f in registry.collect() if f.name == METRIC]
+    exported = {name for sample in family.samples for name in sample.labels}
+    panels = [p for p in dashboards()["gpuwarden.json"]["panels"] if "Capabilit" in p.get("title", "")]
+    assert {p["title"] for p in panels} == {"Capability modes", "Capabilities acting"}
+    for panel in panels:
+        (target,) = panel["targets"]
+        expr = target["expr"]
+        assert METRIC in expr
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            assert {g.strip() for g in group.split(",")} <= exported, expr
+        assert set(re.findall(r'mode="([a-z]+)"', expr)) <= set(get_args(Mode)), expr
+    (table,) = [p for p in panels if p["type"] == "table"]
+    assert "by (capability, mode)" in table["targets"][0]["expr"]

@@ -129,3 +129,116 @@ def test_generated_deploy_files_are_up_to_date() -> None:
         [sys.executable, str(ROOT / "deploy" / "generate.py"), "--check"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------ recording rules from the configured labels
+def _generate() -> Any:
+    """deploy/generate.py as a module (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deploy_generate", ROOT / "deploy" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _promtool() -> str:
+    import shutil
+
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool missing: run `make prometheus`", pytrace=False)
+    return path
+
+
+# A GPU Operator dcgm-exporter scraped with honor_labels: false: `pod`/`namespace` name the exporter's own
+# pod, the pod holding each GPU arrives as exported_pod/exported_namespace.
+_OPERATOR = 'Hostname="n1",namespace="gpu-operator",pod="dcgm-exporter-x"'
+_HELD = 'exported_namespace="ml",exported_pod="infer-1"'
+_EXPORTED_SERIES = """
+rule_files: [rules.yaml]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",@OP@,@HELD@}'
+        values: '40x10'
+      - series: 'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",@OP@,@HELD@}'
+        values: '80x10'
+      - series: 'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c",@OP@}'
+        values: '99x10'
+      - series: 'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a",@OP@,@HELD@}'
+        values: '20x10'
+      - series: 'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",@OP@,@HELD@}'
+        values: '60x10'
+    promql_expr_test:
+      - expr: namespace_pod:dcgm_gpu_utilization:avg
+        eval_time: 1m
+        exp_samples:
+          - labels: 'namespace_pod:dcgm_gpu_utilization:avg{namespace="ml",pod="infer-1"}'
+            value: 60
+      - expr: namespace_pod:dcgm_fb_used:max_ratio
+        eval_time: 1m
+        exp_samples:
+          - labels: 'namespace_pod:dcgm_fb_used:max_ratio{namespace="ml",pod="infer-1"}'
+            value: 0.25
+      - expr: cluster:dcgm_gpus_allocated:count
+        eval_time: 1m
+        exp_samples:
+          - labels: 'cluster:dcgm_gpus_allocated:count'
+            value: 2
+""".replace("@OP@", _OPERATOR).replace("@HELD@", _HELD)
+
+
+def test_the_default_labels_render_the_rules_file_byte_for_byte() -> None:
+    gen = _generate()
+    template = gen.RULES_TEMPLATE.read_text(encoding="utf-8")
+    assert gen.render_rules(template, "pod", "namespace") == RULES.read_text(encoding="utf-8")
+    assert "DCGM_POD_LABEL" not in RULES.read_text() and "DCGM_NAMESPACE_LABEL" not in RULES.read_text()
+
+
+@pytest.mark.parametrize(
+    ("labels", "honoured"),
+    [(("exported_pod", "exported_namespace"), True), (("pod", "namespace"), False)],
+    ids=["rendered-for-exported-labels", "default-render-misreads-them"],
+)
+def test_rules_rendered_for_exported_labels_record_the_gpu_holding_pod(
+    tmp_path: Path, labels: tuple[str, str], honoured: bool
+) -> None:
+    """promtool on GPU Operator-shaped series: the render for exported_pod records the pod holding the GPU;
+    the default render (what a verbatim copy shipped before) records the exporter's own pod instead."""
+    gen = _generate()
+    rules = gen.render_rules(gen.RULES_TEMPLATE.read_text(encoding="utf-8"), *labels)
+    (tmp_path / "rules.yaml").write_text(rules)
+    (tmp_path / "test.yaml").write_text(_EXPORTED_SERIES)
+    check = subprocess.run([_promtool(), "check", "rules", str(tmp_path / "rules.yaml")],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    done = subprocess.run([_promtool(), "test", "rules", "test.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert (done.returncode == 0) is honoured, done.stdout + done.stderr
+    if not honoured:
+        assert 'pod="dcgm-exporter-x"' in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("labels", [("exported pod", "namespace"), ("pod", "1ns"), ("pod", "")])
+def test_render_refuses_what_is_not_a_label_name(labels: tuple[str, str]) -> None:
+    gen = _generate()
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        gen.render_rules(gen.RULES_TEMPLATE.read_text(encoding="utf-8"), *labels)
+
+
+def test_rules_for_prints_the_prometheusrule_for_other_labels() -> None:
+    gen_py = str(ROOT / "deploy" / "generate.py")
+    done = subprocess.run([sys.executable, gen_py, "--rules-for", "exported_pod", "exported_namespace"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rule = yaml.safe_load(done.stdout)
+    assert rule["kind"] == "PrometheusRule"
+    (util,) = [r for g in rule["spec"]["groups"] for r in g["rules"]
+               if r.get("record") == "namespace_pod:dcgm_gpu_utilization:avg"]  # fmt: skip
+    assert 'DCGM_FI_DEV_GPU_UTIL{exported_pod!=""}' in util["expr"]
+    bad = subprocess.run([sys.executable, gen_py, "--rules-for", "exported-pod", "ns"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "'exported-pod'" in bad.stderr

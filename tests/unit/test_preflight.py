@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.preflight import HEALTH_FIELDS, Facts, decide, device_plugin_nodes, owner_of, render
+from gpuwarden.preflight import HEALTH_FIELDS, Facts, Intent, decide, device_plugin_nodes, owner_of, render
 
 GOLDEN = Path(__file__).parent / "golden" / "preflight"
 NONE_REGISTERED: dict[str, str | None] = dict.fromkeys(
@@ -90,3 +90,56 @@ def test_device_plugin_nodes_are_gpu_nodes_running_it() -> None:
         {"metadata": {"name": "dcgm-exporter-x"}, "spec": {"nodeName": "gpu-b"}},
     ]
     assert device_plugin_nodes(pods, GPU_NODES) == ("gpu-a",)
+
+
+CUSTOM = "v1beta1.custom.metrics.k8s.io"
+
+
+@pytest.mark.parametrize(
+    ("owner", "claims", "take_over", "status", "detail"),
+    [
+        pytest.param(
+            PA, {CUSTOM}, False, "conflict", f"served by {PA}: this install would take it", id="claimed"
+        ),
+        pytest.param(PA, set(), False, "ok", f"served by {PA}; this install leaves it", id="switched-off"),
+        pytest.param(
+            PA,
+            {CUSTOM},
+            True,
+            "warn",
+            f"served by {PA}: this install takes it over (apiServices.takeOver)",
+            id="take-over",
+        ),
+        pytest.param(None, {CUSTOM}, False, "ok", "not registered: this install registers it", id="free"),
+        pytest.param(None, set(), False, "ok", "not registered; this install leaves it", id="free-unclaimed"),
+        pytest.param("", {CUSTOM}, False, "ok", "served by gpuwarden already", id="ours"),
+        pytest.param(
+            "", set(), True, "ok", "served by gpuwarden; this install leaves it", id="ours-unclaimed"
+        ),
+    ],
+)
+def test_apiservices_judged_against_what_the_install_claims(
+    owner: str | None, claims: set[str], take_over: bool, status: str, detail: str
+) -> None:
+    facts = Facts("v1.36.2", {CUSTOM: owner}, (), (), STACK_PROM, None)
+    (finding,) = [f for f in decide(facts, Intent(frozenset(claims), take_over)) if f.check.startswith("API")]
+    assert (finding.status, finding.detail) == (status, detail)
+
+
+def test_an_unknown_intent_is_judged_as_the_charts_defaults() -> None:
+    facts = CASES["conflicting"]
+    defaults = frozenset({CUSTOM, "v1beta2.custom.metrics.k8s.io", "v1beta1.external.metrics.k8s.io"})
+    conflicts = [f.check for f in decide(facts, Intent(defaults)) if f.status == "conflict"]
+    assert conflicts == [f.check for f in decide(facts) if f.status == "conflict"]
+
+
+def test_a_field_served_only_after_a_fault_is_not_called_missing() -> None:
+    """dcgm-exporter writes DCGM_FI_DEV_XID_ERRORS only once a GPU reported an XID: none while healthy."""
+    from dataclasses import replace
+
+    healthy = replace(CASES["stack"], dcgm_fields=frozenset(HEALTH_FIELDS) - {"DCGM_FI_DEV_XID_ERRORS"})
+    (fields,) = [f for f in decide(healthy) if f.check == "dcgm-exporter fields"]
+    assert fields.status == "ok"
+    without_ecc = replace(healthy, dcgm_fields=healthy.dcgm_fields - {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"})
+    (fields,) = [f for f in decide(without_ecc) if f.check == "dcgm-exporter fields"]
+    assert fields.detail == "missing from its CSV: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"

@@ -123,6 +123,12 @@ spec:
   caBundle: {{ $v.tls.ca | b64enc }}
   {{- else }}
   insecureSkipTLSVerify: true
+  {{- if .displaced }}
+  # taken over: the displaced owner's caBundle is emptied (Helm's patch of the live object keeps a field the
+  # manifest leaves out or sets null, and the API server refuses insecureSkipTLSVerify beside a caBundle -
+  # seen against KEDA and prometheus-adapter)
+  caBundle: ""
+  {{- end }}
   {{- end }}
 {{- end -}}
 
@@ -179,6 +185,11 @@ and the value to set, or with apiServices.takeOver returns "<namespace>/<name>" 
 {{- end -}}
 {{- if not $root.Values.apiServices.takeOver -}}
 {{- fail (printf "APIService %s is served by %s. To leave it to its owner set %s; to move it to gpuwarden set apiServices.takeOver=true and run helm with --take-ownership (docs/install.md#beside-prometheus-adapter-and-keda)." $name $owner .api.value) -}}
+{{- end -}}
+{{- /* An upgrade cannot take it: Helm patches it against the previous release, which did not hold it, and
+     leaves it with its owner while reporting success (seen with Helm v3.22.0, tests/e2e/test_beside_incumbents.py). */ -}}
+{{- if $root.Release.IsUpgrade -}}
+{{- fail (printf "APIService %s is served by %s, and helm upgrade cannot take it over (Helm would leave it with its owner). Take it over with a fresh install: helm uninstall %s, then helm install --take-ownership --set apiServices.takeOver=true (docs/install.md#beside-prometheus-adapter-and-keda)." $name $owner $root.Release.Name) -}}
 {{- end -}}
 {{- if $svc.name -}}{{ printf "%s/%s" $svc.namespace $svc.name }}{{- end -}}
 {{- end -}}
