@@ -195,7 +195,18 @@ def test_plan_prints_every_loop_as_json(cluster: Cluster, controller_config: tup
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"gpus", "quarantine", "nominations", "drain", "gpu_preemption", "idle", "modes"}
+    assert set(doc) == {
+        "gpus",
+        "nvlink_domains",
+        "quarantine",
+        "nominations",
+        "drain",
+        "gpu_preemption",
+        "idle",
+        "modes",
+    }
+    domain_keys = {"domain", "trays", "gpus", "quarantined_trays", "members"}
+    assert all(domain_keys <= set(d) for d in doc["nvlink_domains"])
     assert set(doc["modes"].values()) <= {"off", "observe", "act"} and "health" in doc["modes"]
     assert all({"node", "mode", "physical_gpus"} <= set(g) for g in doc["gpus"])
     assert set(doc["drain"]) == {"gate_closed", "nodes"}

@@ -462,7 +462,7 @@ def test_the_controller_may_write_only_what_it_owns(
     ("condition", "refusal"),
     [
         pytest.param("GPUHealthy", None, id="our-condition"),
-        pytest.param("Probe", "GPUHealthy and GPUDegraded", id="other-condition"),
+        pytest.param("Probe", "GPUHealthy, GPUDegraded and NVLinkDomainHealthy", id="other-condition"),
     ],
 )
 def test_the_controller_may_write_only_its_conditions(

@@ -292,6 +292,35 @@ def run_job(cluster: Cluster, name: str, timeout: float = 120) -> dict[str, str]
     return placed
 
 
+def single_tray_pod(name: str, clique: str) -> dict[str, Any]:
+    """A 4-GPU pod of no job and no queue, kept inside `clique` (Kueue leaves it alone)."""
+    resources = {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": str(GPUS_PER_POD)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "annotations": {TOPOLOGY_POLICY: "prefer-numa"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {nvl72.CLIQUE_LABEL: clique},
+            "containers": [{"name": "main", "image": "registry.invalid/gpuwarden/e2e:0",
+                            "resources": {"requests": resources, "limits": resources}}],
+            "tolerations": [{"key": POOL_TAINT["key"], "operator": "Equal", "value": POOL}],
+        },
+    }  # fmt: skip
+
+
+def bound_node(cluster: Cluster, name: str, timeout: float = 60) -> str:
+    """The node `name` was bound to, once its GPUs are recorded."""
+
+    def node() -> str:
+        pod = cluster.get_json("pods", "-n", NS, name)
+        ids = (pod["metadata"].get("annotations") or {}).get("gpuwarden.io/gpu-ids", "")
+        return str(pod["spec"].get("nodeName") or "") if len(ids.split(",")) == GPUS_PER_POD else ""
+
+    poll(lambda: bool(node()), timeout=timeout, what=f"pod {name} bound with {GPUS_PER_POD} GPUs recorded")
+    return node()
+
+
 def cliques_of(placed: dict[str, str]) -> set[str]:
     clique_of = dict(TRAYS)
     return {clique_of[n] for n in placed.values()}
@@ -399,6 +428,14 @@ async def test_kueue_avoids_the_clique_health_published_degraded_and_recovery_re
                 # which it chose `chosen` for the first job, but for the label).
                 second = await asyncio.to_thread(run_job, cluster, "train-b")
                 assert cliques_of(second) == {other}, Counter(second.values())
+
+                # 2b. Single-tray work (no job, no queue) still runs on a healthy tray of the degraded clique:
+                # the domain refuses only pods of a multi-pod job.
+                solo = single_tray_pod("solo", chosen)
+                cluster.apply(solo)
+                node = await asyncio.to_thread(bound_node, cluster, "solo")
+                assert node in members and node != down, (node, down)
+                cluster.kubectl("delete", "pod", "solo", "-n", NS, "--wait=true", timeout=60)
 
                 # 3. The fault clears; the loop releases the domain and a third job (the other clique now
                 # holds 16 of its 18 trays) is admitted into the recovered one.
